@@ -1,0 +1,1 @@
+"""Benchmark code run from a checkout (never installed): Si-Blurry stream, metrics, datasets, methods."""

@@ -1,0 +1,253 @@
+"""The seams every reference method exposes (the adapter contract).
+
+A prompt-based continual learner on a frozen ViT does five things per batch, and each is a method
+here so that ``fly_modules`` (and ``fly_modules.adapters``) can replace exactly one of them:
+
+1. **query** -- one frozen, prompt-free backbone pass giving the query features the method's own
+   selection uses *and* the features the analytic router consumes (``QueryFeatures``). It is computed
+   once per batch and reused; nothing downstream runs a second prompt-free pass.
+2. **selection** -- ``select(query, train=..., expert=...)`` returns the prompt ids each sample uses.
+   When ``expert`` (one routed expert id per sample) is given, the method restricts its own selection
+   to that expert's group (DualPrompt: key match inside the step's slot slice; MVP/HiDe/FlyPrompt:
+   the expert *is* the prompt). This is the seam the router replaces at inference.
+3. **expert-conditioned forward** -- ``forward_features(x, selection)`` runs the prompted backbone.
+4. **classifier head** -- ``get_classifier()`` returns the trainable ``nn.Linear``;
+   ``transform_logits(logits, selection)`` applies any method-specific per-sample transform (MVP's
+   class mask) to head outputs of shape ``(B, C)`` or ``(B, H, C)``, so an ensemble of heads gets the
+   same treatment as the online head. This is the seam the temporal ensemble replaces.
+5. **training-loop hooks** -- ``on_expert_start``, ``on_session_end``, ``on_optimizer_step``,
+   ``on_batch_end``, ``on_evaluate``.
+
+``expert_of(selection)`` maps a selection to the expert (bank) id of each sample: the id the router
+is trained on (with ``current_expert`` during training) and the id that keys the temporal-ensemble
+bank at inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Dict, List, Optional, Type
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "MethodOutput",
+    "QueryFeatures",
+    "PromptMethod",
+    "register_method",
+    "create_method",
+    "list_methods",
+    "frozen_cls",
+]
+
+
+@dataclass
+class QueryFeatures:
+    """Outputs of the single frozen, prompt-free backbone pass of a batch.
+
+    Attributes:
+        query: ``(B, Dq)`` features the method's own prompt selection matches against its keys.
+        router: ``(B, Dr)`` features the analytic router accumulates and routes on (usually the
+            final-norm CLS token; may be the same tensor as ``query``).
+    """
+
+    query: Tensor
+    router: Tensor
+
+
+@dataclass
+class MethodOutput:
+    """Everything one forward pass of a method produces.
+
+    Attributes:
+        logits: ``(B, C)`` classifier output after ``transform_logits`` and before any logit mask.
+        features: ``(B, D)`` input of the classifier head.
+        query: the batch's ``QueryFeatures`` (reuse them; never recompute).
+        selection: ``(B,)`` or ``(B, k)`` long tensor of the prompt ids used.
+        expert: ``(B,)`` long tensor, the expert / ensemble-bank id of each sample.
+        aux_loss: scalar tensor, the method's extra training loss (0 when it has none).
+    """
+
+    logits: Tensor
+    features: Tensor
+    query: QueryFeatures
+    selection: Tensor
+    expert: Tensor
+    aux_loss: Tensor
+
+
+class PromptMethod(nn.Module):
+    """Base class of the reference implementations in ``benchmarks.methods``.
+
+    Subclasses set the class attributes and implement ``compute_query``, ``select``, ``expert_of``
+    and ``forward_features``; everything else has a working default.
+
+    Class attributes:
+        name: registry name (``"dualprompt"``).
+        session_aware: ``True`` when the method consumes ground-truth session ends (L2P, HiDe-Prompt,
+            NoRGa); ``False`` for the task-free, step-aware methods (DualPrompt, MISA, MVP, FlyPrompt),
+            which start experts on a sample budget.
+        default_lr: the learning rate the reference protocol uses for this method.
+
+    Attributes every instance has:
+        backbone: the frozen timm ViT (``requires_grad`` off, kept in eval mode).
+        head: the trainable classifier ``nn.Linear(embed_dim, num_classes)``.
+        num_experts: how many experts (router targets / ensemble banks) exist in total.
+        current_expert: the expert trained now (``int``).
+    """
+
+    name: ClassVar[str] = ""
+    session_aware: ClassVar[bool] = False
+    default_lr: ClassVar[float] = 0.005
+
+    backbone: nn.Module
+    head: nn.Linear
+    num_experts: int
+    current_expert: int
+
+    # ----------------------------------------------------------------------------------- seams
+    def compute_query(self, x: Tensor) -> QueryFeatures:
+        """One frozen, prompt-free pass (no grad) giving the query and the router features."""
+        raise NotImplementedError
+
+    def select(self, query: Tensor, *, train: bool, expert: Optional[Tensor] = None) -> Tensor:
+        """The method's own prompt selection; restricted to ``expert``'s group when it is given."""
+        raise NotImplementedError
+
+    def expert_of(self, selection: Tensor) -> Tensor:
+        """``(B,)`` expert / ensemble-bank id of each sample for a given selection."""
+        raise NotImplementedError
+
+    def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
+        """Prompted backbone pass with per-sample ``selection``; returns the head input ``(B, D)``."""
+        raise NotImplementedError
+
+    def transform_logits(self, logits: Tensor, selection: Tensor) -> Tensor:
+        """Method-specific transform of head outputs ``(B, C)`` or ``(B, H, C)``; identity by default."""
+        return logits
+
+    def get_classifier(self) -> nn.Linear:
+        return self.head
+
+    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+        """Extra training loss (key pull, contrastive term, ...); zero by default."""
+        return features.new_zeros(())
+
+    def trainable_parameters(self) -> List[nn.Parameter]:
+        """The parameters the optimizer trains (everything with ``requires_grad``)."""
+        return [p for p in self.parameters() if p.requires_grad]
+
+    # ------------------------------------------------------------------------------- forward
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        expert: Optional[Tensor] = None,
+        query: Optional[QueryFeatures] = None,
+    ) -> MethodOutput:
+        """Query pass (unless ``query`` is given) -> selection -> prompted pass -> head.
+
+        ``self.training`` decides between the training-time and the inference-time selection.
+        ``expert`` (``(B,)`` long) restricts the selection to routed experts (inference-time routing).
+        """
+        if query is None:
+            query = self.compute_query(x)
+        selection = self.select(query.query, train=self.training, expert=expert)
+        features = self.forward_features(x, selection)
+        logits = self.transform_logits(self.head(features), selection)
+        aux = self.auxiliary_loss(query, selection, features) if self.training else features.new_zeros(())
+        return MethodOutput(logits, features, query, selection, self.expert_of(selection), aux)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+        """Inference scores ``(B, C)`` (argmax = prediction) with the seen-class ``logit_mask`` added.
+
+        The default is the method's own inference: its own selection, the online head, the mask.
+        Methods with a built-in router/ensemble (FlyPrompt) and the retrofit adapters override this.
+        """
+        output = self.forward(x)
+        return output.logits if logit_mask is None else output.logits + logit_mask
+
+    def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+        """Cross-entropy on the masked logits plus the method's auxiliary loss."""
+        logits = output.logits if logit_mask is None else output.logits + logit_mask
+        return F.cross_entropy(logits, target) + output.aux_loss
+
+    # ------------------------------------------------------------------------ training hooks
+    def on_expert_start(self, expert: int) -> None:
+        """A new expert starts being trained (sample budget or session start)."""
+        self.current_expert = int(expert)
+
+    def on_session_end(self, session: int) -> None:
+        """A benchmark session ended (only session-aware methods should rely on it)."""
+
+    def on_optimizer_step(self, output: MethodOutput) -> None:
+        """Called after every optimizer step (each online iteration) with that step's output.
+
+        Built-in per-step state lives here (FlyPrompt's EMA heads); no-op by default.
+        """
+
+    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput) -> None:
+        """Called once per stream batch after its online iterations (statistics, counters)."""
+
+    def on_evaluate(self) -> None:
+        """Called before each evaluation."""
+
+    def train(self, mode: bool = True) -> "PromptMethod":
+        # The frozen backbone stays in eval mode whatever the method's mode (no dropout/drop-path
+        # noise in the query pass, as in the reference).
+        super().train(mode)
+        self.backbone.eval()
+        return self
+
+
+# --------------------------------------------------------------------------------- registry
+_METHODS: Dict[str, Type[PromptMethod]] = {}
+
+
+def register_method(cls: Type[PromptMethod]) -> Type[PromptMethod]:
+    """Class decorator adding a method to the registry under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} must set the class attribute `name` to be registered")
+    if cls.name in _METHODS and _METHODS[cls.name] is not cls:
+        raise ValueError(f"a method named {cls.name!r} is already registered ({_METHODS[cls.name].__name__})")
+    _METHODS[cls.name] = cls
+    return cls
+
+
+def list_methods() -> List[str]:
+    """Registered method names, sorted."""
+    return sorted(_METHODS)
+
+
+def create_method(name: str, backbone: nn.Module, num_classes: int, **kwargs) -> PromptMethod:
+    """Build a registered method around a timm ViT ``backbone``."""
+    try:
+        cls = _METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(list_methods())}") from None
+    return cls(backbone, num_classes, **kwargs)
+
+
+# ---------------------------------------------------------------------------------- helpers
+@torch.no_grad()
+def frozen_cls(backbone: nn.Module, x: Tensor, *, depth: Optional[int] = None, norm: bool = True) -> Tensor:
+    """CLS token of a prompt-free pass through a timm ``VisionTransformer``.
+
+    Args:
+        backbone: the frozen ViT.
+        x: images ``(B, 3, H, W)``.
+        depth: run only the first ``depth`` blocks (MVP's query uses 11 of 12); all by default.
+        norm: apply the final LayerNorm (``backbone.norm``).
+    """
+    tokens = backbone.patch_embed(x)
+    tokens = backbone._pos_embed(tokens)
+    tokens = backbone.patch_drop(tokens)
+    tokens = backbone.norm_pre(tokens)
+    blocks: Callable = backbone.blocks if depth is None else backbone.blocks[:depth]
+    tokens = blocks(tokens)
+    if norm:
+        tokens = backbone.norm(tokens)
+    return tokens[:, 0]

@@ -1,0 +1,95 @@
+"""Input checks shared by the core modules.
+
+Every check raises before any state is touched, so a rejected call leaves the statistics as they
+were. Messages say what was found and what was expected (scikit-learn's convention).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["NotFittedError", "check_features", "check_expert_ids"]
+
+
+class NotFittedError(ValueError, AttributeError):
+    """Raised when a router or ensemble is used before it has the state it needs.
+
+    Subclasses both ``ValueError`` and ``AttributeError`` so that callers written against either
+    keep working (scikit-learn's convention).
+    """
+
+
+def check_features(features: Tensor, in_features: int, *, owner: str, device: torch.device) -> Tensor:
+    """Validate a ``(N, in_features)`` floating-point, finite, non-empty batch on ``device``."""
+    if not isinstance(features, Tensor):
+        raise TypeError(f"{owner}: features must be a torch.Tensor, got {type(features).__name__}")
+    if features.ndim != 2:
+        hint = " (a single sample needs features.unsqueeze(0))" if features.ndim == 1 else ""
+        raise ValueError(
+            f"{owner}: features must have shape (N, {in_features}), got a {features.ndim}-d tensor "
+            f"of shape {tuple(features.shape)}{hint}"
+        )
+    if not features.is_floating_point():
+        raise TypeError(
+            f"{owner}: features must be floating point, got dtype {features.dtype} "
+            f"(convert with features.float())"
+        )
+    if features.shape[1] != in_features:
+        raise ValueError(
+            f"{owner}: features have {features.shape[1]} columns but the module was built with "
+            f"in_features={in_features}"
+        )
+    if features.shape[0] == 0:
+        raise ValueError(f"{owner}: features hold an empty batch (shape {tuple(features.shape)})")
+    if features.device != device:
+        raise ValueError(
+            f"{owner}: features are on {features.device} but the module's state is on {device}; "
+            f"move one of them (module.to({features.device}) or features.to({device}))"
+        )
+    finite = torch.isfinite(features)
+    if not bool(finite.all()):
+        n_nan = int(torch.isnan(features).sum())
+        n_inf = int((~finite).sum()) - n_nan
+        raise ValueError(f"{owner}: features contain {n_nan} NaN and {n_inf} infinite values")
+    return features
+
+
+def check_expert_ids(
+    expert_ids: Union[int, Tensor], batch_size: int, num_experts: int, *, owner: str, device: torch.device
+) -> Tensor:
+    """Turn one id for the batch or one id per sample into a validated ``(N,)`` long tensor."""
+    if isinstance(expert_ids, bool):
+        raise TypeError(f"{owner}: expert id must be an int or an integer tensor, got bool")
+    if isinstance(expert_ids, int):
+        ids = torch.full((batch_size,), expert_ids, dtype=torch.long, device=device)
+    elif isinstance(expert_ids, Tensor):
+        if expert_ids.is_floating_point() or expert_ids.is_complex() or expert_ids.dtype == torch.bool:
+            raise TypeError(f"{owner}: expert ids must be integers, got dtype {expert_ids.dtype}")
+        if expert_ids.ndim == 0:
+            ids = expert_ids.to(device=device, dtype=torch.long).expand(batch_size)
+        elif expert_ids.ndim == 1:
+            if expert_ids.shape[0] != batch_size:
+                raise ValueError(
+                    f"{owner}: got {expert_ids.shape[0]} expert ids for a batch of {batch_size} samples"
+                )
+            ids = expert_ids.to(device=device, dtype=torch.long)
+        else:
+            raise ValueError(
+                f"{owner}: expert ids must be a scalar or have shape ({batch_size},), "
+                f"got shape {tuple(expert_ids.shape)}"
+            )
+    else:
+        raise TypeError(f"{owner}: expert ids must be an int or a tensor, got {type(expert_ids).__name__}")
+    if ids.numel():
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0:
+            raise ValueError(f"{owner}: expert ids must be non-negative, got {low}")
+        if high >= num_experts:
+            raise ValueError(
+                f"{owner}: expert id {high} does not exist (num_experts={num_experts}); "
+                f"create it first with add_expert()"
+            )
+    return ids

@@ -1,0 +1,81 @@
+"""Router statistics across ``torch.distributed`` processes.
+
+The router's statistics are sums, so data-parallel training can combine them exactly. Two ways:
+
+* :func:`all_reduce_statistics` sums whole routers that each accumulated a *disjoint* part of the
+  data (e.g. a shard each); afterwards every process holds the union. Call it once for those data:
+  calling it again would count them again.
+* :func:`all_gather_update` keeps the routers of all processes identical during training: each step
+  gathers the processes' feature batches (``B x d`` numbers, not ``M x M``) and every process adds
+  the whole global batch. At M = 10,000 this moves about 4,000 times less data per step than
+  all-reducing ``G`` before a solve, and there is never anything to double count.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ._validation import check_expert_ids
+from .router import AnalyticRouter
+
+__all__ = ["all_reduce_statistics", "all_gather_update"]
+
+
+def _require_initialized(owner: str) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"{owner}: torch.distributed is not initialised (call dist.init_process_group first)")
+
+
+@torch.no_grad()
+def all_reduce_statistics(router: AnalyticRouter, group: Optional[dist.ProcessGroup] = None) -> AnalyticRouter:
+    """Sum ``G``, ``Q`` and the counts over all processes, in place; returns ``router``.
+
+    Processes may hold different numbers of experts; every router first grows to the largest.
+    """
+    _require_initialized("all_reduce_statistics")
+    experts = torch.tensor([router.num_experts], device=router.gram.device)
+    dist.all_reduce(experts, op=dist.ReduceOp.MAX, group=group)
+    router._grow_to(int(experts))
+    for tensor in (router.gram, router.cross, router.counts):
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    router._mark_stale()
+    return router
+
+
+@torch.no_grad()
+def all_gather_update(
+    router: AnalyticRouter,
+    features: Tensor,
+    expert_ids: Union[int, Tensor],
+    group: Optional[dist.ProcessGroup] = None,
+) -> None:
+    """``router.update`` with the concatenation (in rank order) of every process's batch.
+
+    Batches may differ in size between processes (the last batch of a shard).
+    """
+    _require_initialized("all_gather_update")
+    ids = check_expert_ids(
+        expert_ids, features.shape[0], router.num_experts, owner="all_gather_update", device=features.device
+    )
+    world = dist.get_world_size(group)
+    size = torch.tensor([features.shape[0]], device=features.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    largest = int(max(int(s) for s in sizes))
+    padded = features.new_zeros(largest, features.shape[1])
+    padded[: features.shape[0]] = features
+    padded_ids = ids.new_zeros(largest)
+    padded_ids[: ids.shape[0]] = ids
+    all_features = [torch.empty_like(padded) for _ in range(world)]
+    all_ids = [torch.empty_like(padded_ids) for _ in range(world)]
+    dist.all_gather(all_features, padded, group=group)
+    dist.all_gather(all_ids, padded_ids, group=group)
+    keep = [slice(0, int(s)) for s in sizes]
+    router.update(
+        torch.cat([f[k] for f, k in zip(all_features, keep)]),
+        torch.cat([i[k] for i, k in zip(all_ids, keep)]),
+    )

@@ -1,0 +1,307 @@
+"""Temporal ensemble of classifier heads (TE2, FlyPrompt section 3.2).
+
+One trainable *online* head plus, for every expert, frozen exponential-moving-average copies of it
+with several decays. Training uses the online head alone; after each optimizer step the active
+expert's copies move towards it; at inference each sample's routed expert contributes its copies,
+which are ensembled with the online head after the logit mask.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from ._validation import check_expert_ids, check_features
+
+__all__ = ["TemporalEnsembleHead", "aggregate_logits", "AGGREGATION_RULES", "find_classifier"]
+
+AGGREGATION_RULES = ("mean", "max_prob", "min_entropy", "softmax_mean", "softmax_max", "softmax_min_entropy")
+
+
+def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor:
+    """Combine the ensemble members' (already masked) logits ``(N, H, C)`` into scores ``(N, C)``.
+
+    Rules (FlyPrompt, appendix "aggregation methods"; the prediction is the argmax of the result):
+
+    * ``mean``: average of the logits.  ``max_prob``: element-wise maximum of the logits.
+    * ``min_entropy``: per sample, the logits of the member whose softmax has the lowest entropy.
+    * ``softmax_mean`` / ``softmax_max``: average / element-wise maximum of the members' softmax
+      (``softmax_max`` is the paper's default, ``max_j softmax(z_j + m)``).
+    * ``softmax_min_entropy``: the softmax of the lowest-entropy member.
+
+    Entropies are computed from the softmax, so masked (``-inf``) classes contribute 0 rather than NaN.
+    """
+    if member_logits.ndim != 3:
+        raise ValueError(f"aggregate_logits: expected member logits of shape (N, H, C), got {tuple(member_logits.shape)}")
+    if rule not in AGGREGATION_RULES:
+        raise ValueError(f"aggregate_logits: rule must be one of {AGGREGATION_RULES}, got {rule!r}")
+    if rule == "mean":
+        return member_logits.mean(dim=1)
+    if rule == "max_prob":
+        return member_logits.amax(dim=1)
+    probabilities = member_logits.softmax(dim=-1)
+    if rule == "softmax_mean":
+        return probabilities.mean(dim=1)
+    if rule == "softmax_max":
+        return probabilities.amax(dim=1)
+    entropy = torch.special.entr(probabilities).sum(dim=-1)  # (N, H)
+    best = entropy.argmin(dim=1)
+    rows = torch.arange(member_logits.shape[0], device=member_logits.device)
+    chosen = member_logits if rule == "min_entropy" else probabilities
+    return chosen[rows, best]
+
+
+def find_classifier(module: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` classifier of ``module``: itself, ``get_classifier()`` (timm), ``head`` or ``fc``."""
+    if isinstance(module, nn.Linear):
+        return module
+    getter = getattr(module, "get_classifier", None)
+    candidates = [("get_classifier()", getter())] if callable(getter) else []
+    candidates += [(name, getattr(module, name)) for name in ("head", "fc") if isinstance(getattr(module, name, None), nn.Module)]
+    for _, candidate in candidates:
+        if isinstance(candidate, nn.Linear):
+            return candidate
+    found = ", ".join(f"{name} -> {type(c).__name__}" for name, c in candidates) or "no get_classifier(), head or fc"
+    raise TypeError(
+        f"TemporalEnsembleHead needs an nn.Linear classifier; {type(module).__name__} has {found}. "
+        f"Pass the nn.Linear itself (timm models built with num_classes=0 have no classifier: build them with "
+        f"num_classes=C or pass a fresh nn.Linear)."
+    )
+
+
+class TemporalEnsembleHead(nn.Module):
+    r"""An online linear head plus per-expert EMA copies of it, ensembled at inference.
+
+    Args:
+        head: the classifier to wrap: an ``nn.Linear``, or a module whose ``get_classifier()``
+            (timm), ``head`` or ``fc`` is one. The very same module becomes ``self.online`` (it is not
+            copied), so an optimizer that already holds its parameters keeps training it.
+        num_experts: experts created now, each with copies cloned from the current online head.
+            More can be added with ``add_expert()`` / ``start_expert()``.
+        decays: EMA decay of each copy, distinct values in ``(0, 1)``; default ``(0.9, 0.99)``.
+        aggregate: one of :data:`AGGREGATION_RULES`; default ``"softmax_max"`` (the paper's).
+
+    Shape:
+        - features: ``(N, in_features)``
+        - expert_ids: ``(N,)`` integer tensor or one int
+        - logit_mask: ``(C,)`` or ``(N, C)``, added to every member's logits before aggregation
+        - output: ``(N, C)``: online logits (no ``expert_ids``) or aggregated scores
+
+    Attributes:
+        online: the wrapped trainable ``nn.Linear`` (its parameters are part of this module's state).
+        ema_weight: buffer ``(num_experts, num_decays, C, in_features)``, the copies' weights.
+        ema_bias: buffer ``(num_experts, num_decays, C)`` or ``None`` when the head has no bias.
+        decays: buffer ``(num_decays,)`` float64.
+        num_updates: buffer ``(num_experts,)`` long, EMA steps taken by each expert since it started.
+        active_expert: the expert whose copies ``update()`` moves (saved through ``get_extra_state``).
+
+    .. note::
+        ``aggregate`` is a constructor argument and is not saved. EMA copies live in buffers, so they
+        never receive gradients and follow ``.to()``; they are updated under ``torch.no_grad()``.
+
+    Examples::
+
+        >>> ensemble = TemporalEnsembleHead(nn.Linear(8, 5), num_experts=2)
+        >>> ensemble.start_expert(1)
+        >>> ensemble.update()                      # after an optimizer step
+        >>> x = torch.randn(4, 8)
+        >>> ensemble(x).shape                      # training: online logits
+        torch.Size([4, 5])
+        >>> ensemble(x, torch.tensor([0, 1, 1, 0])).shape   # inference: ensembled scores
+        torch.Size([4, 5])
+    """
+
+    _version = 1
+
+    def __init__(
+        self,
+        head: nn.Module,
+        num_experts: int = 1,
+        *,
+        decays: Sequence[float] = (0.9, 0.99),
+        aggregate: str = "softmax_max",
+    ) -> None:
+        super().__init__()
+        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 0:
+            raise ValueError(f"TemporalEnsembleHead: num_experts must be an int >= 0, got {num_experts!r}")
+        decays = tuple(float(d) for d in decays)
+        if not decays:
+            raise ValueError("TemporalEnsembleHead: decays must hold at least one value")
+        bad = [d for d in decays if not 0.0 < d < 1.0]
+        if bad:
+            raise ValueError(f"TemporalEnsembleHead: decays must lie in (0, 1), got {bad}")
+        if len(set(decays)) != len(decays):
+            raise ValueError(f"TemporalEnsembleHead: decays must be distinct, got {decays}")
+        if aggregate not in AGGREGATION_RULES:
+            raise ValueError(f"TemporalEnsembleHead: aggregate must be one of {AGGREGATION_RULES}, got {aggregate!r}")
+        self.online = find_classifier(head)
+        self.aggregate = aggregate
+        weight = self.online.weight.detach()
+        self.register_buffer("decays", torch.tensor(decays, dtype=torch.float64, device=weight.device))
+        bank = weight.unsqueeze(0).unsqueeze(0).expand(num_experts, len(decays), *weight.shape)
+        self.register_buffer("ema_weight", bank.clone())
+        if self.online.bias is not None:
+            bias = self.online.bias.detach()
+            self.register_buffer("ema_bias", bias.expand(num_experts, len(decays), bias.shape[0]).clone())
+        else:
+            self.register_buffer("ema_bias", None)
+        self.register_buffer("num_updates", torch.zeros(num_experts, dtype=torch.long, device=weight.device))
+        self.active_expert = 0
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def in_features(self) -> int:
+        return self.online.in_features
+
+    @property
+    def num_classes(self) -> int:
+        return self.online.out_features
+
+    @property
+    def num_experts(self) -> int:
+        return self.ema_weight.shape[0]
+
+    @property
+    def num_decays(self) -> int:
+        return self.ema_weight.shape[1]
+
+    # -------------------------------------------------------------------------------- experts
+    @torch.no_grad()
+    def add_expert(self, count: int = 1) -> int:
+        """Append ``count`` experts whose copies are clones of the current online head; returns the last id."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"TemporalEnsembleHead.add_expert: count must be an int >= 1, got {count!r}")
+        weight = self.online.weight.detach().to(self.ema_weight.dtype)
+        new = weight.expand(count, self.num_decays, *weight.shape)
+        self.ema_weight = torch.cat([self.ema_weight, new])
+        if self.ema_bias is not None:
+            bias = self.online.bias.detach().to(self.ema_bias.dtype)
+            self.ema_bias = torch.cat([self.ema_bias, bias.expand(count, self.num_decays, bias.shape[0])])
+        self.num_updates = torch.cat([self.num_updates, self.num_updates.new_zeros(count)])
+        return self.num_experts - 1
+
+    @torch.no_grad()
+    def start_expert(self, expert: int) -> None:
+        """Clone the online head into ``expert``'s copies and make it the active expert.
+
+        ``expert`` may be an existing id or ``num_experts`` (the next one, created here).
+        """
+        if isinstance(expert, bool) or not isinstance(expert, int) or not 0 <= expert <= self.num_experts:
+            raise ValueError(
+                f"TemporalEnsembleHead.start_expert: expert must be an int in [0, {self.num_experts}], got {expert!r}"
+            )
+        if expert == self.num_experts:
+            self.add_expert()
+        else:
+            self.ema_weight[expert].copy_(self.online.weight.detach().expand_as(self.ema_weight[expert]))
+            if self.ema_bias is not None:
+                self.ema_bias[expert].copy_(self.online.bias.detach().expand_as(self.ema_bias[expert]))
+            self.num_updates[expert] = 0
+        self.active_expert = expert
+
+    # --------------------------------------------------------------------------------- update
+    @torch.no_grad()
+    def update(self, experts: Union[None, int, Tensor, Sequence[int]] = None) -> None:
+        """One EMA step, ``copy <- decay * copy + (1 - decay) * online``, for each decay.
+
+        Moves only the active expert's copies, or those of ``experts`` (ids, duplicates allowed, each
+        moved once) when given. Call it after every optimizer step, or use :meth:`attach`.
+        """
+        if self.num_experts == 0:
+            raise ValueError("TemporalEnsembleHead.update: no experts; call start_expert(0) first")
+        # lerp(copy, online, 1 - decay) is the EMA step; one weight per decay, broadcast over (C, D).
+        rate = (1.0 - self.decays).to(self.ema_weight.dtype)
+        weight = self.online.weight.detach().to(self.ema_weight.dtype)
+        bias = None if self.ema_bias is None else self.online.bias.detach().to(self.ema_bias.dtype)
+        if experts is None:
+            self.ema_weight[self.active_expert].lerp_(weight.unsqueeze(0), rate.view(-1, 1, 1))
+            if bias is not None:
+                self.ema_bias[self.active_expert].lerp_(bias.unsqueeze(0), rate.view(-1, 1))
+            self.num_updates[self.active_expert] += 1
+            return
+        if not isinstance(experts, Tensor):
+            experts = torch.as_tensor(experts, dtype=torch.long)
+        ids = check_expert_ids(
+            experts.reshape(-1), experts.numel(), self.num_experts, owner="TemporalEnsembleHead.update",
+            device=self.ema_weight.device,
+        ).unique()
+        self.ema_weight.index_copy_(0, ids, self.ema_weight[ids].lerp_(weight.expand(1, 1, *weight.shape), rate.view(1, -1, 1, 1)))
+        if bias is not None:
+            self.ema_bias.index_copy_(0, ids, self.ema_bias[ids].lerp_(bias.expand(1, 1, -1), rate.view(1, -1, 1)))
+        self.num_updates.index_add_(0, ids, torch.ones_like(ids))
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> RemovableHandle:
+        """Run :meth:`update` after every ``optimizer.step()``; returns the removable hook handle."""
+        owner = weakref.ref(self)
+
+        def _after_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            ensemble = owner()
+            if ensemble is not None:
+                ensemble.update()
+
+        return optimizer.register_step_post_hook(_after_step)
+
+    # ------------------------------------------------------------------------------ inference
+    def member_logits(self, features: Tensor, expert_ids: Union[int, Tensor]) -> Tensor:
+        """Raw logits ``(N, 1 + num_decays, C)`` of ``[online, copies of each sample's expert]``.
+
+        All experts' copies are applied in one matmul and each sample's rows are gathered afterwards
+        (cost grows with the number of experts, which is small; no per-sample Python loop).
+        """
+        features = check_features(features, self.in_features, owner="TemporalEnsembleHead", device=self.ema_weight.device)
+        ids = check_expert_ids(
+            expert_ids, features.shape[0], self.num_experts, owner="TemporalEnsembleHead", device=features.device
+        )
+        online = self.online(features)
+        experts, decays, classes, width = self.ema_weight.shape
+        bank = self.ema_weight.to(features.dtype).view(experts * decays * classes, width)
+        every = (features @ bank.t()).view(-1, experts, decays, classes)
+        rows = torch.arange(features.shape[0], device=features.device)
+        copies = every[rows, ids]
+        if self.ema_bias is not None:
+            copies = copies + self.ema_bias.to(features.dtype)[ids]
+        return torch.cat([online.unsqueeze(1), copies.to(online.dtype)], dim=1)
+
+    def aggregate_members(self, member_logits: Tensor) -> Tensor:
+        """Aggregate (already masked) member logits ``(N, H, C)`` with this head's rule."""
+        return aggregate_logits(member_logits, self.aggregate)
+
+    def forward(
+        self, features: Tensor, expert_ids: Union[None, int, Tensor] = None, logit_mask: Optional[Tensor] = None
+    ) -> Tensor:
+        """Online logits (``expert_ids`` is ``None``) or the ensemble's scores over each sample's expert."""
+        if expert_ids is None:
+            logits = self.online(features)
+            return logits if logit_mask is None else logits + logit_mask
+        members = self.member_logits(features, expert_ids)
+        if logit_mask is not None:
+            members = members + (logit_mask.unsqueeze(1) if logit_mask.ndim == 2 else logit_mask)
+        return self.aggregate_members(members)
+
+    # ---------------------------------------------------------------------------- persistence
+    def get_extra_state(self) -> Dict[str, int]:
+        return {"active_expert": int(self.active_expert)}
+
+    def set_extra_state(self, state: Dict[str, int]) -> None:
+        self.active_expert = int(state["active_expert"])
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # The banks grow with the experts: resize to the checkpoint's expert count first.
+        bank = state_dict.get(prefix + "ema_weight")
+        if isinstance(bank, Tensor) and bank.ndim == 4 and bank.shape[1:] == self.ema_weight.shape[1:]:
+            experts = bank.shape[0]
+            if experts != self.num_experts:
+                self.ema_weight = self.ema_weight.new_zeros(bank.shape)
+                if self.ema_bias is not None:
+                    self.ema_bias = self.ema_bias.new_zeros(experts, *self.ema_bias.shape[1:])
+                self.num_updates = self.num_updates.new_zeros(experts)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def extra_repr(self) -> str:
+        decays = tuple(round(float(d), 6) for d in self.decays)
+        return f"num_experts={self.num_experts}, decays={decays}, aggregate={self.aggregate!r}"

@@ -1,0 +1,50 @@
+"""Additive logit masks: 0 for the classes that may be predicted, ``-inf`` for the rest.
+
+Masks are added to logits before the softmax (``logits + mask``), as in the paper's Eq. for the
+ensemble and the reference training loss. Class indices are *exposure-ordered* (the order in which
+classes first appear in the stream), so the seen classes are always a prefix.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["class_mask", "batch_seen_class_mask", "seen_class_mask"]
+
+
+def class_mask(
+    classes: Tensor, num_classes: int, *, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None
+) -> Tensor:
+    """``(num_classes,)`` mask that is 0 at every index in ``classes`` and ``-inf`` elsewhere."""
+    if not isinstance(classes, Tensor) or classes.is_floating_point() or classes.dtype == torch.bool:
+        raise TypeError(f"class_mask: classes must be an integer tensor, got {getattr(classes, 'dtype', type(classes))}")
+    if classes.numel() and (int(classes.min()) < 0 or int(classes.max()) >= num_classes):
+        raise ValueError(
+            f"class_mask: class indices must lie in [0, {num_classes}), got range "
+            f"[{int(classes.min())}, {int(classes.max())}]"
+        )
+    device = classes.device if device is None else device
+    mask = torch.full((num_classes,), float("-inf"), dtype=dtype, device=device)
+    mask[classes.reshape(-1).to(device)] = 0
+    return mask
+
+
+def batch_seen_class_mask(
+    labels: Tensor, num_classes: int, *, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None
+) -> Tensor:
+    """Training mask of FlyPrompt and the prompt baselines: only the classes present in the batch."""
+    return class_mask(labels, num_classes, dtype=dtype, device=device)
+
+
+def seen_class_mask(
+    num_seen: int, num_classes: int, *, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None
+) -> Tensor:
+    """Evaluation mask: the first ``num_seen`` (exposed) classes."""
+    if isinstance(num_seen, bool) or not isinstance(num_seen, int) or not 0 <= num_seen <= num_classes:
+        raise ValueError(f"seen_class_mask: num_seen must be an int in [0, {num_classes}], got {num_seen!r}")
+    mask = torch.full((num_classes,), float("-inf"), dtype=dtype, device=device)
+    mask[:num_seen] = 0
+    return mask

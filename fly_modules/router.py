@@ -1,0 +1,538 @@
+"""Random-expanded analytic router (REAR): a forward-only ridge classifier over experts.
+
+The router never sees a gradient and never stores a sample. It keeps two sufficient statistics of
+the stream, ``G = sum phi^T phi`` and ``Q = sum phi^T onehot(expert)`` over the random expansion
+``phi(h) = relu(h R)``, and routes with the ridge solution ``W = (G + lambda I)^-1 Q``. Because the
+statistics are sums, any split of the stream into ``update`` calls, any merge of two routers and any
+all-reduce across processes gives the same ``W`` as one batch fit on all the data.
+
+Implementation notes (why the code looks the way it does):
+
+* ``G`` is symmetric, so ``update`` writes only its *block lower triangle* (the diagonal blocks in
+  full, the blocks left of them, nothing above): about half the memory traffic and flops of a dense
+  ``addmm``. Cholesky (``torch.linalg.cholesky_ex``) and ``eigh`` read only the lower triangle, so
+  nothing ever needs the upper part; ``gram()`` returns the full symmetric matrix when asked.
+* The statistics are accumulated in float64 by default: at M = 10,000 the entries of ``G`` reach
+  1e4-1e8 after tens of thousands of samples while the ridge is 1e4, and float32 sums lose the
+  digits the ridge is meant to regularise (the reference accumulates and solves in float32).
+* The default solver factorises ``G + lambda I`` in float32 and refines the solution to float64
+  accuracy with residuals computed from the float64 statistics (mixed-precision iterative
+  refinement). When the system is too ill-conditioned for that to converge it falls back to a
+  float64 Cholesky, so the answer always has float64 accuracy.
+* The solution is cached and recomputed only after the statistics change: routing with unchanged
+  statistics costs one expansion and one small matmul.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._validation import NotFittedError, check_expert_ids, check_features
+
+__all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError"]
+
+_ACTIVATIONS = ("relu", "identity")
+_SOLVERS = ("auto", "mixed", "cholesky", "eigh")
+# Rows of G updated per block: large enough for efficient GEMMs, small enough that the skipped upper
+# blocks are most of the upper triangle (20 blocks at M = 10,000 touch 52.5% of the matrix).
+_BLOCK = 512
+
+
+class RouterSolveError(RuntimeError):
+    """The ridge system could not be factorised (not positive definite in floating point)."""
+
+
+class RandomExpansion(nn.Module):
+    r"""Fixed random expansion :math:`\phi(h) = \mathrm{act}(h R^\top)` with Gaussian ``R``.
+
+    Args:
+        in_features: width ``d`` of the input features.
+        out_features: expansion width ``M``; ``0`` disables the expansion (``phi`` is the identity).
+        activation: ``"relu"`` (the paper) or ``"identity"``.
+        seed: seed of the private generator that draws ``R`` (i.i.d. standard normal, drawn in
+            float32 on the CPU so that the same seed gives the same ``R`` on every device and dtype).
+        device, dtype: where and in which dtype ``R`` is stored (the router uses its statistics dtype).
+
+    Shape:
+        - Input: ``(N, in_features)``
+        - Output: ``(N, out_features)`` (``(N, in_features)`` when ``out_features == 0``)
+
+    Attributes:
+        weight: buffer ``(out_features, in_features)``, never trained; saved in the ``state_dict`` so a
+            checkpoint does not depend on the random-number generator of the torch version that loads it.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int = 10_000,
+        *,
+        activation: str = "relu",
+        seed: int = 0,
+        device: Optional[torch.device] = None,
+        dtype: Optional[torch.dtype] = None,
+    ) -> None:
+        super().__init__()
+        _check_positive_int("in_features", in_features, owner="RandomExpansion")
+        _check_positive_int("out_features", out_features, owner="RandomExpansion", allow_zero=True)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"RandomExpansion: activation must be one of {_ACTIVATIONS}, got {activation!r}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.activation = activation
+        self.seed = int(seed)
+        generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        weight = torch.randn(out_features, in_features, generator=generator, dtype=torch.float32)
+        self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
+
+    @property
+    def output_dim(self) -> int:
+        """Width of ``phi``: ``out_features``, or ``in_features`` when the expansion is disabled."""
+        return self.out_features or self.in_features
+
+    def forward(self, features: Tensor) -> Tensor:
+        if self.out_features == 0:
+            return features.to(self.weight.dtype)
+        projected = F.linear(features.to(self.weight.dtype), self.weight)
+        return torch.relu_(projected) if self.activation == "relu" else projected
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation}, seed={self.seed}"
+
+
+class AnalyticRouter(nn.Module):
+    r"""Ridge-regression router over random-expanded features (REAR, FlyPrompt section 3.1).
+
+    ``update`` accumulates :math:`G = \sum \phi^\top\phi` and :math:`Q = \sum \phi^\top Y` (``Y`` the
+    one-hot expert of each sample); ``forward`` returns :math:`\phi(h)\,(G + \lambda I)^{-1} Q`, the
+    scores of the experts created so far; ``route`` returns the best expert among those that have
+    received samples (the reference implementation can route to experts that were never trained).
+
+    Args:
+        in_features: width of the query features (the frozen, prompt-free CLS token).
+        num_experts: experts declared up front; more can be added with ``add_expert()``.
+        expansion_dim: width ``M`` of the random expansion (10,000 in the paper; ``0`` = plain ridge).
+        ridge: ``lambda > 0``, or ``"auto"`` to choose it by generalised cross-validation from the
+            statistics alone (one eigendecomposition of ``G``; no stored samples).
+        ridge_grid: candidate values for ``ridge="auto"``; default 49 log-spaced values spanning
+            ``1e-6`` to ``1e6`` times the mean eigenvalue of ``G``.
+        activation: ``"relu"`` (paper) or ``"identity"``.
+        seed: seed of the random expansion.
+        solver: ``"auto"`` (mixed precision with float64 fallback), ``"mixed"``, ``"cholesky"``
+            (in ``stats_dtype``) or ``"eigh"``. ``ridge="auto"`` always uses ``"eigh"``.
+        stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default).
+        device: device of all buffers.
+
+    Shape:
+        - features: ``(N, in_features)``, any floating dtype (cast to ``stats_dtype``)
+        - scores: ``(N, num_experts)`` in ``stats_dtype``
+
+    Attributes:
+        expansion: the :class:`RandomExpansion` (buffer ``expansion.weight``, ``(M, in_features)``).
+        gram: buffer ``(M, M)`` in ``stats_dtype``; the block lower triangle of ``G`` (entries above
+            the diagonal blocks stay zero; see :meth:`gram_matrix`).
+        cross: buffer ``(M, num_experts)`` in ``stats_dtype``; ``Q``.
+        counts: buffer ``(num_experts,)`` long; samples accumulated per expert.
+        ridge_: the ridge used by the last solve (the chosen value when ``ridge="auto"``).
+        solver_: the solver actually used by the last solve.
+
+    .. note::
+        The cached solution is a non-persistent buffer: it follows ``.to()`` but is not saved; a
+        loaded router solves again on first use. ``ridge``, ``solver`` and ``ridge_grid`` are
+        constructor arguments and are not saved either.
+
+    Examples::
+
+        >>> router = AnalyticRouter(16, num_experts=2, expansion_dim=64, ridge=1.0)
+        >>> h = torch.randn(32, 16)
+        >>> router.update(h[:16] + 2, 0)
+        >>> router.update(h[16:] - 2, torch.ones(16, dtype=torch.long))
+        >>> router(h).shape
+        torch.Size([32, 2])
+        >>> router.route(h[:3] + 2)
+        tensor([0, 0, 0])
+    """
+
+    _version = 1
+
+    def __init__(
+        self,
+        in_features: int,
+        num_experts: int = 0,
+        *,
+        expansion_dim: int = 10_000,
+        ridge: Union[float, str] = 1e4,
+        ridge_grid: Optional[Sequence[float]] = None,
+        activation: str = "relu",
+        seed: int = 0,
+        solver: str = "auto",
+        stats_dtype: torch.dtype = torch.float64,
+        device: Optional[torch.device] = None,
+    ) -> None:
+        super().__init__()
+        _check_positive_int("num_experts", num_experts, owner="AnalyticRouter", allow_zero=True)
+        if stats_dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"AnalyticRouter: stats_dtype must be torch.float32 or torch.float64, got {stats_dtype}")
+        if solver not in _SOLVERS:
+            raise ValueError(f"AnalyticRouter: solver must be one of {_SOLVERS}, got {solver!r}")
+        self.ridge = _check_ridge(ridge)
+        self.ridge_grid = None if ridge_grid is None else [_check_ridge(float(r)) for r in ridge_grid]
+        if self.ridge_grid is not None and not self.ridge_grid:
+            raise ValueError("AnalyticRouter: ridge_grid must hold at least one value")
+        self.solver = solver
+        self.expansion = RandomExpansion(
+            in_features, expansion_dim, activation=activation, seed=seed, device=device, dtype=stats_dtype
+        )
+        m = self.expansion.output_dim
+        self.register_buffer("gram", torch.zeros(m, m, device=device, dtype=stats_dtype))
+        self.register_buffer("cross", torch.zeros(m, num_experts, device=device, dtype=stats_dtype))
+        self.register_buffer("counts", torch.zeros(num_experts, device=device, dtype=torch.long))
+        self.register_buffer("_solution", None, persistent=False)
+        self._stats_version = 0
+        self._solution_version = -1
+        self.ridge_: Optional[float] = None
+        self.solver_: Optional[str] = None
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def in_features(self) -> int:
+        return self.expansion.in_features
+
+    @property
+    def expansion_dim(self) -> int:
+        return self.expansion.output_dim
+
+    @property
+    def num_experts(self) -> int:
+        return self.cross.shape[1]
+
+    @property
+    def num_samples(self) -> int:
+        """Samples accumulated so far (over all experts)."""
+        return int(self.counts.sum())
+
+    @property
+    def stats_dtype(self) -> torch.dtype:
+        return self.gram.dtype
+
+    @property
+    def weight(self) -> Tensor:
+        """Routing weights ``(num_experts, M)``, the transpose of the ridge solution (solves if stale)."""
+        return self._solve_if_stale().t()
+
+    # -------------------------------------------------------------------------------- experts
+    def add_expert(self, count: int = 1) -> int:
+        """Append ``count`` experts (zero columns of ``Q``); returns the id of the last one added.
+
+        A cached solution is extended with zero columns instead of being recomputed: a new expert has
+        no samples, so its ridge weights are exactly zero.
+        """
+        _check_positive_int("count", count, owner="AnalyticRouter.add_expert")
+        self.cross = torch.cat([self.cross, self.cross.new_zeros(self.cross.shape[0], count)], dim=1)
+        self.counts = torch.cat([self.counts, self.counts.new_zeros(count)])
+        if self._solution is not None:
+            self._solution = torch.cat([self._solution, self._solution.new_zeros(self._solution.shape[0], count)], 1)
+        return self.num_experts - 1
+
+    def _grow_to(self, num_experts: int) -> None:
+        if num_experts > self.num_experts:
+            self.add_expert(num_experts - self.num_experts)
+
+    # ----------------------------------------------------------------------------- statistics
+    @torch.no_grad()
+    def update(self, features: Tensor, expert_ids: Union[int, Tensor]) -> None:
+        """Accumulate a batch into ``G``, ``Q`` and the per-expert counts.
+
+        Args:
+            features: ``(N, in_features)`` query features (finite, floating point, on the router's device).
+            expert_ids: one expert id for the whole batch, or a ``(N,)`` integer tensor.
+        """
+        features = check_features(features, self.in_features, owner="AnalyticRouter.update", device=self.gram.device)
+        ids = check_expert_ids(
+            expert_ids, features.shape[0], self.num_experts, owner="AnalyticRouter.update", device=self.gram.device
+        )
+        phi = self.expansion(features)
+        _accumulate_block_lower_gram(self.gram, phi)
+        self.cross.index_add_(1, ids, phi.t())
+        self.counts += torch.bincount(ids, minlength=self.num_experts)
+        self._mark_stale()
+
+    @torch.no_grad()
+    def merge_(self, other: "AnalyticRouter") -> "AnalyticRouter":
+        """Add another router's statistics to this one (in place); returns ``self``.
+
+        Both routers must share the random expansion (same ``in_features``, ``expansion_dim``,
+        activation and seed). The merged router equals one router fed both routers' data.
+        """
+        if not isinstance(other, AnalyticRouter):
+            raise TypeError(f"AnalyticRouter.merge_: expected an AnalyticRouter, got {type(other).__name__}")
+        self._check_same_expansion(other)
+        self._grow_to(other.num_experts)
+        target = dict(device=self.gram.device, dtype=self.stats_dtype)
+        self.gram += other.gram.to(**target)
+        self.cross[:, : other.num_experts] += other.cross.to(**target)
+        self.counts[: other.num_experts] += other.counts.to(self.counts.device)
+        self._mark_stale()
+        return self
+
+    @torch.no_grad()
+    def reset_statistics(self) -> None:
+        """Zero ``G``, ``Q`` and the counts (keeps the experts and the random expansion)."""
+        self.gram.zero_()
+        self.cross.zero_()
+        self.counts.zero_()
+        self._mark_stale()
+
+    def gram_matrix(self) -> Tensor:
+        """The full symmetric ``G`` (a new tensor; the buffer holds only its block lower triangle)."""
+        return _symmetrize_block_lower(self.gram)
+
+    def _mark_stale(self) -> None:
+        self._stats_version += 1
+
+    def _check_same_expansion(self, other: "AnalyticRouter") -> None:
+        mine, theirs = self.expansion, other.expansion
+        layout = (mine.in_features, mine.out_features, mine.activation)
+        other_layout = (theirs.in_features, theirs.out_features, theirs.activation)
+        if layout != other_layout:
+            raise ValueError(
+                f"AnalyticRouter.merge_: routers differ in (in_features, expansion_dim, activation): "
+                f"{layout} vs {other_layout}"
+            )
+        if not torch.equal(mine.weight, theirs.weight.to(device=mine.weight.device, dtype=mine.weight.dtype)):
+            raise ValueError(
+                f"AnalyticRouter.merge_: the routers use different random expansions (seeds {mine.seed} and "
+                f"{theirs.seed}); statistics are only additive over the same expansion"
+            )
+
+    # ---------------------------------------------------------------------------------- solve
+    @torch.no_grad()
+    def solve(self) -> Tensor:
+        """Solve ``(G + lambda I) W = Q`` now (normally done lazily); returns ``W`` ``(M, num_experts)``."""
+        if self.num_samples == 0:
+            raise NotFittedError(
+                "AnalyticRouter has no statistics yet: call update(features, expert_ids) before routing"
+            )
+        if self.ridge == "auto" or self.solver == "eigh":
+            solution, ridge, solver = _solve_eigh(self.gram, self.cross, self.ridge, self.ridge_grid, self.num_samples)
+        else:
+            solution, solver = _solve_cholesky(self.gram, self.cross, float(self.ridge), self.solver)
+            ridge = float(self.ridge)
+        self._solution = solution
+        self._solution_version = self._stats_version
+        self.ridge_, self.solver_ = ridge, solver
+        return solution
+
+    def _solve_if_stale(self) -> Tensor:
+        if self._solution is None or self._solution_version != self._stats_version:
+            return self.solve()
+        return self._solution
+
+    # -------------------------------------------------------------------------------- routing
+    @torch.no_grad()
+    def forward(self, features: Tensor) -> Tensor:
+        """Routing scores ``(N, num_experts)`` of the experts created so far."""
+        features = check_features(features, self.in_features, owner="AnalyticRouter", device=self.gram.device)
+        if self.num_experts == 0:
+            raise NotFittedError("AnalyticRouter has no experts: pass num_experts or call add_expert()")
+        solution = self._solve_if_stale()
+        return self.expansion(features) @ solution
+
+    @torch.no_grad()
+    def route(self, features: Tensor) -> Tensor:
+        """Expert id ``(N,)`` of each sample: the best-scoring expert among those with samples."""
+        scores = self.forward(features)
+        untrained = self.counts == 0
+        if bool(untrained.any()):
+            scores = scores.masked_fill(untrained, float("-inf"))
+        return scores.argmax(dim=1)
+
+    # ---------------------------------------------------------------------------- persistence
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        # Q and the counts grow with the experts: resize to the checkpoint's expert count before the
+        # default loader compares shapes, so a fresh router can resume any checkpoint.
+        cross = state_dict.get(prefix + "cross")
+        if isinstance(cross, Tensor) and cross.ndim == 2 and cross.shape[0] == self.cross.shape[0]:
+            experts = cross.shape[1]
+            if experts != self.num_experts:
+                self.cross = self.cross.new_zeros(self.cross.shape[0], experts)
+                self.counts = self.counts.new_zeros(experts)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        self._solution = None
+        self._mark_stale()
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, expansion_dim={self.expansion_dim}, num_experts={self.num_experts}, "
+            f"ridge={self.ridge}, stats_dtype={self.stats_dtype}"
+        )
+
+
+# ====================================================================================== kernels
+def _check_positive_int(name: str, value: Any, *, owner: str, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{owner}: {name} must be {bound}, got {value}")
+
+
+def _check_ridge(ridge: Union[float, str]) -> Union[float, str]:
+    if isinstance(ridge, str):
+        if ridge != "auto":
+            raise ValueError(f"AnalyticRouter: ridge must be a positive number or 'auto', got {ridge!r}")
+        return ridge
+    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)):
+        raise TypeError(f"AnalyticRouter: ridge must be a positive number or 'auto', got {type(ridge).__name__}")
+    if not math.isfinite(ridge) or ridge <= 0:
+        raise ValueError(
+            f"AnalyticRouter: ridge must be finite and > 0 (the system G + ridge*I must be positive "
+            f"definite), got {ridge}"
+        )
+    return float(ridge)
+
+
+def _blocks(m: int) -> List[Tuple[int, int]]:
+    return [(start, min(start + _BLOCK, m)) for start in range(0, m, _BLOCK)]
+
+
+def _accumulate_block_lower_gram(gram: Tensor, phi: Tensor) -> None:
+    """``gram += phi^T phi`` on the diagonal blocks and the blocks left of them only."""
+    for start, stop in _blocks(gram.shape[0]):
+        gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
+
+
+def _symmetrize_block_lower(gram: Tensor) -> Tensor:
+    lower = torch.tril(gram)
+    return lower + torch.tril(gram, -1).t()
+
+
+def _symmetric_matmul(gram: Tensor, x: Tensor) -> Tensor:
+    """``G @ x`` from the block-lower storage of ``G`` without materialising the full matrix."""
+    out = torch.zeros_like(x)
+    for start, stop in _blocks(gram.shape[0]):
+        diagonal = gram[start:stop, start:stop]
+        # The diagonal blocks are stored in full, the blocks left of them once for both triangles.
+        out[start:stop] += diagonal @ x[start:stop]
+        if start:
+            left = gram[start:stop, :start]
+            out[start:stop] += left @ x[:start]
+            out[:start] += left.t() @ x[start:stop]
+    return out
+
+
+def _factor_error(info: int, dtype: torch.dtype, ridge: float, gram: Tensor) -> RouterSolveError:
+    largest = float(gram.diagonal().max())
+    return RouterSolveError(
+        f"AnalyticRouter: the Cholesky factorisation of (G + ridge*I) failed at column {info} in {dtype}: "
+        f"the system is not positive definite to working precision (ridge={ridge:g}, largest diagonal entry "
+        f"of G={largest:.3g}). Increase `ridge` (e.g. to {max(ridge * 100, largest * 1e-8):.3g}) or pass "
+        f"ridge='auto'" + (", or accumulate in float64 (stats_dtype=torch.float64)." if dtype != torch.float64 else ".")
+    )
+
+
+def _cholesky_factor(gram: Tensor, ridge: float, dtype: torch.dtype) -> Tuple[Tensor, int]:
+    """Lower Cholesky factor of ``G + ridge I`` in ``dtype``, factorised in place in one copy of G."""
+    system = gram.to(dtype=dtype, copy=True)
+    system.diagonal().add_(ridge)
+    info = torch.empty((), dtype=torch.int32, device=gram.device)
+    torch.linalg.cholesky_ex(system, out=(system, info))
+    return system, int(info)
+
+
+def _solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, solver: str) -> Tuple[Tensor, str]:
+    dtype = gram.dtype
+    if solver in ("auto", "mixed") and dtype == torch.float64:
+        solution = _solve_mixed_precision(gram, cross, ridge)
+        if solution is not None:
+            return solution, "mixed"
+        if solver == "mixed":
+            warnings.warn(
+                "AnalyticRouter: mixed-precision refinement did not converge (G + ridge*I is too "
+                "ill-conditioned for a float32 factor); solved with a float64 Cholesky instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    factor, info = _cholesky_factor(gram, ridge, dtype)
+    if info:
+        raise _factor_error(info, dtype, ridge, gram)
+    return torch.cholesky_solve(cross, factor), "cholesky"
+
+
+def _symmetric_abs_row_sums(gram: Tensor) -> Tensor:
+    """Row sums of ``|G|`` (the infinity norm's ingredients) from the block-lower storage."""
+    sums = gram.new_zeros(gram.shape[0])
+    for start, stop in _blocks(gram.shape[0]):
+        sums[start:stop] += gram[start:stop, start:stop].abs().sum(dim=1)
+        if start:
+            left = gram[start:stop, :start].abs()
+            sums[start:stop] += left.sum(dim=1)
+            sums[:start] += left.sum(dim=0)
+    return sums
+
+
+def _solve_mixed_precision(gram: Tensor, cross: Tensor, ridge: float, max_iter: int = 30) -> Optional[Tensor]:
+    """Float32 Cholesky factor + float64 iterative refinement; ``None`` when it does not converge.
+
+    Each step solves the float64 residual ``Q - (G + lambda I) x`` with the float32 factor; the error
+    contracts by about ``cond(G + lambda I) * 2^-24`` per step. It stops with LAPACK's ``dsposv``
+    criterion, ``||r|| <= sqrt(M) * eps64 * ||A|| * ||x||`` (infinity norms): the solution is then as
+    backward stable as a float64 Cholesky solve. It gives up as soon as a step fails to halve the
+    correction (``cond * 2^-24`` near 1 or above).
+    """
+    factor, info = _cholesky_factor(gram, ridge, torch.float32)
+    if info:
+        return None
+    norm = float(_symmetric_abs_row_sums(gram).max()) + ridge
+    tolerance = math.sqrt(gram.shape[0]) * torch.finfo(torch.float64).eps * norm
+    solution = torch.cholesky_solve(cross.float(), factor).double()
+    previous = math.inf
+    for _ in range(max_iter):
+        residual = cross - _symmetric_matmul(gram, solution) - ridge * solution
+        if float(residual.abs().max()) <= tolerance * float(solution.abs().max()):
+            return solution
+        correction = torch.cholesky_solve(residual.float(), factor).double()
+        solution += correction
+        size = float(correction.abs().max())
+        if size > 0.5 * previous:
+            return None
+        previous = size
+    return None
+
+
+def _solve_eigh(
+    gram: Tensor, cross: Tensor, ridge: Union[float, str], grid: Optional[Sequence[float]], num_samples: int
+) -> Tuple[Tensor, float, str]:
+    """Solve through ``G = V diag(s) V^T``; with ``ridge="auto"`` choose lambda by GCV first.
+
+    Generalised cross-validation needs only the statistics: with ``q = V^T Q`` and ``n`` samples whose
+    targets are one-hot (so ``sum ||y||^2 = n``),
+    ``RSS(l) = n - sum_i ||q_i||^2 (s_i + 2 l) / (s_i + l)^2`` and ``tr H(l) = sum_i s_i / (s_i + l)``,
+    and ``GCV(l) = n * RSS(l) / (n - tr H(l))^2``.
+    """
+    eigenvalues, eigenvectors = torch.linalg.eigh(gram)  # reads the lower triangle only
+    eigenvalues = eigenvalues.clamp_min(0)
+    rotated = eigenvectors.t() @ cross
+    if ridge == "auto":
+        if grid is None:
+            mean = float(eigenvalues.mean()) or 1.0
+            grid = [mean * 10.0 ** (k / 4) for k in range(-24, 25)]
+        candidates = torch.tensor(list(grid), dtype=gram.dtype, device=gram.device)
+        energy = rotated.pow(2).sum(dim=1)
+        s = eigenvalues.unsqueeze(0)
+        lam = candidates.unsqueeze(1)
+        rss = num_samples - (energy * (s + 2 * lam) / (s + lam) ** 2).sum(dim=1)
+        dof = (s / (s + lam)).sum(dim=1)
+        gcv = num_samples * rss.clamp_min(0) / (num_samples - dof).pow(2)
+        gcv = torch.where(dof < num_samples - 1e-9, gcv, torch.full_like(gcv, math.inf))
+        chosen = float(candidates[int(torch.argmin(gcv))])
+    else:
+        chosen = float(ridge)
+    solution = eigenvectors @ (rotated / (eigenvalues + chosen).unsqueeze(1))
+    return solution, chosen, "eigh"

@@ -1,0 +1,280 @@
+"""AnalyticRouter: exactness against a float64 batch ridge reference, caching, validation, state."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fly_modules import AnalyticRouter, NotFittedError, RandomExpansion, RouterSolveError
+from fly_modules import router as router_module
+
+
+def reference_solution(router: AnalyticRouter, features: torch.Tensor, ids: torch.Tensor, ridge: float) -> np.ndarray:
+    """Float64 batch ridge fit on the stacked data, with numpy/scipy only."""
+    expansion = router.expansion.weight.double().numpy()
+    x = features.double().numpy()
+    phi = x @ expansion.T if router.expansion.out_features else x
+    if router.expansion.out_features and router.expansion.activation == "relu":
+        phi = np.maximum(phi, 0)
+    targets = np.eye(router.num_experts)[ids.numpy()]
+    system = phi.T @ phi + ridge * np.eye(phi.shape[1])
+    return scipy.linalg.solve(system, phi.T @ targets, assume_a="pos")
+
+
+def clustered(n: int, d: int, experts: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    centers = 3 * torch.randn(experts, d, generator=g)
+    ids = torch.randint(0, experts, (n,), generator=g)
+    return centers[ids] + torch.randn(n, d, generator=g), ids
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    d=st.integers(1, 12),
+    m=st.sampled_from([0, 7, 64, 300, 700]),
+    experts=st.integers(1, 4),
+    n=st.integers(1, 80),
+    log_ridge=st.floats(-1, 3),
+    per_sample=st.booleans(),
+    solver=st.sampled_from(["auto", "cholesky", "eigh"]),
+)
+def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, per_sample, solver):
+    ridge = 10.0**log_ridge
+    features, ids = clustered(n, d, experts, seed=data.draw(st.integers(0, 2**16)))
+    router = AnalyticRouter(d, experts, expansion_dim=m, ridge=ridge, solver=solver, seed=data.draw(st.integers(0, 99)))
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=6)))
+    bounds = [0, *cuts, n]
+    if not per_sample:
+        ids = ids.clone()
+    for start, stop in zip(bounds[:-1], bounds[1:]):
+        if stop == start:
+            continue
+        if per_sample:
+            router.update(features[start:stop], ids[start:stop])
+        else:
+            ids[start:stop] = ids[start]  # one expert id for the whole chunk
+            router.update(features[start:stop], int(ids[start]))
+    expected = reference_solution(router, features, ids, ridge)
+    got = router.weight.t().numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
+
+
+def test_block_lower_storage_crosses_block_boundaries(monkeypatch):
+    monkeypatch.setattr(router_module, "_BLOCK", 5)
+    features, ids = clustered(40, 6, 3)
+    router = AnalyticRouter(6, 3, expansion_dim=23, ridge=0.5)
+    router.update(features[:17], ids[:17])
+    router.update(features[17:], ids[17:])
+    phi = router.expansion(features.double())
+    torch.testing.assert_close(router.gram_matrix(), phi.t() @ phi, rtol=1e-12, atol=1e-9)
+    assert torch.count_nonzero(torch.triu(router.gram, 5)) == 0  # nothing stored above the diagonal blocks
+    expected = reference_solution(router, features, ids, 0.5)
+    for solver in ("mixed", "cholesky", "eigh"):
+        router.solver = solver
+        router._mark_stale()
+        np.testing.assert_allclose(router.weight.t().numpy(), expected, rtol=1e-6, atol=1e-9)
+
+
+def test_mixed_precision_solver_reaches_float64_accuracy():
+    features, ids = clustered(3000, 24, 5)
+    router = AnalyticRouter(24, 5, expansion_dim=400, ridge=1e3, solver="mixed")
+    router.update(features, ids)
+    with_mixed = router.solve().clone()
+    assert router.solver_ == "mixed"
+    expected = reference_solution(router, features, ids, 1e3)
+    np.testing.assert_allclose(with_mixed.numpy(), expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
+
+
+def test_mixed_precision_falls_back_on_ill_conditioned_system():
+    features, ids = clustered(500, 8, 2)
+    # cond(G + ridge I) ~ 1e11: beyond a float32 factor (2^24), well within float64.
+    router = AnalyticRouter(8, 2, expansion_dim=300, ridge=1e-2, solver="mixed")
+    router.update(features, ids)
+    with pytest.warns(RuntimeWarning, match="float64 Cholesky"):
+        router.solve()
+    assert router.solver_ == "cholesky"
+    router.solver = "auto"
+    router._mark_stale()
+    router.solve()  # the automatic choice falls back silently
+    assert router.solver_ == "cholesky"
+    np.testing.assert_allclose(router.weight.t().numpy(), reference_solution(router, features, ids, 1e-2), rtol=1e-5)
+
+
+def test_solution_is_cached_until_statistics_change(monkeypatch):
+    features, ids = clustered(50, 5, 2)
+    router = AnalyticRouter(5, 2, expansion_dim=32, ridge=1.0)
+    router.update(features, ids)
+    calls = []
+    original = router_module._solve_cholesky
+    monkeypatch.setattr(router_module, "_solve_cholesky", lambda *a: calls.append(1) or original(*a))
+    router(features)
+    router.route(features)
+    _ = router.weight
+    assert len(calls) == 1
+    router.add_expert()  # a new expert has zero weights: no re-solve
+    assert router(features).shape == (50, 3)
+    assert torch.all(router(features)[:, 2] == 0)
+    assert len(calls) == 1
+    router.update(features[:3], 0)
+    router(features)
+    assert len(calls) == 2
+
+
+def test_route_never_picks_an_expert_without_samples():
+    features, ids = clustered(60, 4, 2)
+    router = AnalyticRouter(4, 3, expansion_dim=16, ridge=1.0)
+    router.update(features, ids)
+    # Crafted so that every trained expert scores negative: the untrained column scores exactly 0.
+    router._solve_if_stale()
+    router._solution[:, :2] = -1.0
+    assert torch.all(router(features)[:, 2] == 0)
+    assert set(router.route(features).tolist()) <= {0, 1}
+
+
+def test_scores_cover_declared_and_added_experts():
+    router = AnalyticRouter(4, 0, expansion_dim=8)
+    with pytest.raises(NotFittedError, match="no experts"):
+        router(torch.randn(2, 4))
+    assert router.add_expert() == 0
+    assert router.add_expert(2) == 2
+    with pytest.raises(NotFittedError, match="call update"):
+        router(torch.randn(2, 4))
+    router.update(torch.randn(3, 4), 1)
+    assert router(torch.randn(2, 4)).shape == (2, 3)
+    assert router.route(torch.randn(5, 4)).tolist() == [1] * 5
+
+
+def test_gcv_picks_the_minimiser_over_its_grid():
+    features, ids = clustered(200, 6, 3)
+    grid = [1e-3, 1e-1, 1e1, 1e3, 1e5]
+    router = AnalyticRouter(6, 3, expansion_dim=50, ridge="auto", ridge_grid=grid)
+    router.update(features, ids)
+    router.solve()
+    phi = router.expansion(features.double()).numpy()
+    y = np.eye(3)[ids.numpy()]
+
+    def gcv(lam):
+        hat = phi @ np.linalg.solve(phi.T @ phi + lam * np.eye(50), phi.T)
+        residual = y - hat @ y
+        return len(y) * (residual**2).sum() / (len(y) - np.trace(hat)) ** 2
+
+    assert router.ridge_ == grid[int(np.argmin([gcv(lam) for lam in grid]))]
+    np.testing.assert_allclose(router.weight.t().numpy(), reference_solution(router, features, ids, router.ridge_), rtol=1e-6)
+
+
+def test_merge_equals_one_router_fed_the_union():
+    features, ids = clustered(90, 5, 3)
+    whole = AnalyticRouter(5, 3, expansion_dim=40, ridge=2.0, seed=3)
+    whole.update(features, ids)
+    left = AnalyticRouter(5, 2, expansion_dim=40, ridge=2.0, seed=3)
+    right = AnalyticRouter(5, 3, expansion_dim=40, ridge=2.0, seed=3)
+    mask = ids < 2
+    left.update(features[mask], ids[mask])
+    right.update(features[~mask], ids[~mask])
+    assert left.merge_(right) is left
+    assert left.num_experts == 3
+    torch.testing.assert_close(left.gram, whole.gram)
+    torch.testing.assert_close(left.cross, whole.cross)
+    assert torch.equal(left.counts, whole.counts)
+    torch.testing.assert_close(left(features), whole(features))
+    with pytest.raises(ValueError, match="different random expansions"):
+        left.merge_(AnalyticRouter(5, 3, expansion_dim=40, seed=4))
+    with pytest.raises(ValueError, match="differ in"):
+        left.merge_(AnalyticRouter(5, 3, expansion_dim=41, seed=3))
+
+
+def test_state_dict_round_trip_into_fresh_router_and_copies():
+    features, ids = clustered(80, 6, 4)
+    router = AnalyticRouter(6, 4, expansion_dim=30, ridge=1.5, seed=9)
+    router.update(features, ids)
+    scores = router(features)
+    buffer = io.BytesIO()
+    torch.save(router.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert "_solution" not in state  # the cache is not saved
+    fresh = AnalyticRouter(6, 0, expansion_dim=30, ridge=1.5, seed=0)  # other seed, no experts
+    fresh.load_state_dict(state)
+    assert fresh.num_experts == 4
+    assert torch.equal(fresh(features), scores)
+    assert torch.equal(copy.deepcopy(router)(features), scores)
+
+
+def test_to_dtype_and_float32_statistics():
+    features, ids = clustered(40, 4, 2)
+    router = AnalyticRouter(4, 2, expansion_dim=20, ridge=1.0, stats_dtype=torch.float32)
+    router.update(features, ids)
+    assert router.gram.dtype == torch.float32 and router(features).dtype == torch.float32
+    router64 = AnalyticRouter(4, 2, expansion_dim=20, ridge=1.0)
+    router64.update(features, ids)
+    torch.testing.assert_close(router(features).double(), router64(features), rtol=1e-4, atol=1e-4)
+    converted = copy.deepcopy(router64).to(torch.float32)
+    assert converted.gram.dtype == torch.float32
+    torch.testing.assert_close(converted(features).double(), router64(features), rtol=1e-4, atol=1e-4)
+
+
+def test_same_seed_same_expansion_and_other_seed_differs():
+    a, b, c = (RandomExpansion(5, 11, seed=s) for s in (1, 1, 2))
+    assert torch.equal(a.weight, b.weight) and not torch.equal(a.weight, c.weight)
+    assert torch.equal(RandomExpansion(5, 11, seed=1, dtype=torch.float64).weight.float(), a.weight)
+
+
+@pytest.mark.parametrize(
+    "features, ids, error, match",
+    [
+        (torch.tensor([[float("nan"), 0, 0]]), 0, ValueError, "1 NaN"),
+        (torch.tensor([[float("inf"), 0, 0]]), 0, ValueError, "1 infinite"),
+        (torch.zeros(2, 4), 0, ValueError, "4 columns"),
+        (torch.zeros(3), 0, ValueError, "unsqueeze"),
+        (torch.zeros(2, 3, 1), 0, ValueError, "3-d tensor"),
+        (torch.zeros(0, 3), 0, ValueError, "empty batch"),
+        (torch.zeros(2, 3, dtype=torch.long), 0, TypeError, "floating point"),
+        (torch.zeros(2, 3), -1, ValueError, "non-negative"),
+        (torch.zeros(2, 3), 2, ValueError, "does not exist"),
+        (torch.zeros(2, 3), torch.tensor([0, 1, 1]), ValueError, "3 expert ids for a batch of 2"),
+        (torch.zeros(2, 3), torch.tensor([0.0, 1.0]), TypeError, "integers"),
+        ([[0.0, 0.0, 0.0]], 0, TypeError, "torch.Tensor"),
+    ],
+)
+def test_bad_input_is_rejected_and_leaves_statistics_unchanged(features, ids, error, match):
+    router = AnalyticRouter(3, 2, expansion_dim=10, ridge=1.0)
+    router.update(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
+    before = {k: v.clone() for k, v in router.state_dict().items()}
+    with pytest.raises(error, match=match):
+        router.update(features, ids)
+    for key, value in router.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_constructor_validation():
+    with pytest.raises(ValueError, match="ridge must be finite and > 0"):
+        AnalyticRouter(3, ridge=0.0)
+    with pytest.raises(ValueError, match="'auto'"):
+        AnalyticRouter(3, ridge="gcv")
+    with pytest.raises(ValueError, match="solver must be one of"):
+        AnalyticRouter(3, solver="lu")
+    with pytest.raises(TypeError, match="stats_dtype"):
+        AnalyticRouter(3, stats_dtype=torch.float16)
+    with pytest.raises(ValueError, match="activation"):
+        AnalyticRouter(3, activation="tanh")
+
+
+def test_failed_factorisation_says_what_to_do():
+    router = AnalyticRouter(3, 1, expansion_dim=0, ridge=1e-30, solver="cholesky", stats_dtype=torch.float32)
+    router.update(torch.tensor([[1e6, 1e6, 1e6], [1e6, 1e6, 1.000001e6]]), 0)
+    with pytest.raises(RouterSolveError, match="Increase `ridge`"):
+        router.solve()
+
+
+def test_wrong_device_is_a_clear_error():
+    router = AnalyticRouter(3, 1, expansion_dim=4)
+    with pytest.raises(ValueError, match="are on meta but the module's state is on cpu"):
+        router.update(torch.zeros(2, 3, device="meta"), 0)
