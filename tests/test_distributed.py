@@ -1,0 +1,77 @@
+"""Router statistics across two real processes (gloo backend, CPU)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fly_modules import AnalyticRouter
+from fly_modules.distributed import all_gather_update, all_reduce_statistics
+
+pytestmark = pytest.mark.distributed
+
+WORLD = 2
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(50, 6, generator=g)
+    ids = torch.randint(0, 3, (50,), generator=g)
+    return features, ids
+
+
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        features, ids = _data()
+        # 1) Disjoint shards, merged once by an all-reduce. Rank 1 declares fewer experts.
+        shard = slice(rank * 25, (rank + 1) * 25)
+        reduced = AnalyticRouter(6, 3 - rank, expansion_dim=40, ridge=1.0, seed=5)
+        local_ids = ids[shard].clamp_max(reduced.num_experts - 1)
+        reduced.update(features[shard], local_ids)
+        all_reduce_statistics(reduced)
+        # 2) Per-step gather: unequal batch sizes (rank 1 gets the shorter tail of each step).
+        gathered = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
+        for start in range(0, 50, 10):
+            own = slice(start, start + 6) if rank == 0 else slice(start + 6, start + 10)
+            all_gather_update(gathered, features[own], ids[own])
+        torch.save(
+            {"reduced": reduced.state_dict(), "gathered": gathered.state_dict(), "ids": local_ids},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_reduce_and_gathered_updates_equal_one_router_fed_the_union(tmp_path):
+    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    features, ids = _data()
+    shards = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+
+    union = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
+    union.update(features, torch.cat([shards[0]["ids"], shards[1]["ids"]]))
+    whole = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
+    whole.update(features, ids)
+    for shard in shards:
+        reduced = AnalyticRouter(6, 0, expansion_dim=40, ridge=1.0, seed=5)
+        reduced.load_state_dict(shard["reduced"])
+        assert reduced.num_experts == 3
+        torch.testing.assert_close(reduced.gram, union.gram, rtol=1e-12, atol=1e-9)
+        torch.testing.assert_close(reduced(features), union(features), rtol=1e-9, atol=1e-12)
+        gathered = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
+        gathered.load_state_dict(shard["gathered"])
+        assert torch.equal(gathered.counts, whole.counts)
+        torch.testing.assert_close(gathered(features), whole(features), rtol=1e-9, atol=1e-12)
+
+
+def test_helpers_require_an_initialised_process_group():
+    router = AnalyticRouter(3, 1, expansion_dim=4)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        all_reduce_statistics(router)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        all_gather_update(router, torch.zeros(1, 3), 0)

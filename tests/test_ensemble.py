@@ -1,0 +1,196 @@
+"""TemporalEnsembleHead: closed-form EMA, batched inference vs a per-sample reference, rules, state."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from fly_modules import AGGREGATION_RULES, TemporalEnsembleHead, aggregate_logits, seen_class_mask
+
+
+def make_head(d=6, c=5, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(d, c, bias=bias)
+
+
+def naive_scores(ensemble: TemporalEnsembleHead, features, ids, mask, rule):
+    """Per-sample reference: the online head and the sample's expert's copies, one sample at a time."""
+    rows = []
+    for x, e in zip(features, ids.tolist()):
+        heads = [ensemble.online(x)]
+        for k in range(ensemble.num_decays):
+            bias = ensemble.ema_bias[e, k] if ensemble.ema_bias is not None else 0
+            heads.append(ensemble.ema_weight[e, k] @ x + bias)
+        logits = torch.stack(heads) + mask
+        probs = logits.softmax(-1)
+        entropy = -torch.where(probs > 0, probs * probs.log(), torch.zeros_like(probs)).sum(-1)
+        if rule == "mean":
+            rows.append(logits.mean(0))
+        elif rule == "max_prob":
+            rows.append(logits.max(0).values)
+        elif rule == "min_entropy":
+            rows.append(logits[entropy.argmin()])
+        elif rule == "softmax_mean":
+            rows.append(probs.mean(0))
+        elif rule == "softmax_max":
+            rows.append(probs.max(0).values)
+        else:
+            rows.append(probs[entropy.argmin()])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("rule", AGGREGATION_RULES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_batched_inference_equals_per_sample_reference(rule, bias):
+    ensemble = TemporalEnsembleHead(make_head(bias=bias), 3, decays=(0.5, 0.9, 0.99), aggregate=rule)
+    optimizer = torch.optim.SGD(ensemble.online.parameters(), lr=0.5)
+    for expert in range(3):
+        ensemble.start_expert(expert)
+        for _ in range(3):
+            optimizer.zero_grad()
+            ensemble(torch.randn(8, 6)).pow(2).mean().backward()
+            optimizer.step()
+            ensemble.update()
+    features = torch.randn(32, 6)
+    ids = torch.randint(0, 3, (32,))
+    mask = seen_class_mask(4, 5)
+    got = ensemble(features, ids, mask)
+    expected = naive_scores(ensemble, features, ids, mask, rule)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_ema_follows_closed_form_for_the_active_expert_only():
+    ensemble = TemporalEnsembleHead(make_head(), 2, decays=(0.9, 0.99))
+    initial = ensemble.ema_weight.clone()
+    ensemble.start_expert(1)
+    online_history = []
+    optimizer = torch.optim.SGD(ensemble.online.parameters(), lr=0.1)
+    handle = ensemble.attach(optimizer)
+    for _ in range(7):
+        optimizer.zero_grad()
+        ensemble(torch.randn(4, 6)).sum().backward()
+        optimizer.step()  # the post-step hook moves the copies
+        online_history.append(ensemble.online.weight.detach().clone())
+    handle.remove()
+    start = initial[1, 0]  # expert 1 started from the online head at construction time (unchanged then)
+    for k, decay in enumerate((0.9, 0.99)):
+        n = len(online_history)
+        expected = decay**n * start + sum((1 - decay) * decay ** (n - 1 - i) * w for i, w in enumerate(online_history))
+        torch.testing.assert_close(ensemble.ema_weight[1, k], expected, rtol=1e-5, atol=1e-6)
+    assert torch.equal(ensemble.ema_weight[0], initial[0])  # inactive expert untouched
+    assert ensemble.num_updates.tolist() == [0, 7]
+    optimizer.step()  # hook removed: no more updates
+    assert ensemble.num_updates.tolist() == [0, 7]
+
+
+def test_update_of_selected_experts_moves_each_once():
+    ensemble = TemporalEnsembleHead(make_head(), 3, decays=(0.5,))
+    with torch.no_grad():
+        ensemble.online.weight.add_(1.0)
+    before = ensemble.ema_weight.clone()
+    ensemble.update(torch.tensor([2, 0, 2, 2]))
+    torch.testing.assert_close(ensemble.ema_weight[0, 0], 0.5 * before[0, 0] + 0.5 * ensemble.online.weight)
+    torch.testing.assert_close(ensemble.ema_weight[2, 0], 0.5 * before[2, 0] + 0.5 * ensemble.online.weight)
+    assert torch.equal(ensemble.ema_weight[1], before[1])
+    assert ensemble.num_updates.tolist() == [1, 0, 1]
+
+
+def test_training_output_is_the_online_head():
+    head = make_head()
+    ensemble = TemporalEnsembleHead(head, 2)
+    assert ensemble.online is head
+    x = torch.randn(3, 6)
+    mask = seen_class_mask(2, 5)
+    assert torch.equal(ensemble(x), head(x))
+    assert torch.equal(ensemble(x, logit_mask=mask), head(x) + mask)
+    assert [name for name, _ in ensemble.named_parameters()] == ["online.weight", "online.bias"]
+
+
+def test_wraps_timm_style_models_through_get_classifier():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def get_classifier(self):
+            return self.fc
+
+    model = Model()
+    assert TemporalEnsembleHead(model, 1).online is model.fc
+    with pytest.raises(TypeError, match="needs an nn.Linear classifier"):
+        TemporalEnsembleHead(nn.Sequential(nn.ReLU()), 1)
+
+
+def test_start_expert_grows_and_clones_online_head():
+    ensemble = TemporalEnsembleHead(make_head(), 0)
+    with pytest.raises(ValueError, match="start_expert"):
+        ensemble.start_expert(1)
+    ensemble.start_expert(0)
+    with torch.no_grad():
+        ensemble.online.weight.mul_(2)
+    ensemble.start_expert(1)
+    assert ensemble.num_experts == 2 and ensemble.active_expert == 1
+    assert torch.equal(ensemble.ema_weight[1, 1], ensemble.online.weight)
+    assert not torch.equal(ensemble.ema_weight[0, 0], ensemble.online.weight)
+
+
+def test_state_dict_round_trip_into_fresh_instance():
+    ensemble = TemporalEnsembleHead(make_head(), 1)
+    ensemble.start_expert(1)
+    ensemble.start_expert(2)
+    with torch.no_grad():
+        ensemble.online.weight.add_(0.3)
+    ensemble.update()
+    buffer = io.BytesIO()
+    torch.save(ensemble.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = TemporalEnsembleHead(make_head(seed=1), 1)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    assert fresh.num_experts == 3 and fresh.active_expert == 2
+    x, ids = torch.randn(10, 6), torch.tensor([0, 1, 2, 2, 1, 0, 0, 1, 2, 2])
+    assert torch.equal(fresh(x, ids), ensemble(x, ids))
+    assert torch.equal(copy.deepcopy(ensemble)(x, ids), ensemble(x, ids))
+
+
+def test_to_dtype_moves_banks():
+    ensemble = TemporalEnsembleHead(make_head(), 2).to(torch.float64)
+    assert ensemble.ema_weight.dtype == torch.float64
+    out = ensemble(torch.randn(3, 6, dtype=torch.float64), torch.tensor([0, 1, 1]))
+    assert out.dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"decays": (0.9, 1.0)}, r"\(0, 1\)"),
+        ({"decays": (0.0,)}, r"\(0, 1\)"),
+        ({"decays": (0.9, 0.9)}, "distinct"),
+        ({"decays": ()}, "at least one"),
+        ({"aggregate": "vote"}, "aggregate must be one of"),
+    ],
+)
+def test_constructor_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TemporalEnsembleHead(make_head(), 1, **kwargs)
+
+
+def test_inference_input_validation():
+    ensemble = TemporalEnsembleHead(make_head(), 2)
+    with pytest.raises(ValueError, match="does not exist"):
+        ensemble(torch.randn(2, 6), torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="NaN"):
+        ensemble(torch.full((2, 6), float("nan")), 0)
+    with pytest.raises(ValueError, match="columns"):
+        ensemble(torch.randn(2, 7), 0)
+
+
+def test_min_entropy_ignores_masked_classes():
+    logits = torch.tensor([[[5.0, 0.0, 0.0]], [[0.0, 0.0, 0.0]]]).transpose(0, 1)  # (1, 2, 3)
+    mask = torch.tensor([0.0, 0.0, float("-inf")])
+    scores = aggregate_logits(logits + mask, "softmax_min_entropy")
+    assert torch.isfinite(scores).all()
+    torch.testing.assert_close(scores, (logits[:, 0] + mask).softmax(-1))

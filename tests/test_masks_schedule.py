@@ -1,0 +1,49 @@
+"""Logit masks and expert-start schedules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, class_mask, seen_class_mask
+
+INF = float("-inf")
+
+
+def test_masks():
+    assert batch_seen_class_mask(torch.tensor([3, 1, 3]), 5).tolist() == [INF, 0, INF, 0, INF]
+    assert seen_class_mask(2, 4).tolist() == [0, 0, INF, INF]
+    assert seen_class_mask(0, 2).tolist() == [INF, INF]
+    assert class_mask(torch.tensor([0]), 2, dtype=torch.float64).dtype == torch.float64
+    with pytest.raises(ValueError, match=r"\[0, 5\)"):
+        batch_seen_class_mask(torch.tensor([5]), 5)
+    with pytest.raises(TypeError, match="integer tensor"):
+        batch_seen_class_mask(torch.tensor([1.0]), 5)
+    with pytest.raises(ValueError, match="num_seen"):
+        seen_class_mask(6, 5)
+
+
+def test_sample_budget_schedule_follows_the_reference_counter():
+    schedule = SampleBudgetSchedule(100, 3)
+    started = [schedule.step(64) for _ in range(6)]
+    # counter: 64, 128 -> start 1 (28 left), 92, 156 -> start 2 (56), then the last expert keeps training
+    assert started == [[], [1], [], [2], [], []]
+    assert schedule.current == 2
+    jump = SampleBudgetSchedule(10, 5)
+    assert jump.step(35) == [1, 2, 3]  # several budgets crossed by one batch
+    restored = SampleBudgetSchedule(10, 5)
+    restored.load_state_dict(jump.state_dict())
+    assert restored.step(5) == jump.step(5) == [4]
+    assert SampleBudgetSchedule.from_stream_size(50_000, 5).samples_per_expert == 10_000
+    with pytest.raises(ValueError, match="samples_per_expert"):
+        SampleBudgetSchedule(0, 2)
+
+
+def test_session_schedule():
+    schedule = SessionSchedule(3)
+    assert schedule.on_session_start(0) == []
+    assert schedule.on_session_start(2) == [1, 2]  # an empty session in between still starts its expert
+    assert schedule.on_session_start(4) == []
+    assert schedule.current == 2
+    with pytest.raises(ValueError, match="session"):
+        schedule.on_session_start(-1)
