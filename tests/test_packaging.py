@@ -70,4 +70,6 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 def test_readme_quick_start_runs(tmp_path):
     code = readme_block("## Quick start")
-    run_python(code, tmp_path)
+    out = run_python(code, tmp_path)
+    routing, accuracy = map(float, re.findall(r"accuracy (\d\.\d+)", out))
+    assert routing >= 0.9 and accuracy >= 0.8, out
