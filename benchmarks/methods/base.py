@@ -120,6 +120,19 @@ class PromptMethod(nn.Module):
         """``(B,)`` expert / ensemble-bank id of each sample for a given selection."""
         raise NotImplementedError
 
+    @property
+    def num_banks(self) -> int:
+        """Number of temporal-ensemble banks a retrofit creates (one per expert by default)."""
+        return self.num_experts
+
+    def bank_of(self, selection: Tensor) -> Tensor:
+        """``(B,)`` ensemble-bank id of each sample (the expert by default; DualPrompt: the slot)."""
+        return self.expert_of(selection)
+
+    def banks_of_expert(self, expert: int) -> List[int]:
+        """Banks re-cloned from the online head when ``expert`` starts (``[expert]`` by default)."""
+        return [int(expert)]
+
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         """Prompted backbone pass with per-sample ``selection``; returns the head input ``(B, D)``."""
         raise NotImplementedError
@@ -167,7 +180,7 @@ class PromptMethod(nn.Module):
         The default is the method's own inference: its own selection, the online head, the mask.
         Methods with a built-in router/ensemble (FlyPrompt) and the retrofit adapters override this.
         """
-        output = self.forward(x)
+        output = self(x)  # through __call__ so that forward hooks (retrofits) apply
         return output.logits if logit_mask is None else output.logits + logit_mask
 
     def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:

@@ -1,0 +1,197 @@
+"""The part of every retrofit that does not depend on the codebase: state, hooks, schedule, undo.
+
+A :class:`Retrofit` owns the added :class:`~fly_modules.AnalyticRouter` and
+:class:`~fly_modules.TemporalEnsembleHead`, the hook handles it registered, and the actions that
+undo it. Family adapters (``reference``, ``jhlee``, ``hide``, ``siblurry``, ``generic``) supply the
+seams: where the query features appear, how a routed expert is injected, where the classifier is,
+which ensemble banks a batch trained, and what starting an expert means for the method.
+
+The training loop stays the user's. What the retrofit needs and a hook cannot see is one call per
+stream batch, :meth:`Retrofit.end_batch`, made after the batch's online iterations (and
+:meth:`Retrofit.start_session` at session starts when experts follow sessions).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
+
+__all__ = ["Retrofit", "Schedule", "SeamError"]
+
+Schedule = Union[SampleBudgetSchedule, SessionSchedule, None]
+
+
+class SeamError(AttributeError):
+    """A model lacks an attribute an adapter needs; the message says how to use the generic adapter."""
+
+
+def missing_seam(family: str, model: nn.Module, path: str, what: str) -> SeamError:
+    present = sorted(name for name, _ in model.named_children())
+    return SeamError(
+        f"fly_modules.adapters.{family}: {type(model).__name__} has no `{path}` ({what}); its submodules are "
+        f"{present}. If your code names it differently, pass the seams explicitly: "
+        f"fly_modules.adapters.generic.retrofit(model, query_module=..., route_module=..., route_kwarg=..., "
+        f"head_owner=..., head_name=...)"
+    )
+
+
+class Retrofit:
+    """Handle returned by every ``retrofit``: the added modules, the per-batch call, and undo.
+
+    Attributes:
+        model: the retrofitted model.
+        router: the :class:`~fly_modules.AnalyticRouter` (``None`` when ``router=False``).
+        ensemble: the :class:`~fly_modules.TemporalEnsembleHead` (``None`` when ``ensemble=False``).
+        schedule: the expert-start schedule (``None``: experts start only through :meth:`start_expert`).
+        current_expert: the expert trained now (the router's target).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        router: Optional[AnalyticRouter],
+        ensemble: Optional[TemporalEnsembleHead],
+        schedule: Schedule,
+        start_method_expert: Callable[[int], None],
+        banks_of_expert: Callable[[int], Sequence[int]],
+        current_expert: int = 0,
+    ) -> None:
+        self.model = model
+        self.router = router
+        self.ensemble = ensemble
+        self.schedule = schedule
+        self.current_expert = int(current_expert)
+        self._start_method_expert = start_method_expert
+        self._banks_of_expert = banks_of_expert
+        self._handles: List[RemovableHandle] = []
+        self._undo: List[Callable[[], None]] = []
+        self._pending_query: Optional[Tensor] = None
+        self._trained_banks: Optional[Tensor] = None
+        self.removed = False
+
+    # ----------------------------------------------------------------- used by family adapters
+    def add_handle(self, handle: RemovableHandle) -> None:
+        self._handles.append(handle)
+
+    def add_undo(self, action: Callable[[], None]) -> None:
+        self._undo.append(action)
+
+    def record_query(self, features: Tensor) -> None:
+        """Keep the first query of the batch (later online iterations see the same images)."""
+        if self._pending_query is None:
+            self._pending_query = features.detach()
+
+    def record_trained_banks(self, banks: Tensor) -> None:
+        """The ensemble banks the latest training forward used (moved after the optimizer step)."""
+        self._trained_banks = banks.detach()
+
+    def routing_active(self) -> bool:
+        return self.router is not None and not self.removed and self.router.num_samples > 0
+
+    def route(self, features: Tensor) -> Tensor:
+        return self.router.route(features.to(self.router.gram.device))
+
+    # ------------------------------------------------------------------------ training calls
+    def attach_optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
+        """Move the EMA copies of the banks the last forward trained after each ``optimizer.step()``."""
+        if self.ensemble is None or optimizer is None:
+            return
+
+        def after_step(opt: Any, args: Any, kwargs: Any) -> None:
+            if not self.removed:
+                self.update_ensemble()
+
+        self.add_handle(optimizer.register_step_post_hook(after_step))
+
+    def update_ensemble(self) -> None:
+        """One EMA step (what the optimizer hook runs; call it yourself if you passed no optimizer)."""
+        if self.ensemble is None:
+            return
+        banks = self._trained_banks
+        self.ensemble.update(None if banks is None else banks)
+
+    @torch.no_grad()
+    def end_batch(self, batch_size: Optional[int] = None, *, query: Optional[Tensor] = None) -> List[int]:
+        """Call once per stream batch, after its online iterations.
+
+        Adds the batch's query features (recorded by the forward hook during training, or ``query``
+        if given, e.g. features of the un-augmented batch) to the router with the current expert as
+        target, then advances a sample-budget schedule by ``batch_size`` (default: the number of
+        recorded samples). Returns the experts started.
+        """
+        features = query if query is not None else self._pending_query
+        self._pending_query = None
+        if batch_size is None:
+            batch_size = 0 if features is None else features.shape[0]
+        if self.router is not None and features is not None:
+            self.router.update(features.to(self.router.gram.device), self.current_expert)
+        started: List[int] = []
+        if isinstance(self.schedule, SampleBudgetSchedule):
+            started = self.schedule.step(int(batch_size))
+            for expert in started:
+                self.start_expert(expert)
+        return started
+
+    def start_session(self, session: int) -> List[int]:
+        """Call at the start of each session when experts follow sessions; returns the experts started."""
+        if not isinstance(self.schedule, SessionSchedule):
+            return []
+        started = self.schedule.on_session_start(session)
+        for expert in started:
+            self.start_expert(expert)
+        return started
+
+    def start_expert(self, expert: int) -> None:
+        """Start ``expert``: the method's own start (prompt init, ...) and fresh copies of its banks."""
+        self.current_expert = int(expert)
+        self._start_method_expert(int(expert))
+        if self.ensemble is not None:
+            for bank in self._banks_of_expert(int(expert)):
+                self.ensemble.start_expert(int(bank))
+
+    # ------------------------------------------------------------------------------ undo
+    def remove(self) -> None:
+        """Undo the retrofit: remove every hook and restore every replaced attribute (idempotent)."""
+        if self.removed:
+            return
+        for handle in self._handles:
+            handle.remove()
+        for action in reversed(self._undo):
+            action()
+        self._handles.clear()
+        self._undo.clear()
+        self.removed = True
+
+    def __enter__(self) -> "Retrofit":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return (
+            f"Retrofit(model={type(self.model).__name__}, router={self.router is not None}, "
+            f"ensemble={self.ensemble is not None}, schedule={self.schedule!r}, removed={self.removed})"
+        )
+
+
+def set_instance_attribute(retrofit: Retrofit, obj: Any, name: str, value: Any) -> None:
+    """``setattr`` on an instance, undone by the retrofit (restores the old instance attribute or
+    deletes the new one so the class attribute shows through again)."""
+    had = name in vars(obj)
+    old = vars(obj).get(name)
+    setattr(obj, name, value)
+
+    def undo() -> None:
+        if had:
+            setattr(obj, name, old)
+        else:
+            delattr(obj, name)
+
+    retrofit.add_undo(undo)
