@@ -1,0 +1,246 @@
+"""DualPrompt and MISA on a frozen timm ViT, online / Si-Blurry style (reference-protocol 4.2, 4.3).
+
+DualPrompt:
+
+* G-prompt: one shared prompt of ``g_prompt_length`` (5) tokens per layer at ``g_prompt_layers``
+  (0, 1). E-prompt pool: ``pool_size`` slots (default ``max(10, num_experts)``, the reference's rule),
+  ``e_prompt_length`` (20) tokens per layer at ``e_prompt_layers`` (2, 3, 4), one key per slot.
+  Prompts and keys uniform in [-1, 1). The class token's positional embedding is added to G and E
+  tokens; in a layer holding both, G tokens come first. Concatenation prompting
+  (``benchmarks.methods.prompting``).
+* The steps (``num_experts``, default 5) own contiguous slices of ``slots_per_step = pool_size //
+  num_experts`` slots; slots past ``num_experts * slots_per_step`` belong to no step.
+* Selection = top-1 slot by cosine distance between the query (frozen final-norm class token) and the
+  keys. Training: inside the current step's slice. Inference: see the decisions below.
+  ``select(..., expert=s)`` restricts the match to step ``s``'s slice (the router seam).
+* Loss: cross-entropy + ``key_pull_weight`` (1.0) * mean ``1 - cos(query, selected key)``.
+* Task-free (step-aware): steps start on a sample budget through ``on_expert_start``, which only
+  moves the slice.
+
+**Expert = step, bank = slot.** ``num_experts`` is the number of steps and ``expert_of(selection)`` is
+the step that owns each sample's slot (``slot // slots_per_step``, clamped to the last step for
+unowned slots): the router's target (the trainer's ``current_expert``) and what a routed expert
+restricts. Temporal-ensemble banks are keyed by *slot* as in the reference's TE2 ablation
+(``num_banks = pool_size``, ``bank_of(selection)`` is the slot, a step's slots are re-cloned when the
+step starts, and only the slots a batch selected move after an optimizer step). ``slot_step`` maps a
+slot to its step.
+
+Decisions on the reference's quirks (reference-protocol 6.2):
+
+* Inference over never-trained slots (bug 9): the reference's test-time match ranges over the whole
+  pool, including slots of steps that never started. Here inference matches only the slots of steps
+  that have started (``expert_started``); ``reference_quirks=True`` restores the pool-wide match.
+* The reference's ``prefix_tuning`` branch is broken and unused; only prompt tuning is implemented.
+* MISA loaded its prompts by replacing the Parameters after construction; here they are copied into
+  the pre-allocated Parameters, so an optimizer built at any time trains the right tensors.
+* Slot prompts live in one tensor as in the reference, so Adam moments of the previous step's slots
+  still move them for a few updates after a step change (6.2.12, accepted: it is the reference's
+  behaviour).
+
+MISA = DualPrompt whose G and E prompts start from user-supplied pretrained tensors (G length 10 per
+layer, keys stay random); everything else is DualPrompt.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional
+
+import torch
+from torch import Tensor, nn
+
+from .base import QueryFeatures, register_method
+from .prompting import (
+    ConcatPromptMethod,
+    PromptSource,
+    cls_position,
+    cosine_distance,
+    load_prompt_tensor,
+    resolve_layers,
+)
+
+__all__ = ["DualPrompt", "MISA"]
+
+
+@register_method
+class DualPrompt(ConcatPromptMethod):
+    """DualPrompt with step-sliced E-prompt pool.
+
+    Args:
+        backbone: frozen timm ViT.
+        num_classes: classifier outputs.
+        num_experts: number of steps (default 5).
+        pool_size: E-prompt slots; default ``max(10, num_experts)``; must be ``>= num_experts``.
+        g_prompt_layers, e_prompt_layers: block positions (default (0, 1) and (2, 3, 4), clamped to
+            the backbone depth).
+        g_prompt_length, e_prompt_length: tokens per layer (5 and 20).
+        key_pull_weight: weight of the key-pull term (1.0).
+        reference_quirks: match over the whole pool at inference, as the reference does.
+
+    Attributes:
+        g_prompts: ``(1, len(g_prompt_layers) * g_prompt_length, D)`` parameter (layer-major tokens).
+        e_prompts: ``(pool_size, len(e_prompt_layers) * e_prompt_length, D)`` parameter.
+        e_keys: ``(pool_size, D)`` parameter.
+        slot_step: ``(pool_size,)`` long buffer, the step owning each slot (``>= num_experts`` for
+            unowned slots).
+    """
+
+    name = "dualprompt"
+    session_aware = False
+    default_lr = 0.005
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        *,
+        num_experts: int = 5,
+        pool_size: Optional[int] = None,
+        g_prompt_layers: Optional[Iterable[int]] = None,
+        g_prompt_length: int = 5,
+        e_prompt_layers: Optional[Iterable[int]] = None,
+        e_prompt_length: int = 20,
+        key_pull_weight: float = 1.0,
+        reference_quirks: bool = False,
+    ) -> None:
+        super().__init__(backbone, num_classes, num_experts=num_experts)
+        pool_size = max(10, self.num_experts) if pool_size is None else int(pool_size)
+        if pool_size < self.num_experts:
+            raise ValueError(
+                f"{type(self).__name__}: pool_size {pool_size} is smaller than num_experts {self.num_experts}; "
+                "every step needs at least one slot"
+            )
+        if g_prompt_length < 1 or e_prompt_length < 1:
+            raise ValueError(f"{type(self).__name__}: prompt lengths must be >= 1")
+        self.pool_size = pool_size
+        self.slots_per_step = pool_size // self.num_experts
+        owner = type(self).__name__
+        self.g_layers = resolve_layers(g_prompt_layers, self.depth, default=(0, 1), what=f"{owner} G-prompt")
+        self.e_layers = resolve_layers(e_prompt_layers, self.depth, default=(2, 3, 4), what=f"{owner} E-prompt")
+        self.g_prompt_length = int(g_prompt_length)
+        self.e_prompt_length = int(e_prompt_length)
+        self.key_pull_weight = float(key_pull_weight)
+        self.reference_quirks = bool(reference_quirks)
+        factory = self._factory()
+        g_tokens = len(self.g_layers) * self.g_prompt_length
+        e_tokens = len(self.e_layers) * self.e_prompt_length
+        self.g_prompts = nn.Parameter(torch.empty(1, g_tokens, self.embed_dim, **factory).uniform_(-1, 1))
+        self.e_prompts = nn.Parameter(torch.empty(pool_size, e_tokens, self.embed_dim, **factory).uniform_(-1, 1))
+        self.e_keys = nn.Parameter(torch.empty(pool_size, self.embed_dim, **factory).uniform_(-1, 1))
+        self.register_buffer("slot_step", (torch.arange(pool_size) // self.slots_per_step).to(factory["device"]))
+
+    # ------------------------------------------------------------------------------- seams
+    def allowed_slots(self, batch: int, *, train: bool, expert: Optional[Tensor] = None) -> Optional[Tensor]:
+        """``(B, pool_size)`` or ``(1, pool_size)`` bool mask of the slots a selection may use (None = all)."""
+        if expert is not None:
+            expert = self._check_expert_ids(expert, batch)
+            return self.slot_step.unsqueeze(0) == expert.unsqueeze(1)
+        if train:
+            return (self.slot_step == self.current_expert).unsqueeze(0)
+        if self.reference_quirks:
+            return None
+        owned = self.slot_step < self.num_experts
+        return (owned & self.expert_started[self.slot_step.clamp(max=self.num_experts - 1)]).unsqueeze(0)
+
+    def select(self, query: Tensor, *, train: bool, expert: Optional[Tensor] = None) -> Tensor:
+        """``(B,)`` slot ids: top-1 key match inside the allowed slots (see ``allowed_slots``)."""
+        distance = cosine_distance(query, self.e_keys).detach()
+        allowed = self.allowed_slots(query.shape[0], train=train, expert=expert)
+        if allowed is not None:
+            distance = distance.masked_fill(~allowed, float("inf"))
+        return distance.argmin(dim=1)
+
+    def expert_of(self, selection: Tensor) -> Tensor:
+        return self.slot_step[selection].clamp(max=self.num_experts - 1)
+
+    # Temporal-ensemble banks are keyed by slot, as in the reference's "w/ TE2" (one bank per E-prompt
+    # slot); the router still targets the step.
+    @property
+    def num_banks(self) -> int:
+        return self.pool_size
+
+    def bank_of(self, selection: Tensor) -> Tensor:
+        return selection
+
+    def banks_of_expert(self, expert: int) -> List[int]:
+        return [int(slot) for slot in torch.nonzero(self.slot_step == int(expert)).flatten()]
+
+    def _layer_prompts(self, selection: Tensor) -> Dict[int, List[Tensor]]:
+        batch, dim = selection.shape[0], self.embed_dim
+        pos = cls_position(self.backbone)
+        g = (self.g_prompts + pos).view(1, len(self.g_layers), self.g_prompt_length, dim).expand(batch, -1, -1, -1)
+        e = (self.e_prompts[selection] + pos).view(batch, len(self.e_layers), self.e_prompt_length, dim)
+        prompts: Dict[int, List[Tensor]] = {}
+        for i, layer in enumerate(self.g_layers):
+            prompts.setdefault(layer, []).append(g[:, i])
+        for i, layer in enumerate(self.e_layers):
+            prompts.setdefault(layer, []).append(e[:, i])
+        return prompts
+
+    def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
+        return self._prompted_cls(x, self._layer_prompts(selection))
+
+    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+        """Key pull: ``key_pull_weight * mean(1 - cos(query, selected key))``."""
+        cos = torch.nn.functional.cosine_similarity(query.query, self.e_keys[selection], dim=-1)
+        return self.key_pull_weight * (1.0 - cos).mean()
+
+
+@register_method
+class MISA(DualPrompt):
+    """DualPrompt initialised from pretrained G/E prompts (MISA).
+
+    Args:
+        g_prompt: tensor or file (``.safetensors``, or ``torch.save`` read with ``weights_only=True``) of
+            shape ``(1, len(g_prompt_layers) * g_prompt_length, D)`` (or without the leading 1); the
+            MISA release ships ``g_prompt.pt`` of shape (1, 20, 768).
+        e_prompt: tensor or file of shape ``(P, len(e_prompt_layers) * e_prompt_length, D)``; the
+            release ships ``e_prompt.pt`` of shape (10, 60, 768). When ``P != pool_size`` it is tiled
+            along the pool axis and cut to ``pool_size`` (the reference's rule).
+        g_prompt_length: G tokens per layer (10 for MISA).
+        **kwargs: the other ``DualPrompt`` arguments. The keys are not loaded (random, as in MISA).
+    """
+
+    name = "misa"
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        num_classes: int,
+        *,
+        g_prompt: PromptSource,
+        e_prompt: PromptSource,
+        g_prompt_length: int = 10,
+        **kwargs,
+    ) -> None:
+        super().__init__(backbone, num_classes, g_prompt_length=g_prompt_length, **kwargs)
+        g = load_prompt_tensor(g_prompt, "MISA g_prompt")
+        e = load_prompt_tensor(e_prompt, "MISA e_prompt")
+        if g.dim() == 2:
+            g = g.unsqueeze(0)
+        self._check_prompt_shape(g, self.g_prompts, "g_prompt", "g_prompt_layers", "g_prompt_length", pool_axis=False)
+        self._check_prompt_shape(e, self.e_prompts, "e_prompt", "e_prompt_layers", "e_prompt_length", pool_axis=True)
+        if e.shape[0] != self.pool_size:
+            repeats = -(-self.pool_size // e.shape[0])
+            e = e.repeat(repeats, 1, 1)[: self.pool_size]
+        with torch.no_grad():
+            self.g_prompts.copy_(g)
+            self.e_prompts.copy_(e)
+
+    @staticmethod
+    def _check_prompt_shape(
+        loaded: Tensor, target: Tensor, what: str, layers_arg: str, length_arg: str, *, pool_axis: bool
+    ) -> None:
+        expected = ("P" if pool_axis else 1, target.shape[1], target.shape[2])
+        ok = (
+            loaded.dim() == 3
+            and loaded.shape[1:] == target.shape[1:]
+            and (loaded.shape[0] >= 1 if pool_axis else loaded.shape[0] == 1)
+        )
+        if not ok:
+            raise ValueError(
+                f"MISA {what}: loaded shape {tuple(loaded.shape)} does not match the expected {expected} "
+                f"(tokens = len({layers_arg}) * {length_arg}, last dim = the backbone's embed dim); "
+                "pretrained MISA prompts only fit the backbone width and prompt sizes they were trained with"
+            )
+        if not loaded.is_floating_point():
+            raise TypeError(f"MISA {what}: expected a floating-point tensor, got {loaded.dtype}")
