@@ -1,3 +1,6 @@
-"""Reference implementations of the prompt methods on a frozen timm ViT."""
-from . import hide  # noqa: F401  (registers "hide", "norga")
-from . import l2p, dualprompt, mvp, flyprompt  # noqa: F401  (registers "l2p", "dualprompt", "misa", "mvp", "flyprompt")
+"""Reference implementations of the prompt methods on a frozen timm ViT (registered by name)."""
+
+from . import dualprompt, flyprompt, hide, l2p, mvp  # noqa: F401  (registration side effects)
+from .base import MethodOutput, PromptMethod, QueryFeatures, create_method, list_methods, register_method
+
+__all__ = ["MethodOutput", "PromptMethod", "QueryFeatures", "create_method", "list_methods", "register_method"]

@@ -1,0 +1,294 @@
+"""One online Si-Blurry run of one method in one cross-ablation variant.
+
+The loop follows reference-protocol section 3.4 (one stream batch): expose the batch's classes ->
+``online_iter`` optimizer steps on freshly augmented copies with the training logit mask -> the
+method's per-batch hook -> ``Retrofit.end_batch`` (router statistics, task-free expert schedule) ->
+anytime evaluation when due -> at a session's last batch, the session-end evaluation *then* the
+method's session-end hook (the reference's order, kept so that A_last is comparable; reference bug
+6.2.6 notes that this keeps HiDe/NoRGa's final classifier alignment out of A_last).
+
+Variants (``VARIANTS``): ``baseline`` is the method as published; ``router`` / ``ensemble`` / ``both``
+retrofit the analytic router and/or the temporal ensemble through ``fly_modules.adapters.reference``
+(the same adapter users call). FlyPrompt has both built in and runs as ``full`` only.
+
+Deliberate differences from the reference loop (each one keeps a number comparable or fixes a bug):
+
+* Router statistics use the query features of the batch's first online iteration (the frozen,
+  prompt-free pass the method runs anyway), not a second pass over the un-augmented batch.
+* The ensemble's EMA step is skipped when AMP's GradScaler skipped the optimizer step (6.2.10).
+* Empty sessions still get their session-end evaluation and hooks (6.2.11).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, seen_class_mask
+from fly_modules.adapters import reference as reference_adapter
+
+from .metrics import AnytimeEvalTrigger, EvaluationLog, summarize
+from .stream import build_si_blurry_stream
+
+__all__ = ["VARIANTS", "PAPER_METHODS", "Protocol", "RunSpec", "run", "build_backbone"]
+
+#: variant -> (router, ensemble)
+VARIANTS: Dict[str, Tuple[bool, bool]] = {
+    "baseline": (False, False),
+    "router": (True, False),
+    "ensemble": (False, True),
+    "both": (True, True),
+    "full": (False, False),  # FlyPrompt: router and ensemble are built in
+}
+#: the methods of the paper's cross-ablation table
+PAPER_METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga")
+
+
+@dataclass
+class Protocol:
+    """Every setting of a run except (method, variant, dataset, seed). See ``cross_ablation.py --help``."""
+
+    model: str = "vit_base_patch16_224.orig_in21k"
+    model_kwargs: Dict[str, Any] = field(default_factory=dict)
+    pretrained: bool = True
+    weights: Optional[str] = None
+    image_size: int = 224
+    batch_size: int = 64
+    online_iter: int = 3
+    eval_period: int = 1000
+    test_batch_size: int = 128
+    num_sessions: int = 5
+    disjoint_ratio: float = 0.5
+    blurry_ratio: float = 0.1
+    num_experts: int = 5
+    lr: Optional[float] = None  # None: the method's default (Adam 0.005; 0.003 for HiDe-Prompt/NoRGa)
+    expansion_dim: int = 10_000
+    ridge: float = 1e4
+    decays: Tuple[float, ...] = (0.9, 0.99)
+    aggregate: str = "softmax_max"
+    amp: bool = True  # used on CUDA only
+    augment: bool = True
+    method_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    misa_prompts: Optional[str] = None  # folder with g_prompt.pt and e_prompt.pt
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: str
+    variant: str
+    dataset: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.method}/{self.variant}/seed{self.seed}"
+
+
+def build_backbone(protocol: Protocol) -> nn.Module:
+    """A timm ViT by name, with pretrained weights by name (timm's cache) or from a local file."""
+    import timm  # the bench extra
+
+    kwargs = dict(protocol.model_kwargs)
+    if protocol.weights:
+        kwargs["pretrained_cfg_overlay"] = dict(file=protocol.weights)
+    try:
+        return timm.create_model(protocol.model, pretrained=protocol.pretrained or bool(protocol.weights), num_classes=0, **kwargs)
+    except Exception as error:  # timm raises several types for missing weights (hub, file, config)
+        if not (protocol.pretrained or protocol.weights):
+            raise
+        raise RuntimeError(
+            f"could not load pretrained weights for {protocol.model!r} ({type(error).__name__}: {error}). "
+            f"Without internet access, download the weights elsewhere and pass --weights /path/to/file "
+            f"(.safetensors/.pth/.npz), or use --no-pretrained for a random backbone."
+        ) from error
+
+
+def _build_method(spec: RunSpec, protocol: Protocol, num_classes: int, device: torch.device) -> nn.Module:
+    from .methods import create_method
+
+    torch.manual_seed(spec.seed)
+    backbone = build_backbone(protocol)
+    kwargs: Dict[str, Any] = {"num_experts": protocol.num_experts}
+    kwargs.update(protocol.method_kwargs.get(spec.method, {}))
+    if spec.method == "flyprompt":
+        kwargs.setdefault("router_expansion_dim", protocol.expansion_dim)
+        kwargs.setdefault("router_ridge", protocol.ridge)
+        kwargs.setdefault("decays", protocol.decays)
+        kwargs.setdefault("aggregate", protocol.aggregate)
+    if spec.method == "misa" and "g_prompt" not in kwargs:
+        if protocol.misa_prompts:
+            kwargs["g_prompt"] = f"{protocol.misa_prompts}/g_prompt.pt"
+            kwargs["e_prompt"] = f"{protocol.misa_prompts}/e_prompt.pt"
+        else:
+            # No pretrained prompts supplied: MISA degenerates to DualPrompt with 10 G tokens per layer
+            # and a seeded uniform initialisation (the run record says so in its notes).
+            shapes = create_method("dualprompt", backbone, num_classes, num_experts=protocol.num_experts, g_prompt_length=10)
+            generator = torch.Generator().manual_seed(spec.seed)
+            kwargs["g_prompt"] = torch.empty_like(shapes.g_prompts).uniform_(-1, 1, generator=generator)
+            kwargs["e_prompt"] = torch.empty_like(shapes.e_prompts).uniform_(-1, 1, generator=generator)
+    return create_method(spec.method, backbone, num_classes, **kwargs).to(device)
+
+
+class _PeakMemory:
+    """Peak memory of a run: CUDA allocator peak, or the process's peak resident set on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def read_mb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def run(
+    spec: RunSpec,
+    protocol: Protocol,
+    train: Any,
+    test: Any,
+    *,
+    device: torch.device,
+    progress: Optional[Callable[..., Any]] = None,
+) -> Dict[str, Any]:
+    """Train ``spec.method`` online on the Si-Blurry stream of ``train`` and evaluate on ``test``.
+
+    ``train``/``test`` are ``benchmarks.data.ImageDataset`` records. Returns a JSON-serialisable record:
+    the spec, the metrics (official-code and paper definitions), the evaluation log, timings and memory.
+    """
+    if spec.variant not in VARIANTS:
+        raise ValueError(f"unknown variant {spec.variant!r}; expected one of {sorted(VARIANTS)}")
+    if (spec.method == "flyprompt") != (spec.variant == "full"):
+        raise ValueError("FlyPrompt runs as variant 'full' only, and 'full' is FlyPrompt's variant")
+    num_classes = len(train.classes)
+    model = _build_method(spec, protocol, num_classes, device)
+    stream = build_si_blurry_stream(
+        train.targets, num_sessions=protocol.num_sessions, disjoint_ratio=protocol.disjoint_ratio,
+        blurry_ratio=protocol.blurry_ratio, seed=spec.seed,
+    )
+    exposure = stream.exposure()
+    stream_length = sum(int(order.numel()) for order in stream.session_orders)
+    if model.session_aware:
+        schedule = SessionSchedule(model.num_experts)
+    else:
+        schedule = SampleBudgetSchedule.from_stream_size(stream_length, model.num_experts)
+    lr = protocol.lr if protocol.lr is not None else type(model).default_lr
+    optimizer = torch.optim.Adam(model.trainable_parameters(), lr=lr)
+    use_router, use_ensemble = VARIANTS[spec.variant]
+    handle = reference_adapter.retrofit(
+        model, router=use_router, ensemble=use_ensemble, optimizer=None, schedule=schedule,
+        expansion_dim=protocol.expansion_dim, ridge=protocol.ridge, seed=spec.seed,
+        decays=protocol.decays, aggregate=protocol.aggregate,
+    )
+    if handle.router is not None:
+        handle.router.to(device)
+    amp = protocol.amp and device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    augment = train.train_transform if protocol.augment else None
+    seen_mask_training = getattr(model, "train_logit_mask", "batch") == "seen"
+    log = EvaluationLog(meta={"spec": asdict(spec), "lr": lr})
+    trigger = AnytimeEvalTrigger(protocol.eval_period)
+    test_targets = test.targets
+
+    def evaluate(kind: str, timestamp: int, samples_seen: int, session: int) -> None:
+        model.eval()
+        model.on_evaluate()
+        exposed = exposure.num_exposed(samples_seen)
+        indices, targets = exposure.eval_subset(test_targets, samples_seen)
+        mask = seen_class_mask(exposed, num_classes, device=device)
+        predictions = []
+        with torch.no_grad():
+            for chunk in torch.split(indices, protocol.test_batch_size):
+                images, _ = test.get_batch(chunk)
+                predictions.append(model.predict(images.to(device), mask).argmax(dim=1).cpu())
+        predicted = torch.cat(predictions) if predictions else torch.empty(0, dtype=torch.long)
+        log.record_predictions(
+            kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
+            predictions=predicted, targets=targets, num_exposed=exposed,
+        )
+        model.train()
+
+    def finish_session(session: int, samples_seen: int) -> None:
+        evaluate("session_end", samples_seen, samples_seen, session)
+        model.on_session_end(session)
+
+    memory = _PeakMemory(device)
+    train_seconds = 0.0
+    num_batches = stream.num_batches(protocol.batch_size)
+    bar = progress(total=num_batches, desc=spec.key, leave=False) if progress else None
+    current_session, samples_seen = -1, 0
+    model.train()
+    for batch in stream.batches(protocol.batch_size):
+        while current_session < batch.session:  # also walks over empty sessions
+            if current_session >= 0:
+                finish_session(current_session, samples_seen)
+            current_session += 1
+            handle.start_session(current_session)
+        started = time.perf_counter()
+        raw, labels = train.get_raw_batch(batch.indices)
+        targets = exposure.to_exposure(labels).to(device)
+        if seen_mask_training:
+            mask = seen_class_mask(exposure.num_exposed(batch.samples_seen), num_classes, device=device)
+        else:
+            mask = batch_seen_class_mask(targets, num_classes, device=device)
+        clean = None if augment else train.get_batch(batch.indices)[0].to(device)
+        first_output = None
+        for _ in range(protocol.online_iter):
+            images = augment(raw).to(device) if augment else clean
+            with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+                output = model(images)
+                loss = model.loss(output, targets, mask)
+            optimizer.zero_grad(set_to_none=True)
+            scale = scaler.get_scale() if amp else 1.0
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            if not amp or scaler.get_scale() >= scale:  # the step was not skipped
+                model.on_optimizer_step(output)
+                handle.update_ensemble()
+            first_output = first_output or output
+        model.on_batch_end(images, targets, first_output)
+        handle.end_batch(batch.global_size)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        train_seconds += time.perf_counter() - started
+        samples_seen = batch.samples_seen
+        stamp = trigger.step(batch.samples_seen, batch.global_size)
+        if stamp is not None:
+            evaluate("anytime", stamp, batch.samples_seen, batch.session)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{float(loss):.3f}", session=batch.session)
+    while current_session < protocol.num_sessions:  # last session and trailing empty ones
+        if current_session >= 0:
+            finish_session(current_session, samples_seen)
+        current_session += 1
+        if current_session < protocol.num_sessions:
+            handle.start_session(current_session)
+    if bar is not None:
+        bar.close()
+    handle.remove()
+    class_session = exposure.per_exposure(stream.home_session)
+    return {
+        "spec": asdict(spec),
+        "protocol": protocol.to_dict(),
+        "metrics": summarize(log),
+        "metrics_paper": summarize(log, definition="paper", class_session=class_session),
+        "log": log.to_dict(),
+        "num_batches": num_batches,
+        "stream_length": stream_length,
+        "seconds_per_batch": train_seconds / max(num_batches, 1),
+        "peak_memory_mb": memory.read_mb(),
+        "device": str(device),
+        "notes": "MISA without pretrained prompts (uniform init)" if spec.method == "misa" and not protocol.misa_prompts else "",
+    }
