@@ -37,6 +37,7 @@ import torch
 from benchmarks.runner import PAPER_METHODS, VARIANTS, Protocol, RunSpec, run
 
 ABLATION_VARIANTS = ("baseline", "router", "ensemble", "both")
+VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full"))}
 METRICS = ("A_auc", "A_last", "A_avg", "F_last")
 
 #: Presets: the protocol, the datasets and seeds, and how the data are built.
@@ -201,9 +202,8 @@ def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]
     for result in results:
         spec = result["spec"]
         groups.setdefault((spec["dataset"], spec["method"], spec["variant"]), []).append(result)
-    order = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full"))}
     rows = []
-    for (dataset, method, variant), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], order.get(kv[0][2], 99))):
+    for (dataset, method, variant), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], VARIANT_ORDER.get(kv[0][2], 99))):
         row: Dict[str, Any] = {"dataset": dataset, "method": method, "variant": variant, "seeds": len(runs)}
         for metric in METRICS:
             values = np.array([100 * r["metrics"][metric] for r in runs], dtype=float)
@@ -272,7 +272,7 @@ def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Pat
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.5 * rows), squeeze=False)
     for axis, ((dataset, method), variants) in zip(axes.flat, sorted(panels.items())):
-        for variant, runs in sorted(variants.items()):
+        for variant, runs in sorted(variants.items(), key=lambda kv: VARIANT_ORDER.get(kv[0], 99)):
             curves = []
             for r in runs:
                 anytime = [e for e in r["log"]["records"] if e["kind"] == "anytime"]

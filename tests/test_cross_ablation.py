@@ -1,0 +1,94 @@
+"""The cross-ablation CLI: an end-to-end reduced run, resume, atomic writes, and the table arithmetic."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from benchmarks import cross_ablation
+from benchmarks.runner import PAPER_METHODS
+
+REDUCED = [
+    "--synthetic-classes", "6", "--synthetic-train-per-class", "12", "--synthetic-test-per-class", "4",
+    "--batch-size", "12", "--online-iter", "1", "--eval-period", "30", "--expansion-dim", "64",
+    "--no-progress",
+]
+
+
+def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
+    output = tmp_path / "out"
+    assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads((output / "table.json").read_text())
+    assert len(rows) == 24  # six methods x four variants
+    assert {(r["method"], r["variant"]) for r in rows} == {
+        (m, v) for m in PAPER_METHODS for v in cross_ablation.ABLATION_VARIANTS
+    }
+    for row in rows:
+        assert 0 <= row["A_auc_mean"] <= 100 and 0 <= row["A_last_mean"] <= 100
+        assert (row["A_auc_delta"] == 0) if row["variant"] == "baseline" else math.isfinite(row["A_auc_delta"])
+    assert printed.count("| synthetic |") == 24
+    assert (output / "curves.png").stat().st_size > 0
+    with open(output / "table.csv") as stream:
+        csv_rows = list(csv.DictReader(stream))
+    assert [(r["method"], r["variant"], float(r["A_auc_mean"])) for r in csv_rows] == [
+        (r["method"], r["variant"], r["A_auc_mean"]) for r in rows
+    ]
+    markdown = (output / "table.md").read_text()
+    for row in rows:
+        assert f"| {row['method']} | {row['variant']} | 1 | {row['A_auc_mean']:.2f} ± 0.00 |" in markdown
+
+    # A killed sweep loses only its missing runs: delete two results, rerun, only those are recomputed.
+    (output / "runs" / "synthetic" / "mvp" / "router" / "seed1.json").unlink()
+    (output / "runs" / "synthetic" / "hide" / "both" / "seed1.json").unlink()
+    calls = []
+    original = cross_ablation.run
+    monkeypatch.setattr(cross_ablation, "run", lambda spec, *a, **k: calls.append(spec.key) or original(spec, *a, **k))
+    assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
+    assert sorted(calls) == ["synthetic/hide/both/seed1", "synthetic/mvp/router/seed1"]
+    def metrics_only(table):
+        return [{k: v for k, v in r.items() if k not in ("seconds_per_batch", "peak_memory_mb")} for r in table]
+
+    assert metrics_only(json.loads((output / "table.json").read_text())) == metrics_only(rows)  # deterministic
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "runs" / "x.json"
+    with pytest.raises(TypeError):
+        cross_ablation.write_json_atomic(target, {"bad": object()})
+    assert not target.exists() and list(target.parent.iterdir()) == []
+
+
+def fake_result(method, variant, seed, a_auc, a_last):
+    metrics = {"A_auc": a_auc, "A_last": a_last, "A_avg": 0.5, "F_last": 0.1}
+    return {"spec": {"method": method, "variant": variant, "dataset": "d", "seed": seed}, "metrics": metrics,
+            "seconds_per_batch": 0.01, "peak_memory_mb": 100.0 + seed}
+
+
+def test_table_means_stds_and_deltas_on_fixed_results():
+    results = [
+        fake_result("dualprompt", "baseline", 1, 0.70, 0.60),
+        fake_result("dualprompt", "baseline", 2, 0.80, 0.64),
+        fake_result("dualprompt", "router", 1, 0.75, 0.70),
+        fake_result("dualprompt", "router", 2, 0.85, 0.72),
+    ]
+    rows = cross_ablation.summarize_results(results)
+    assert [(r["method"], r["variant"]) for r in rows] == [("dualprompt", "baseline"), ("dualprompt", "router")]
+    base, router = rows
+    assert base["A_auc_mean"] == pytest.approx(75.0) and base["A_auc_std"] == pytest.approx(math.sqrt(50.0))
+    assert router["A_last_mean"] == pytest.approx(71.0) and router["A_last_std"] == pytest.approx(math.sqrt(2.0))
+    assert router["A_auc_delta"] == pytest.approx(5.0) and router["A_last_delta"] == pytest.approx(9.0)
+    assert router["peak_memory_mb"] == 102.0
+    markdown = cross_ablation.format_markdown(rows)
+    assert "| d | dualprompt | router | 2 | 80.00 ± 7.07 | +5.00 | 71.00 ± 1.41 | +9.00 |" in markdown
+
+
+def test_help_documents_every_protocol_setting(capsys):
+    with pytest.raises(SystemExit):
+        cross_ablation.main(["--help"])
+    text = capsys.readouterr().out
+    for name in cross_ablation.PROTOCOL_HELP:
+        assert f"--{name.replace('_', '-')}" in text
