@@ -316,6 +316,23 @@ def _progress(disabled: bool):
     return tqdm
 
 
+def _init_distributed(device_arg: Optional[str]):
+    """``(rank, world, device)``; under ``torchrun`` (WORLD_SIZE > 1) one process per device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available() and (device_arg is None or device_arg.startswith("cuda"))
+    if world <= 1:
+        return 0, 1, torch.device(device_arg or ("cuda" if use_cuda else "cpu"))
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    if use_cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    return dist.get_rank(), world, device
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     preset = PRESETS[args.preset]
@@ -330,14 +347,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     threads = args.threads if args.threads is not None else preset["threads"]
     if threads:
         torch.set_num_threads(threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rank, world, device = _init_distributed(args.device)
+    lead = rank == 0  # only the first process writes and prints
     output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(output / "protocol.json", {"preset": args.preset, "protocol": protocol.to_dict()})
     specs = plan(methods, variants, datasets, seeds)
     todo = [s for s in specs if args.no_resume or not result_path(output, s).exists()]
-    print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished; results in {output}", flush=True)
-    progress = _progress(args.no_progress)
+    if lead:
+        output.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(output / "protocol.json", {"preset": args.preset, "protocol": protocol.to_dict(), "world_size": world})
+        print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished; results in {output}", flush=True)
+    progress = _progress(args.no_progress or not lead)
     data_cache: Dict[str, Any] = {}
     outer = progress(total=len(todo), desc="runs") if progress else None
     for spec in todo:
@@ -347,6 +366,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         started = time.perf_counter()
         result = run(spec, protocol, train, test, device=device, progress=progress)
         result["wall_seconds"] = time.perf_counter() - started
+        result["world_size"] = world
+        if not lead:
+            continue
         write_json_atomic(result_path(output, spec), result)
         m = result["metrics"]
         line = (f"{spec.key}: A_auc {100 * m['A_auc']:.2f}  A_last {100 * m['A_last']:.2f}  F_last {100 * m['F_last']:.2f}  "
@@ -357,6 +379,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             outer.update(1)
     if outer:
         outer.close()
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    if not lead:
+        return 0
     results = [r for r in load_results(output) if RunSpec(**r["spec"]) in set(specs)]
     markdown = write_tables(output, summarize_results(results))
     plot_curves(output, results)

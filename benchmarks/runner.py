@@ -30,10 +30,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, seen_class_mask
+from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, seen_class_mask
 from fly_modules.adapters import reference as reference_adapter
 
-from .metrics import AnytimeEvalTrigger, EvaluationLog, summarize
+from .metrics import AnytimeEvalTrigger, EvaluationLog, count_correct, summarize
 from .stream import build_si_blurry_stream
 
 __all__ = ["VARIANTS", "PAPER_METHODS", "Protocol", "RunSpec", "run", "build_backbone"]
@@ -138,6 +138,40 @@ def _build_method(spec: RunSpec, protocol: Protocol, num_classes: int, device: t
     return create_method(spec.method, backbone, num_classes, **kwargs).to(device)
 
 
+def _distributed_context(process_group: Optional[Any]) -> Tuple[Optional[Any], int, int]:
+    """``(group, rank, world)``; ``group`` is ``None`` for a single process."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None, 0, 1
+    world = dist.get_world_size(process_group)
+    if world == 1:
+        return None, 0, 1
+    group = process_group if process_group is not None else dist.group.WORLD
+    return group, dist.get_rank(process_group), world
+
+
+def _sum_gradients(parameters: Sequence[torch.nn.Parameter], group: Any) -> None:
+    """Sum gradients over the ranks in one flat all-reduce. A parameter that received a gradient on
+    any rank gets one (zeros) on every rank, so optimizers skip exactly the same parameters."""
+    import torch.distributed as dist
+
+    present = torch.tensor([p.grad is not None for p in parameters], dtype=torch.uint8, device=parameters[0].device)
+    dist.all_reduce(present, op=dist.ReduceOp.MAX, group=group)
+    used = [p for p, flag in zip(parameters, present.tolist()) if flag]
+    for p in used:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if not used:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in used])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for p in used:
+        p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+
+
 class _PeakMemory:
     """Peak memory of a run: CUDA allocator peak, or the process's peak resident set on CPU."""
 
@@ -160,16 +194,28 @@ def run(
     *,
     device: torch.device,
     progress: Optional[Callable[..., Any]] = None,
+    process_group: Optional[Any] = None,
 ) -> Dict[str, Any]:
     """Train ``spec.method`` online on the Si-Blurry stream of ``train`` and evaluate on ``test``.
 
     ``train``/``test`` are ``benchmarks.data.ImageDataset`` records. Returns a JSON-serialisable record:
     the spec, the metrics (official-code and paper definitions), the evaluation log, timings and memory.
+
+    With an initialised ``torch.distributed`` (``process_group``, or the default group when it is
+    initialised with more than one process) the run is data-parallel and computes what one process
+    computes, up to floating-point summation order: every rank takes every ``world``-th sample of
+    each global batch (the stream is not truncated, unlike the reference's sharding), gradients are
+    summed with weights ``n_rank / n_global`` (the global mean loss), the routers and the methods'
+    batch statistics see the global batch (``AnalyticRouter.process_group``,
+    ``PromptMethod.gather_batch``), the ensemble moves the union of the banks the ranks trained,
+    and each rank evaluates a share of the test subset whose counts are summed. A global batch
+    smaller than the number of ranks is computed whole on every rank.
     """
     if spec.variant not in VARIANTS:
         raise ValueError(f"unknown variant {spec.variant!r}; expected one of {sorted(VARIANTS)}")
     if (spec.method == "flyprompt") != (spec.variant == "full"):
         raise ValueError("FlyPrompt runs as variant 'full' only, and 'full' is FlyPrompt's variant")
+    group, rank, world = _distributed_context(process_group)
     num_classes = len(train.classes)
     model = _build_method(spec, protocol, num_classes, device)
     stream = build_si_blurry_stream(
@@ -192,6 +238,16 @@ def run(
     )
     if handle.router is not None:
         handle.router.to(device)
+    trainable = list(model.trainable_parameters())
+
+    def set_group(active: Optional[Any], share: float = 1.0) -> None:
+        model.process_group = active
+        model.batch_share = share
+        handle.process_group = active
+        for module in [*model.modules(), *([handle.router] if handle.router is not None else [])]:
+            if isinstance(module, AnalyticRouter):
+                module.process_group = active
+
     amp = protocol.amp and device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     augment = train.train_transform if protocol.augment else None
@@ -206,16 +262,19 @@ def run(
         exposed = exposure.num_exposed(samples_seen)
         indices, targets = exposure.eval_subset(test_targets, samples_seen)
         mask = seen_class_mask(exposed, num_classes, device=device)
+        indices, targets = indices[rank::world], targets[rank::world]  # this rank's share
         predictions = []
         with torch.no_grad():
             for chunk in torch.split(indices, protocol.test_batch_size):
                 images, _ = test.get_batch(chunk)
                 predictions.append(model.predict(images.to(device), mask).argmax(dim=1).cpu())
         predicted = torch.cat(predictions) if predictions else torch.empty(0, dtype=torch.long)
-        log.record_predictions(
-            kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
-            predictions=predicted, targets=targets, num_exposed=exposed,
-        )
+        correct, total = count_correct(predicted, targets, exposed)
+        if group is not None:
+            counts = torch.stack([correct, total]).to(device)
+            torch.distributed.all_reduce(counts, group=group)
+            correct, total = counts.cpu()
+        log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session, correct=correct, total=total)
         model.train()
 
     def finish_session(session: int, samples_seen: int) -> None:
@@ -228,20 +287,24 @@ def run(
     bar = progress(total=num_batches, desc=spec.key, leave=False) if progress else None
     current_session, samples_seen = -1, 0
     model.train()
-    for batch in stream.batches(protocol.batch_size):
+    for batch in stream.batches(protocol.batch_size, rank=None):  # whole global batches
         while current_session < batch.session:  # also walks over empty sessions
             if current_session >= 0:
                 finish_session(current_session, samples_seen)
             current_session += 1
             handle.start_session(current_session)
         started = time.perf_counter()
-        raw, labels = train.get_raw_batch(batch.indices)
+        # A global batch smaller than the number of ranks is computed whole on every rank (identically).
+        sharded = group is not None and batch.global_size >= world
+        local = batch.indices[rank::world] if sharded else batch.indices
+        set_group(group, local.numel() / batch.global_size) if sharded else set_group(None)
+        raw, labels = train.get_raw_batch(local)
         targets = exposure.to_exposure(labels).to(device)
         if seen_mask_training:
             mask = seen_class_mask(exposure.num_exposed(batch.samples_seen), num_classes, device=device)
-        else:
-            mask = batch_seen_class_mask(targets, num_classes, device=device)
-        clean = None if augment else train.get_batch(batch.indices)[0].to(device)
+        else:  # the classes of the global batch, as one process would see them
+            mask = batch_seen_class_mask(exposure.to_exposure(batch.targets), num_classes, device=device)
+        clean = None if augment else train.get_batch(local)[0].to(device)
         first_output = None
         for _ in range(protocol.online_iter):
             images = augment(raw).to(device) if augment else clean
@@ -250,7 +313,10 @@ def run(
                 loss = model.loss(output, targets, mask)
             optimizer.zero_grad(set_to_none=True)
             scale = scaler.get_scale() if amp else 1.0
-            scaler.scale(loss).backward()
+            weight = local.numel() / batch.global_size if sharded else 1.0
+            scaler.scale(loss * weight).backward()
+            if sharded:
+                _sum_gradients(trainable, group)
             scaler.step(optimizer)
             scaler.update()
             if not amp or scaler.get_scale() >= scale:  # the step was not skipped
@@ -277,6 +343,7 @@ def run(
             handle.start_session(current_session)
     if bar is not None:
         bar.close()
+    set_group(None)
     handle.remove()
     class_session = exposure.per_exposure(stream.home_session)
     return {

@@ -22,7 +22,7 @@ from torch import Tensor
 from ._validation import check_expert_ids
 from .router import AnalyticRouter
 
-__all__ = ["all_reduce_statistics", "all_gather_update"]
+__all__ = ["all_reduce_statistics", "all_gather_update", "gather_rows"]
 
 
 def _require_initialized(owner: str) -> None:
@@ -46,6 +46,21 @@ def all_reduce_statistics(router: AnalyticRouter, group: Optional[dist.ProcessGr
     return router
 
 
+def gather_rows(tensor: Tensor, group: Optional[dist.ProcessGroup] = None) -> Tensor:
+    """Concatenate (in rank order) every process's ``tensor`` along dim 0; sizes may differ, even be 0."""
+    _require_initialized("gather_rows")
+    world = dist.get_world_size(group)
+    size = torch.tensor([tensor.shape[0]], device=tensor.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    counts = [int(s) for s in sizes]
+    padded = tensor.new_zeros(max(counts), *tensor.shape[1:])
+    padded[: tensor.shape[0]] = tensor
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded, group=group)
+    return torch.cat([g[:n] for g, n in zip(gathered, counts)])
+
+
 @torch.no_grad()
 def all_gather_update(
     router: AnalyticRouter,
@@ -55,27 +70,11 @@ def all_gather_update(
 ) -> None:
     """``router.update`` with the concatenation (in rank order) of every process's batch.
 
-    Batches may differ in size between processes (the last batch of a shard).
+    Batches may differ in size between processes (the last batch of a shard, or an empty share).
+    Setting ``router.process_group`` makes every ``router.update`` do this.
     """
     _require_initialized("all_gather_update")
     ids = check_expert_ids(
         expert_ids, features.shape[0], router.num_experts, owner="all_gather_update", device=features.device
     )
-    world = dist.get_world_size(group)
-    size = torch.tensor([features.shape[0]], device=features.device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
-    largest = int(max(int(s) for s in sizes))
-    padded = features.new_zeros(largest, features.shape[1])
-    padded[: features.shape[0]] = features
-    padded_ids = ids.new_zeros(largest)
-    padded_ids[: ids.shape[0]] = ids
-    all_features = [torch.empty_like(padded) for _ in range(world)]
-    all_ids = [torch.empty_like(padded_ids) for _ in range(world)]
-    dist.all_gather(all_features, padded, group=group)
-    dist.all_gather(all_ids, padded_ids, group=group)
-    keep = [slice(0, int(s)) for s in sizes]
-    router.update(
-        torch.cat([f[k] for f, k in zip(all_features, keep)]),
-        torch.cat([i[k] for i, k in zip(all_ids, keep)]),
-    )
+    router._update_local(gather_rows(features, group), gather_rows(ids, group))

@@ -198,6 +198,8 @@ class AnalyticRouter(nn.Module):
         self._solution_version = -1
         self.ridge_: Optional[float] = None
         self.solver_: Optional[str] = None
+        #: ``torch.distributed`` group whose processes' batches ``update`` gathers (``None``: local only).
+        self.process_group: Optional[Any] = None
 
     # ------------------------------------------------------------------------------ properties
     @property
@@ -252,7 +254,18 @@ class AnalyticRouter(nn.Module):
         Args:
             features: ``(N, in_features)`` query features (finite, floating point, on the router's device).
             expert_ids: one expert id for the whole batch, or a ``(N,)`` integer tensor.
+
+        When ``process_group`` is set (data-parallel training), every process's batch is gathered
+        first, so all processes add the same global batch and keep identical statistics.
         """
+        if self.process_group is not None:
+            from .distributed import all_gather_update
+
+            all_gather_update(self, features, expert_ids, self.process_group)
+            return
+        self._update_local(features, expert_ids)
+
+    def _update_local(self, features: Tensor, expert_ids: Union[int, Tensor]) -> None:
         features = check_features(features, self.in_features, owner="AnalyticRouter.update", device=self.gram.device)
         ids = check_expert_ids(
             expert_ids, features.shape[0], self.num_experts, owner="AnalyticRouter.update", device=self.gram.device

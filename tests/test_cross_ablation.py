@@ -92,3 +92,36 @@ def test_help_documents_every_protocol_setting(capsys):
     text = capsys.readouterr().out
     for name in cross_ablation.PROTOCOL_HELP:
         assert f"--{name.replace('_', '-')}" in text
+
+
+@pytest.mark.distributed
+def test_torchrun_with_two_gloo_processes_matches_one_process(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = [*REDUCED, "--methods", "mvp,hide,l2p,flyprompt", "--variants", "both"]
+    single, parallel = tmp_path / "one", tmp_path / "two"
+    assert cross_ablation.main([*args, "--output", str(single)]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(port), "benchmarks/cross_ablation.py", *args, "--output", str(parallel),
+    ]
+    done = subprocess.run(command, cwd=cross_ablation.Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted((single / "runs").glob("**/*.json"))
+    assert len(files) == 4
+    for path in files:
+        one = json.loads(path.read_text())
+        two = json.loads((parallel / path.relative_to(single)).read_text())
+        assert two["world_size"] == 2
+        # Same evaluations, class by class (summation order could in principle flip a prediction;
+        # on these sizes it does not).
+        assert [r["correct"] for r in two["log"]["records"]] == [r["correct"] for r in one["log"]["records"]]
+        assert two["metrics"] == pytest.approx(one["metrics"], nan_ok=True)

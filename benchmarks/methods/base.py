@@ -26,7 +26,7 @@ bank at inference.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Dict, List, Optional, Type
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
 
 import torch
 import torch.nn.functional as F
@@ -106,6 +106,13 @@ class PromptMethod(nn.Module):
     head: nn.Linear
     num_experts: int
     current_expert: int
+    #: ``torch.distributed`` group of a data-parallel run (set by the runner; ``None``: one process).
+    #: Statistics a method accumulates from its batches go through :meth:`gather_batch` /
+    #: :meth:`reduce_sum`, so every process keeps the statistics of the *global* batch.
+    process_group: Optional[Any] = None
+    #: This process's share ``n_rank / n_global`` of the global batch; the runner scales the loss by it
+    #: before summing gradients, so a loss term that is already a *global* batch mean divides by it.
+    batch_share: float = 1.0
 
     # ----------------------------------------------------------------------------------- seams
     def compute_query(self, x: Tensor) -> QueryFeatures:
@@ -151,6 +158,37 @@ class PromptMethod(nn.Module):
     def trainable_parameters(self) -> List[nn.Parameter]:
         """The parameters the optimizer trains (everything with ``requires_grad``)."""
         return [p for p in self.parameters() if p.requires_grad]
+
+    # ------------------------------------------------------------------------- data parallel
+    def gather_batch(self, tensor: Tensor) -> Tensor:
+        """Every process's rows of ``tensor`` in rank order (the tensor itself in one process)."""
+        if self.process_group is None:
+            return tensor
+        from fly_modules.distributed import gather_rows
+
+        return gather_rows(tensor, self.process_group)
+
+    def reduce_sum(self, counts: Tensor) -> Tensor:
+        """Sum of ``counts`` (counts or detached sums) over the processes (``counts`` itself in one process)."""
+        if self.process_group is None:
+            return counts
+        import torch.distributed as dist
+
+        counts = counts.clone()
+        dist.all_reduce(counts, group=self.process_group)
+        return counts
+
+    def global_mean(self, values: Tensor) -> Tensor:
+        """Mean of ``values`` over the global batch whose gradient flows through this process's rows.
+
+        In one process this is ``values.mean()``. Divide a loss built from such means by
+        ``batch_share`` so that the runner's weighting leaves its gradient exact.
+        """
+        if self.process_group is None:
+            return values.mean()
+        total = values.sum()
+        both = self.reduce_sum(torch.stack([total.detach(), total.new_tensor(float(values.numel()))]))
+        return (total - total.detach() + both[0]) / both[1]
 
     # ------------------------------------------------------------------------------- forward
     def forward(

@@ -551,8 +551,12 @@ class HiDePrompt(PromptMethod):
                 f"{type(self).__name__}.loss needs the HiDeOutput of its forward, got {type(output).__name__}"
             )
         if self.training:
-            self.observe(target)
-            self._update_statistics(output.features.detach(), output.gate_features.detach(), target)
+            # Data-parallel runs update the tables with the global batch, as one process would.
+            every_target = self.gather_batch(target)
+            self.observe(every_target)
+            self._update_statistics(
+                self.gather_batch(output.features.detach()), self.gather_batch(output.gate_features.detach()), every_target
+            )
         logits = output.logits if logit_mask is None else output.logits + logit_mask
         loss = F.cross_entropy(logits, target)
         gate_logits = output.gate_logits.masked_fill(~self.exposed_mask(), float("-inf"))

@@ -138,7 +138,7 @@ class L2P(ConcatPromptMethod):
         output = super().forward(x, expert=expert, query=query)
         if self.training:
             with torch.no_grad():
-                self.selection_count += torch.bincount(output.selection.reshape(-1), minlength=self.pool_size)
+                self.selection_count += self.reduce_sum(torch.bincount(output.selection.reshape(-1), minlength=self.pool_size))
         return output
 
     def on_session_end(self, session: int) -> None:

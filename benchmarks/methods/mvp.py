@@ -38,7 +38,7 @@ Decisions on the reference's quirks (reference-protocol 6.2.7):
 
 from __future__ import annotations
 
-from typing import ClassVar, Dict, Iterable, List, Optional
+from typing import Callable, ClassVar, Dict, Iterable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +51,7 @@ __all__ = ["MVP", "mcr_gradients"]
 
 
 def mcr_gradients(
-    features: Tensor, probs: Tensor, scale: Tensor, target: Tensor
+    features: Tensor, probs: Tensor, scale: Tensor, target: Tensor, *, reduce: Optional[Callable[[Tensor], Tensor]] = None
 ) -> "tuple[Tensor, Tensor]":
     """Per-sample and batch-mean gradients of CE w.r.t. the true-class rows of a linear head.
 
@@ -63,6 +63,7 @@ def mcr_gradients(
         probs: ``(B, C)`` softmax of the masked logits ``p``.
         scale: ``(B, C)`` per-sample multiplicative logit mask ``m`` (ones when there is none).
         target: ``(B,)`` true classes ``y``.
+        reduce: sums a tensor over data-parallel processes (the batch mean is then the global one).
 
     Returns:
         ``(sample_grad, batch_grad)``, both ``(B, D)``: ``dCE_i/dW_{y_i}`` and
@@ -71,8 +72,11 @@ def mcr_gradients(
     onehot = F.one_hot(target, probs.shape[1]).to(probs.dtype)
     coeff = (probs - onehot) * scale  # (B, C): dCE_i/dz_ic * dz_ic/d(W f_i)_c
     sample_grad = coeff.gather(1, target.unsqueeze(1)) * features
-    class_grad = coeff.transpose(0, 1) @ features / features.shape[0]  # (C, D) = d mean CE / dW
-    return sample_grad, class_grad[target]
+    class_sum = coeff.transpose(0, 1) @ features  # (C, D) = d sum CE / dW
+    count = class_sum.new_tensor(float(features.shape[0]))
+    if reduce is not None:
+        class_sum, count = reduce(class_sum), reduce(count)
+    return sample_grad, (class_sum / count)[target]
 
 
 @register_method
@@ -198,8 +202,10 @@ class MVP(ConcatPromptMethod):
             a = (key_distance.unsqueeze(1) / mass.view(1, -1, 1)).exp().mean()
             b = (query_distance.unsqueeze(1) / mass.view(1, -1)).exp().mean()
         else:
-            a = (key_distance / mass.unsqueeze(1)).exp().mean()
-            b = (query_distance / mass).exp().mean()
+            # Means over the global batch in a data-parallel run (one process: plain means).
+            a = self.global_mean((key_distance / mass.unsqueeze(1)).exp().mean(dim=1))
+            b = self.global_mean((query_distance / mass).exp())
+            return -(a / (b + a) + 1e-6).log() / self.batch_share
         return -(a / (b + a) + 1e-6).log()
 
     def forward(
@@ -208,7 +214,7 @@ class MVP(ConcatPromptMethod):
         output = super().forward(x, expert=expert, query=query)
         if self.training:
             with torch.no_grad():
-                self.count += torch.bincount(output.selection, minlength=self.num_experts)
+                self.count += self.reduce_sum(torch.bincount(output.selection, minlength=self.num_experts))
         return output
 
     def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
@@ -220,7 +226,9 @@ class MVP(ConcatPromptMethod):
             f = features.detach()
             afs = 1.0 - F.cosine_similarity(weight[target], f, dim=1) + self.margin  # (B,)
             plain = output.logits.detach() if logit_mask is None else output.logits.detach() + logit_mask
-            sample_grad, batch_grad = mcr_gradients(f, plain.softmax(dim=1), scale.detach(), target)
+            sample_grad, batch_grad = mcr_gradients(
+                f, plain.softmax(dim=1), scale.detach(), target, reduce=self.reduce_sum if self.process_group else None
+            )
             ign = 1.0 - F.cosine_similarity(sample_grad, batch_grad, dim=1)
             focal = (1.0 - self.alpha) + self.alpha * ign.pow(self.gamma)  # (B,)
         logits = self.head(features / afs.unsqueeze(1)) * scale
