@@ -4,8 +4,11 @@ Installed from the repository's top-level ``adapters/`` folder as the subpackage
 ``fly_modules.adapters``; like the core it depends on torch only and duck-types the user's classes.
 
 ``retrofit(model, method="dualprompt", router=True, ensemble=True, optimizer=opt, schedule=...)``
-dispatches to the module of the method's family; each family module recognises the codebases it
-supports by their attribute names and raises a :class:`SeamError` naming what is missing otherwise.
+dispatches to the module of the method's family (``l2p``; ``dualprompt`` for DualPrompt and MISA;
+``mvp``; ``hide`` for HiDe-Prompt and NoRGa; ``generic`` with explicit seams; ``reference`` for the
+seam contract of ``benchmarks.methods``). Each family module hands models that implement the seam
+contract to ``reference``, recognises the upstream codebases it supports by their attribute names, and
+raises a :class:`SeamError` naming what is missing otherwise.
 The Avalanche plugin (``fly_modules.adapters.avalanche``) is imported only when asked for.
 """
 
@@ -25,6 +28,12 @@ __all__ = ["Retrofit", "SeamError", "retrofit", "list_families"]
 _FAMILIES: Dict[str, str] = {
     "reference": "reference",
     "generic": "generic",
+    "l2p": "l2p",
+    "dualprompt": "dualprompt",
+    "misa": "dualprompt",
+    "mvp": "mvp",
+    "hide": "hide",
+    "norga": "hide",
 }
 
 

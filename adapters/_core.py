@@ -2,7 +2,7 @@
 
 A :class:`Retrofit` owns the added :class:`~fly_modules.AnalyticRouter` and
 :class:`~fly_modules.TemporalEnsembleHead`, the hook handles it registered, and the actions that
-undo it. Family adapters (``reference``, ``jhlee``, ``hide``, ``siblurry``, ``generic``) supply the
+undo it. Family adapters (``reference``, ``l2p``, ``dualprompt``, ``mvp``, ``hide``, ``generic``) supply the
 seams: where the query features appear, how a routed expert is injected, where the classifier is,
 which ensemble banks a batch trained, and what starting an expert means for the method.
 
@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
 
-__all__ = ["Retrofit", "Schedule", "SeamError"]
+__all__ = ["Retrofit", "Schedule", "SeamError", "missing_seam", "set_instance_attribute"]
 
 Schedule = Union[SampleBudgetSchedule, SessionSchedule, None]
 
@@ -31,7 +31,7 @@ class SeamError(AttributeError):
 
 
 def missing_seam(family: str, model: nn.Module, path: str, what: str) -> SeamError:
-    present = sorted(name for name, _ in model.named_children())
+    present = sorted(name for name, _ in model.named_children()) if isinstance(model, nn.Module) else []
     return SeamError(
         f"fly_modules.adapters.{family}: {type(model).__name__} has no `{path}` ({what}); its submodules are "
         f"{present}. If your code names it differently, pass the seams explicitly: "
@@ -49,6 +49,7 @@ class Retrofit:
         ensemble: the :class:`~fly_modules.TemporalEnsembleHead` (``None`` when ``ensemble=False``).
         schedule: the expert-start schedule (``None``: experts start only through :meth:`start_expert`).
         current_expert: the expert trained now (the router's target).
+        logit_mask: mask added to the ensemble members before aggregation (:meth:`set_logit_mask`).
     """
 
     def __init__(
@@ -72,8 +73,33 @@ class Retrofit:
         self._handles: List[RemovableHandle] = []
         self._undo: List[Callable[[], None]] = []
         self._pending_query: Optional[Tensor] = None
+        self._pending_size: Optional[int] = None
         self._trained_banks: Optional[Tensor] = None
+        #: ``torch.distributed`` group of a data-parallel run: the ensemble then moves the banks that
+        #: any rank trained (the router gathers through its own ``process_group``).
+        self.process_group: Optional[Any] = None
+        self.logit_mask: Optional[Tensor] = None
         self.removed = False
+
+    # ------------------------------------------------------------------------- evaluation
+    def set_logit_mask(self, mask: Optional[Tensor]) -> None:
+        """Logit mask added to every ensemble member *before* aggregation at inference.
+
+        Call it once per evaluation with the seen-class mask (``0`` for seen classes, ``-inf``
+        otherwise), shape ``(C,)`` or ``(B, C)``; ``None`` removes it. Adapters that return the
+        ensemble through the model's own head (``generic``, ``l2p``, ``dualprompt``, ``mvp``,
+        ``hide``) use it; the ``reference`` adapter takes the mask as ``predict``'s argument instead.
+        """
+        if mask is not None and not isinstance(mask, Tensor):
+            raise TypeError(f"Retrofit.set_logit_mask: expected a tensor or None, got {type(mask).__name__}")
+        if mask is not None and mask.ndim not in (1, 2):
+            raise ValueError(f"Retrofit.set_logit_mask: expected shape (C,) or (B, C), got {tuple(mask.shape)}")
+        self.logit_mask = mask
+
+    @property
+    def training(self) -> bool:
+        """The retrofitted model's mode (hooks on helper modules such as a frozen query model use it)."""
+        return bool(self.model.training)
 
     # ----------------------------------------------------------------- used by family adapters
     def add_handle(self, handle: RemovableHandle) -> None:
@@ -86,6 +112,16 @@ class Retrofit:
         """Keep the first query of the batch (later online iterations see the same images)."""
         if self._pending_query is None:
             self._pending_query = features.detach()
+        self.record_batch_size(features.shape[0])
+
+    def discard_batch(self) -> None:
+        """Forget what the hooks recorded since the last ``end_batch`` (e.g. extra epochs over a batch)."""
+        self._pending_query, self._pending_size, self._trained_banks = None, None, None
+
+    def record_batch_size(self, size: int) -> None:
+        """Samples of the batch's first training forward (the default ``batch_size`` of ``end_batch``)."""
+        if self._pending_size is None:
+            self._pending_size = int(size)
 
     def record_trained_banks(self, banks: Tensor) -> None:
         """The ensemble banks the latest training forward used (moved after the optimizer step)."""
@@ -114,6 +150,10 @@ class Retrofit:
         if self.ensemble is None:
             return
         banks = self._trained_banks
+        if banks is not None and self.process_group is not None:
+            from fly_modules.distributed import gather_rows
+
+            banks = gather_rows(banks.reshape(-1), self.process_group)  # the union over the ranks
         self.ensemble.update(None if banks is None else banks)
 
     @torch.no_grad()
@@ -122,13 +162,15 @@ class Retrofit:
 
         Adds the batch's query features (recorded by the forward hook during training, or ``query``
         if given, e.g. features of the un-augmented batch) to the router with the current expert as
-        target, then advances a sample-budget schedule by ``batch_size`` (default: the number of
-        recorded samples). Returns the experts started.
+        target, then advances a sample-budget schedule by ``batch_size`` (default: the samples of the
+        batch's first training forward as recorded by the adapter's hooks; the baseline variant installs
+        no hook, so pass it there). Returns the experts started.
         """
         features = query if query is not None else self._pending_query
-        self._pending_query = None
+        recorded = self._pending_size
+        self._pending_query, self._pending_size = None, None
         if batch_size is None:
-            batch_size = 0 if features is None else features.shape[0]
+            batch_size = features.shape[0] if features is not None else (recorded or 0)
         if self.router is not None and features is not None:
             self.router.update(features.to(self.router.gram.device), self.current_expert)
         started: List[int] = []
@@ -181,17 +223,33 @@ class Retrofit:
         )
 
 
+def _holder(obj: Any, name: str) -> Optional[dict]:
+    """The dict of ``obj`` that stores ``name`` now: ``_parameters``, ``_buffers``, ``_modules`` of a
+    module, or the instance ``__dict__``; ``None`` when only the class (or nothing) defines it."""
+    if isinstance(obj, nn.Module):
+        for store in (obj._parameters, obj._buffers, obj._modules):
+            if name in store:
+                return store
+    return vars(obj) if name in vars(obj) else None
+
+
 def set_instance_attribute(retrofit: Retrofit, obj: Any, name: str, value: Any) -> None:
-    """``setattr`` on an instance, undone by the retrofit (restores the old instance attribute or
-    deletes the new one so the class attribute shows through again)."""
-    had = name in vars(obj)
-    old = vars(obj).get(name)
+    """``setattr`` on an instance, undone by the retrofit.
+
+    Undo puts the old value back into the very dict that held it (a module's ``_modules``,
+    ``_parameters`` or ``_buffers``, or the instance ``__dict__``), or deletes the new attribute so
+    that the class attribute shows through again. ``nn.Module.__setattr__`` moves a child module,
+    parameter or buffer out of ``__dict__``, so a plain ``vars(obj)`` record would miss it.
+    """
+    store = _holder(obj, name)
+    old = store[name] if store is not None else None
     setattr(obj, name, value)
 
     def undo() -> None:
-        if had:
-            setattr(obj, name, old)
-        else:
-            delattr(obj, name)
+        current = _holder(obj, name)
+        if current is not None:
+            del current[name]
+        if store is not None:
+            store[name] = old
 
     retrofit.add_undo(undo)

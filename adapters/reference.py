@@ -75,6 +75,9 @@ def retrofit(
             expansion_dim=expansion_dim, ridge=ridge, seed=seed, device=device,
         )
     added_ensemble = TemporalEnsembleHead(classifier, model.num_banks, decays=decays, aggregate=aggregate) if ensemble else None
+    current = int(getattr(model, "current_expert", 0))
+    if added_ensemble is not None and model.banks_of_expert(current):
+        added_ensemble.active_expert = int(model.banks_of_expert(current)[-1])  # retrofitting mid-run
     handle = Retrofit(
         model,
         router=added_router,
@@ -82,7 +85,7 @@ def retrofit(
         schedule=schedule,
         start_method_expert=model.on_expert_start,
         banks_of_expert=model.banks_of_expert,
-        current_expert=int(getattr(model, "current_expert", 0)),
+        current_expert=current,
     )
     if not router and not ensemble:
         # Baseline variant: only the schedule is driven; the model is untouched.

@@ -163,6 +163,11 @@ class MVP(ConcatPromptMethod):
         scaled = cosine_distance(query, self.keys).detach() * self._mass()
         return scaled.argmin(dim=1)
 
+    def banks_of_expert(self, expert: int) -> List[int]:
+        # The reference's TE2 copies every prompt's bank from the online head at construction and never
+        # re-clones it: MVP prompts are not tied to steps.
+        return []
+
     def expert_of(self, selection: Tensor) -> Tensor:
         return selection
 
