@@ -36,7 +36,7 @@ from fly_modules.adapters import reference as reference_adapter
 from .metrics import AnytimeEvalTrigger, EvaluationLog, count_correct, summarize
 from .stream import build_si_blurry_stream
 
-__all__ = ["VARIANTS", "PAPER_METHODS", "Protocol", "RunSpec", "run", "build_backbone"]
+__all__ = ["VARIANTS", "PAPER_METHODS", "Protocol", "RunSpec", "run", "build_backbone", "BackboneLoadError"]
 
 #: variant -> (router, ensemble)
 VARIANTS: Dict[str, Tuple[bool, bool]] = {
@@ -93,6 +93,10 @@ class RunSpec:
         return f"{self.dataset}/{self.method}/{self.variant}/seed{self.seed}"
 
 
+class BackboneLoadError(RuntimeError):
+    """The backbone's pretrained weights could not be loaded (the message says how to supply them)."""
+
+
 def build_backbone(protocol: Protocol) -> nn.Module:
     """A timm ViT by name, with pretrained weights by name (timm's cache) or from a local file."""
     import timm  # the bench extra
@@ -105,10 +109,10 @@ def build_backbone(protocol: Protocol) -> nn.Module:
     except Exception as error:  # timm raises several types for missing weights (hub, file, config)
         if not (protocol.pretrained or protocol.weights):
             raise
-        raise RuntimeError(
+        raise BackboneLoadError(
             f"could not load pretrained weights for {protocol.model!r} ({type(error).__name__}: {error}). "
             f"Without internet access, download the weights elsewhere and pass --weights /path/to/file "
-            f"(.safetensors/.pth/.npz), or use --no-pretrained for a random backbone."
+            f"(.safetensors/.pth/.npz), or pass --pretrained false for a random backbone."
         ) from error
 
 

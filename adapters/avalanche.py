@@ -1,0 +1,435 @@
+"""Avalanche plugin: the analytic router and the temporal ensemble inside any Avalanche strategy.
+
+``FlyPlugin`` is an ``avalanche.core.SupervisedPlugin`` that retrofits the strategy's model (through
+:mod:`fly_modules.adapters`, the same adapters a hand-written loop uses) and drives the retrofit from
+the strategy's callbacks, so ``Naive(model, optimizer, plugins=[FlyPlugin()])`` trains and evaluates
+exactly like the loop of ``benchmarks.runner``. This module is imported only on explicit access
+(``from fly_modules.adapters.avalanche import FlyPlugin``); ``import fly_modules`` never imports
+Avalanche. Written against avalanche-lib 0.6 (the ``avalanche`` extra).
+
+What each callback does (official callback names only; helpers never start with ``before``/``after``,
+which Avalanche would flag as unknown callbacks):
+
+=========================  =====================================================================
+callback                   FlyPlugin
+=========================  =====================================================================
+before_training            retrofit ``strategy.model`` once (or check the handle given to
+                           :meth:`FlyPlugin.from_retrofit`); seam-contract methods: install the
+                           method's own loss as the criterion for this ``train`` call
+before_training_exp        at a task boundary: next session; ``SessionSchedule``: start its expert
+before_training_iteration  add the minibatch labels to the seen classes
+after_forward              seam-contract methods: keep the ``MethodOutput``, hand its logits to the
+                           strategy (``strategy.mb_output``); training logit mask, if any
+after_update               ``method.on_optimizer_step(output)``; EMA step of the trained banks
+after_training_iteration   first epoch only: ``method.on_batch_end(...)`` and ``handle.end_batch``
+                           (router statistics with the current expert, sample-budget schedule)
+after_training_exp         at a task boundary: ``method.on_session_end(session)``
+after_training             restore the strategy's criterion
+before_eval                ``method.on_evaluate()``; seen-class mask for a generic retrofit's head
+after_eval_forward         ``strategy.mb_output`` = the routed ensemble's scores, seen-class mask
+after_eval                 restore the handle's previous logit mask
+=========================  =====================================================================
+
+Mapping of the stream onto the retrofit:
+
+* **One training iteration of the first epoch is one stream batch.** Its query features (recorded by
+  the retrofit's forward hook) go to the router with the current expert as target, and a
+  :class:`~fly_modules.SampleBudgetSchedule` counts its samples. Later epochs (``train_epochs`` of
+  ``Naive``, ``train_passes`` of ``OnlineNaive``: the online iterations of the reference) train
+  again but add nothing to the router, as in the reference loop.
+* **Sessions are Avalanche's task boundaries**: every experience of an ordinary stream, and in an
+  online stream (``split_online_stream``) the sub-experiences of one original experience, their
+  first and last visible only with ``access_task_boundaries=True`` (Avalanche 0.6.0 flags the last
+  one only when it is shorter than ``experience_size``; the plugin also counts the pieces against
+  ``sub_stream_length``). ``schedule="experience"`` (a
+  :class:`~fly_modules.SessionSchedule`) needs them; a ``SampleBudgetSchedule`` (task-free) does not.
+* **Seam-contract methods** (``benchmarks.methods``, anything ``fly_modules.adapters.reference``
+  accepts) return a ``MethodOutput``, not logits. In training the plugin passes
+  ``output.logits`` to the strategy (metrics, other plugins) and, for the duration of
+  ``strategy.train``, replaces the strategy's criterion by the method's own loss
+  ``model.loss(output, mb_y, train_mask)`` (cross-entropy plus the key/contrastive terms; MVP's and
+  HiDe's losses are not plain cross-entropy). At evaluation ``strategy.mb_output`` becomes the
+  routed ensemble's scores, computed from the strategy's own forward (no second pass): the log of
+  ``model.predict(x, seen_class_mask)`` of the retrofit for the softmax aggregation rules, its
+  aggregated logits otherwise. Without the ensemble it is ``model.predict(x, seen_class_mask)``
+  (one extra forward; for most methods ``logits + mask``). The method's training-loop hooks
+  (``on_optimizer_step``, ``on_batch_end``, ``on_session_end``, ``on_evaluate``) are called where
+  ``benchmarks.runner`` calls them.
+* **Models of the generic / family adapters** return logits; their retrofitted head already returns
+  the ensemble's log-probabilities at inference, with ``handle.logit_mask`` set to the seen-class
+  mask during ``strategy.eval``.
+
+Class ids are Avalanche's targets; "seen classes" are the labels trained on so far (before any
+training no mask is applied). A sample whose class is not seen yet gets score ``-inf`` at
+evaluation, so Avalanche's loss metric on such an experience is ``inf`` (its accuracy is exact).
+
+Not handled: distributed training (``supports_distributed=False``), Avalanche checkpointing of the
+retrofit's hooks. Avalanche's own ``LearningToPrompt`` strategy cannot be built with timm >= 0.9
+(its ``avalanche.models.timm_vit`` subscripts timm's ``PretrainedCfg``: ``TypeError``); train our
+reference L2P (``benchmarks.methods.create_method("l2p", vit, ...)``) with ``Naive`` and this plugin.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+try:
+    from avalanche.benchmarks.scenarios.online import OnlineCLExperience
+    from avalanche.core import SupervisedPlugin
+except ModuleNotFoundError as error:
+    if error.name == "distutils":
+        raise ImportError(
+            "fly_modules.adapters.avalanche: Avalanche imports GPUtil, which needs distutils (removed from the "
+            "standard library in Python 3.12); install setuptools, or reinstall with "
+            'pip install "fly-modules[avalanche]", which adds it on Python >= 3.12'
+        ) from error
+    if error.name is not None and error.name.split(".")[0] == "avalanche":
+        raise ImportError(
+            'fly_modules.adapters.avalanche needs Avalanche (avalanche-lib): pip install "fly-modules[avalanche]"'
+        ) from error
+    raise
+
+from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, class_mask
+
+from . import reference
+from ._core import Retrofit
+
+__all__ = ["FlyPlugin"]
+
+ScheduleArg = Union[str, SampleBudgetSchedule, SessionSchedule, None]
+TRAIN_MASKS = (None, "batch", "seen")
+_METHOD_HOOKS = ("loss", "on_optimizer_step", "on_batch_end", "on_session_end", "on_evaluate")
+
+
+def _is_method_output(output: Any) -> bool:
+    """``True`` for the ``MethodOutput`` of a seam-contract method (duck-typed)."""
+    return not isinstance(output, Tensor) and all(
+        hasattr(output, name) for name in ("logits", "features", "selection", "aux_loss")
+    )
+
+
+def _is_seam_method(model: nn.Module) -> bool:
+    """``True`` when ``model`` implements the seam contract of ``benchmarks.methods`` with its loop hooks."""
+    return all(hasattr(model, name) for name in (*reference.REQUIRED, *_METHOD_HOOKS))
+
+
+def _starts_session(experience: Any) -> Optional[bool]:
+    """Whether ``experience`` starts a session; ``None`` when the stream hides it.
+
+    Every experience of an ordinary stream is a session. A sub-experience of an online stream starts
+    one when it is the first piece of its original experience, which a strategy may only know with
+    ``split_online_stream(..., access_task_boundaries=True)``.
+    """
+    if not isinstance(experience, OnlineCLExperience):
+        return True
+    if not experience.access_task_boundaries:
+        return None
+    return bool(experience.is_first_subexp)
+
+
+class _MethodLoss:
+    """The strategy's criterion while :class:`FlyPlugin` trains a seam-contract method.
+
+    During a training iteration it returns the method's own loss of the kept ``MethodOutput``; any
+    other call (evaluation, periodic evaluation) goes to the strategy's original criterion.
+    """
+
+    def __init__(self, plugin: "FlyPlugin", original: Callable[[Tensor, Tensor], Tensor]) -> None:
+        self.plugin = plugin
+        self.original = original
+
+    def __call__(self, mb_output: Tensor, mb_y: Tensor) -> Tensor:
+        plugin = self.plugin
+        if plugin._train_output is None or plugin._model is None:
+            return self.original(mb_output, mb_y)
+        return plugin._model.loss(plugin._train_output, mb_y, plugin._train_logit_mask)
+
+
+class FlyPlugin(SupervisedPlugin, supports_distributed=False):
+    """Avalanche plugin adding the analytic router and/or the temporal ensemble to a strategy's model.
+
+    Args:
+        method: the adapter family ``fly_modules.adapters.retrofit`` uses (``"reference"`` for the
+            seam-contract methods of ``benchmarks.methods``; ``"l2p"``, ``"dualprompt"``, ...).
+            For the generic adapter build the handle yourself and use :meth:`from_retrofit`.
+        router, ensemble: which component to add (both ``False``: the method as published, with
+            the plugin still driving its loop hooks and the seen-class mask).
+        schedule: when experts start. ``"experience"``: one expert per session (a
+            :class:`~fly_modules.SessionSchedule` over the model's ``num_experts``; needs task
+            boundaries); a ``SampleBudgetSchedule`` (task-free, counted per first-epoch iteration)
+            or ``SessionSchedule`` instance; ``None``: only through ``plugin.handle.start_expert``.
+        train_mask: training logit mask: ``None`` (Avalanche's plain loss), ``"batch"`` (the
+            classes of the minibatch: the reference protocol's), ``"seen"`` (all classes trained
+            on so far).
+        method_loss: for seam-contract methods, train with ``model.loss(output, y, mask)`` (default)
+            instead of the strategy's criterion on the logits.
+        **retrofit_kwargs: passed to the adapter (``expansion_dim``, ``ridge``, ``seed``,
+            ``decays``, ``aggregate``, family options such as ``num_experts``). ``optimizer`` is not
+            accepted: the plugin moves the EMA copies after each optimizer step itself.
+
+    Attributes:
+        handle: the :class:`~fly_modules.adapters.Retrofit` (``None`` until the first ``train`` or
+            ``eval``); ``handle.router`` and ``handle.ensemble`` are the added modules.
+        seen_classes: ``(K,)`` long tensor, the sorted labels trained on so far (``None`` before).
+        session: index of the current session (``-1`` before the first task boundary).
+
+    Example::
+
+        plugin = FlyPlugin(schedule="experience", expansion_dim=1024, ridge=1e2)
+        strategy = Naive(model=method, optimizer=opt, train_mb_size=16, plugins=[plugin])
+        for experience in split_online_stream(bench.train_stream, 16, access_task_boundaries=True):
+            strategy.train(experience)
+        strategy.eval(bench.test_stream)
+    """
+
+    def __init__(
+        self,
+        *,
+        method: str = "reference",
+        router: bool = True,
+        ensemble: bool = True,
+        schedule: ScheduleArg = "experience",
+        train_mask: Optional[str] = None,
+        method_loss: bool = True,
+        **retrofit_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if not (schedule is None or schedule == "experience" or isinstance(schedule, (SampleBudgetSchedule, SessionSchedule))):
+            raise ValueError(
+                "FlyPlugin: schedule must be 'experience', a SampleBudgetSchedule, a SessionSchedule or None, "
+                f"got {schedule!r}"
+            )
+        if train_mask not in TRAIN_MASKS:
+            raise ValueError(f"FlyPlugin: train_mask must be one of {TRAIN_MASKS}, got {train_mask!r}")
+        if "optimizer" in retrofit_kwargs:
+            raise TypeError("FlyPlugin moves the EMA copies after each optimizer step itself; do not pass optimizer=")
+        self.method = method
+        self.schedule_option = schedule
+        self.retrofit_options: Dict[str, Any] = dict(router=router, ensemble=ensemble, **retrofit_kwargs)
+        self.train_mask = train_mask
+        self.method_loss = bool(method_loss)
+        self.moves_ensemble = True
+        self.handle: Optional[Retrofit] = None
+        self.seen_classes: Optional[Tensor] = None
+        self.session = -1
+        self._position = -1  # of the current sub-experience in its original experience (online streams)
+        self._model: Optional[nn.Module] = None  # the seam-contract method, when the model is one
+        self._train_output: Any = None
+        self._train_logit_mask: Optional[Tensor] = None
+        self._saved_logit_mask: Any = None
+        self._mask_set = False
+
+    @classmethod
+    def from_retrofit(
+        cls,
+        handle: Retrofit,
+        *,
+        train_mask: Optional[str] = None,
+        method_loss: bool = True,
+        update_ensemble: bool = True,
+    ) -> "FlyPlugin":
+        """A plugin driving an existing retrofit (e.g. from ``fly_modules.adapters.generic.retrofit``).
+
+        The strategy's model must be ``handle.model``; the handle's own schedule is driven. Pass
+        ``update_ensemble=False`` when the handle was built with ``optimizer=`` (its hook already
+        moves the EMA copies after each step; the plugin would move them twice).
+        """
+        if not isinstance(handle, Retrofit):
+            raise TypeError(f"FlyPlugin.from_retrofit: expected a fly_modules.adapters.Retrofit, got {type(handle).__name__}")
+        plugin = cls(schedule=None, train_mask=train_mask, method_loss=method_loss)
+        plugin.handle = handle
+        plugin.moves_ensemble = bool(update_ensemble)
+        return plugin
+
+    # ------------------------------------------------------------------------------ helpers
+    def _retrofit(self, model: nn.Module) -> Retrofit:
+        from . import retrofit
+
+        options = dict(self.retrofit_options)
+        schedule = self.schedule_option
+        handle = retrofit(model, self.method, schedule=None if schedule == "experience" else schedule, **options)
+        if schedule == "experience":
+            experts = getattr(model, "num_experts", None) or options.get("num_experts")
+            if experts is None:
+                added = handle.router if handle.router is not None else handle.ensemble
+                experts = None if added is None else added.num_experts
+            if experts is None:
+                raise ValueError(
+                    f"FlyPlugin: schedule='experience' needs the number of experts; {type(model).__name__} has no "
+                    "num_experts (pass num_experts=... or a SessionSchedule)"
+                )
+            handle.schedule = SessionSchedule(int(experts))
+        return handle
+
+    def _prepare(self, strategy: Any) -> Retrofit:
+        """Retrofit the strategy's model on first use; check the model of a given handle."""
+        if self.handle is None:
+            self.handle = self._retrofit(strategy.model)
+        elif self.handle.model is not strategy.model:
+            raise ValueError(
+                f"FlyPlugin: the strategy's model ({type(strategy.model).__name__}) is not the retrofitted model "
+                f"({type(self.handle.model).__name__}); give the strategy handle.model"
+            )
+        if self.handle.removed:
+            raise RuntimeError("FlyPlugin: the retrofit was removed (handle.remove()); build a new plugin")
+        self._model = strategy.model if _is_seam_method(strategy.model) else None
+        return self.handle
+
+    def _ends_session(self, experience: Any) -> bool:
+        """Whether ``experience`` (just trained) ends a session.
+
+        Avalanche 0.6.0's ``FixedSizeExperienceSplitter`` sets ``is_last_subexp`` only when the last
+        piece is shorter than ``experience_size``, so the position of the sub-experience in its original
+        experience (counted by the plugin) is compared with ``sub_stream_length`` as well.
+        """
+        if not isinstance(experience, OnlineCLExperience):
+            return True
+        if not experience.access_task_boundaries:
+            return False
+        return bool(experience.is_last_subexp) or self._position == int(experience.sub_stream_length) - 1
+
+    def _observe(self, labels: Tensor) -> None:
+        labels = labels.detach().reshape(-1).long()
+        if self.seen_classes is not None:
+            labels = torch.cat([self.seen_classes.to(labels.device), labels])
+        self.seen_classes = torch.unique(labels)
+
+    def _seen_mask(self, like: Tensor) -> Optional[Tensor]:
+        """``(C,)`` mask of the seen classes for logits ``like`` of shape ``(B, C)``; ``None`` before training."""
+        if self.seen_classes is None:
+            return None
+        return class_mask(self.seen_classes.to(like.device), like.shape[-1], dtype=like.dtype, device=like.device)
+
+    def _training_mask(self, labels: Tensor, logits: Tensor) -> Optional[Tensor]:
+        if self.train_mask == "batch":
+            return batch_seen_class_mask(labels.to(logits.device), logits.shape[-1], dtype=logits.dtype, device=logits.device)
+        if self.train_mask == "seen":
+            return self._seen_mask(logits)
+        return None
+
+    @torch.no_grad()
+    def _method_scores(self, model: nn.Module, x: Tensor, output: Any) -> Tensor:
+        """Evaluation scores of a seam-contract method from the strategy's (routed) forward output."""
+        mask = self._seen_mask(output.logits)
+        handle = self.handle
+        ensemble = None if handle is None or handle.removed else handle.ensemble
+        if ensemble is None:
+            return model.predict(x, mask)  # the method's own inference (plain logits + mask for most)
+        # fly_modules.adapters.reference's predict, on the forward the strategy already ran.
+        members = model.transform_logits(ensemble.member_logits(output.features, model.bank_of(output.selection)), output.selection)
+        if mask is not None:
+            members = members + mask
+        scores = ensemble.aggregate_members(members)
+        return scores.log() if ensemble.aggregate.startswith("softmax") else scores
+
+    def _set_criterion(self, strategy: Any, install: bool) -> None:
+        current = getattr(strategy, "_criterion", None)
+        if install:
+            if current is None:
+                raise TypeError(
+                    f"FlyPlugin(method_loss=True) replaces the criterion of an Avalanche SGD strategy; "
+                    f"{type(strategy).__name__} has none (pass method_loss=False)"
+                )
+            if not isinstance(current, _MethodLoss):
+                strategy._criterion = _MethodLoss(self, current)
+        elif isinstance(current, _MethodLoss) and current.plugin is self:
+            strategy._criterion = current.original
+
+    # ---------------------------------------------------------------------------- training
+    def before_training(self, strategy: Any, **kwargs: Any) -> None:
+        self._prepare(strategy)
+        if self._model is not None and self.method_loss:
+            self._set_criterion(strategy, install=True)
+
+    def before_training_exp(self, strategy: Any, **kwargs: Any) -> None:
+        experience = strategy.experience
+        boundary = _starts_session(experience)
+        if boundary is None:
+            if isinstance(self.handle.schedule, SessionSchedule):
+                raise RuntimeError(
+                    "FlyPlugin: one expert per session needs task boundaries, but this online stream hides them; "
+                    "build it with split_online_stream(..., access_task_boundaries=True) or use a "
+                    "SampleBudgetSchedule (task-free)"
+                )
+            return
+        if isinstance(experience, OnlineCLExperience):
+            self._position = 0 if boundary else self._position + 1
+        if boundary:
+            self.session += 1
+            self.handle.start_session(self.session)
+
+    def before_training_iteration(self, strategy: Any, **kwargs: Any) -> None:
+        self._observe(strategy.mb_y)
+
+    def after_forward(self, strategy: Any, **kwargs: Any) -> None:
+        output = strategy.mb_output
+        if _is_method_output(output):
+            self._train_output = output
+            logits = output.logits
+        elif isinstance(output, Tensor):
+            logits = output
+        else:
+            return
+        self._train_logit_mask = mask = self._training_mask(strategy.mb_y, logits)
+        strategy.mb_output = logits if mask is None else logits + mask
+
+    def after_update(self, strategy: Any, **kwargs: Any) -> None:
+        if self._model is not None and self._train_output is not None:
+            self._model.on_optimizer_step(self._train_output)
+        if self.moves_ensemble:
+            self.handle.update_ensemble()
+
+    def after_training_iteration(self, strategy: Any, **kwargs: Any) -> None:
+        if strategy.clock.train_exp_epochs == 0:
+            if self._model is not None and self._train_output is not None:
+                self._model.on_batch_end(strategy.mb_x, strategy.mb_y, self._train_output)
+            self.handle.end_batch(int(strategy.mb_y.shape[0]))
+        else:
+            # A later pass over samples the router already counted: drop the recorded query.
+            self.handle.discard_batch()
+        self._train_output = None
+        self._train_logit_mask = None
+
+    def after_training_exp(self, strategy: Any, **kwargs: Any) -> None:
+        if self._model is not None and self._ends_session(strategy.experience):
+            self._model.on_session_end(max(self.session, 0))
+
+    def after_training(self, strategy: Any, **kwargs: Any) -> None:
+        self._set_criterion(strategy, install=False)
+        self._train_output = None
+
+    # -------------------------------------------------------------------------- evaluation
+    def before_eval(self, strategy: Any, **kwargs: Any) -> None:
+        handle = self._prepare(strategy)
+        if self._model is not None:
+            self._model.on_evaluate()
+        elif handle.ensemble is not None and self.seen_classes is not None:
+            # A generic retrofit's head ensembles with handle.logit_mask; set it for this evaluation.
+            self._saved_logit_mask, self._mask_set = handle.logit_mask, True
+            like = handle.ensemble.online.weight
+            handle.set_logit_mask(
+                class_mask(self.seen_classes.to(like.device), handle.ensemble.num_classes, dtype=like.dtype, device=like.device)
+            )
+
+    def after_eval_forward(self, strategy: Any, **kwargs: Any) -> None:
+        output = strategy.mb_output
+        if _is_method_output(output):
+            strategy.mb_output = self._method_scores(strategy.model, strategy.mb_x, output)
+        elif isinstance(output, Tensor) and (self.handle is None or self.handle.ensemble is None):
+            mask = self._seen_mask(output)
+            if mask is not None:
+                strategy.mb_output = output + mask
+
+    def after_eval(self, strategy: Any, **kwargs: Any) -> None:
+        if self._mask_set and self.handle is not None:
+            self.handle.set_logit_mask(self._saved_logit_mask)
+        self._saved_logit_mask, self._mask_set = None, False
+
+    def __repr__(self) -> str:
+        return (
+            f"FlyPlugin(method={self.method!r}, schedule={self.schedule_option!r}, train_mask={self.train_mask!r}, "
+            f"handle={self.handle!r})"
+        )
