@@ -451,12 +451,27 @@ def _factor_error(info: int, dtype: torch.dtype, ridge: float, gram: Tensor) -> 
 
 
 def _cholesky_factor(gram: Tensor, ridge: float, dtype: torch.dtype) -> Tuple[Tensor, int]:
-    """Lower Cholesky factor of ``G + ridge I`` in ``dtype``, factorised in place in one copy of G."""
+    """Lower Cholesky factor of ``G + ridge I`` in ``dtype``, in one copy of G (the factor's lower triangle).
+
+    LAPACK factorises column-major matrices in place; the transposed view of a row-major copy is one,
+    so factorising it as *upper* (its upper triangle is the copy's lower triangle, the only part the
+    block-lower storage fills) needs no second M x M buffer (``cholesky_ex(system, out=system)`` on the
+    row-major copy would make one internally).
+    """
     system = gram.to(dtype=dtype, copy=True)
     system.diagonal().add_(ridge)
+    column_major = system.mT
     info = torch.empty((), dtype=torch.int32, device=gram.device)
-    torch.linalg.cholesky_ex(system, out=(system, info))
+    torch.linalg.cholesky_ex(column_major, upper=True, out=(column_major, info))
     return system, int(info)
+
+
+def _cholesky_solve(factor: Tensor, rhs: Tensor) -> Tensor:
+    """Solve ``L L^T x = rhs`` with two triangular solves on views of ``factor`` (lower triangle = L).
+
+    ``torch.cholesky_solve`` would copy the whole M x M factor on every call.
+    """
+    return torch.linalg.solve_triangular(factor.mT, torch.linalg.solve_triangular(factor, rhs, upper=False), upper=True)
 
 
 def _solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, solver: str) -> Tuple[Tensor, str]:
@@ -475,7 +490,7 @@ def _solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, solver: str) -> T
     factor, info = _cholesky_factor(gram, ridge, dtype)
     if info:
         raise _factor_error(info, dtype, ridge, gram)
-    return torch.cholesky_solve(cross, factor), "cholesky"
+    return _cholesky_solve(factor, cross), "cholesky"
 
 
 def _symmetric_abs_row_sums(gram: Tensor) -> Tensor:
@@ -494,27 +509,30 @@ def _solve_mixed_precision(gram: Tensor, cross: Tensor, ridge: float, max_iter: 
     """Float32 Cholesky factor + float64 iterative refinement; ``None`` when it does not converge.
 
     Each step solves the float64 residual ``Q - (G + lambda I) x`` with the float32 factor; the error
-    contracts by about ``cond(G + lambda I) * 2^-24`` per step. It stops with LAPACK's ``dsposv``
-    criterion, ``||r|| <= sqrt(M) * eps64 * ||A|| * ||x||`` (infinity norms): the solution is then as
-    backward stable as a float64 Cholesky solve. It gives up as soon as a step fails to halve the
-    correction (``cond * 2^-24`` near 1 or above).
+    contracts by about ``cond(G + lambda I) * 2^-24`` per step. It stops once the residual is at the
+    float64 rounding level of the product, ``||r|| <= eps64 * ||A|| * ||x||`` (infinity norms), where
+    the answer is as accurate as a float64 Cholesky or LU solve. When a step fails to halve the
+    correction, it accepts the solution if the residual meets LAPACK ``dsposv``'s looser
+    ``sqrt(M)`` criterion (refinement has stalled at rounding noise) and gives up otherwise
+    (``cond * 2^-24`` near 1 or above).
     """
     factor, info = _cholesky_factor(gram, ridge, torch.float32)
     if info:
         return None
+    eps = torch.finfo(torch.float64).eps
     norm = float(_symmetric_abs_row_sums(gram).max()) + ridge
-    tolerance = math.sqrt(gram.shape[0]) * torch.finfo(torch.float64).eps * norm
-    solution = torch.cholesky_solve(cross.float(), factor).double()
+    solution = _cholesky_solve(factor, cross.float()).double()
     previous = math.inf
     for _ in range(max_iter):
         residual = cross - _symmetric_matmul(gram, solution) - ridge * solution
-        if float(residual.abs().max()) <= tolerance * float(solution.abs().max()):
+        size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
+        if size_r <= eps * norm * size_x:
             return solution
-        correction = torch.cholesky_solve(residual.float(), factor).double()
-        solution += correction
+        correction = _cholesky_solve(factor, residual.float()).double()
         size = float(correction.abs().max())
         if size > 0.5 * previous:
-            return None
+            return solution if size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x else None
+        solution += correction
         previous = size
     return None
 

@@ -1,0 +1,455 @@
+#!/usr/bin/env python
+"""Micro-benchmark of :class:`fly_modules.router.AnalyticRouter` against the reference's approach.
+
+Every figure is a ratio of two approaches timed side by side in this one run (interleaved rounds,
+median per side), so a busy shared machine slows both sides alike. The reference approach is
+re-implemented here from the protocol (reference-protocol.md sections 3.5 and 6.1):
+
+* statistics: ``phi = relu(h R)``, a dense ``G.addmm_(phi^T, phi)`` and ``Q += phi^T onehot(expert)``;
+* solve: a general dense LU solve ``torch.linalg.solve(G + lambda I, Q)`` (and, as a second baseline,
+  an explicit inverse ``inv(G + lambda I) @ Q``), both in float64 here, recomputed at every evaluation.
+
+Targets (issue #2): update >= 1.6x the dense update; solve >= 1.8x LU and >= 4x inv with the same
+accuracy; cached routing >= 100x re-solving; peak extra memory of one solve <= 1.5x the size of G.
+
+Run from the repository root::
+
+    python benchmarks/bench_router.py            # the issue's sizes (several minutes on 2 cores)
+    python benchmarks/bench_router.py --quick    # small smoke test (seconds)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:  # benchmarks/ is run from a checkout, never installed
+    sys.path.insert(0, str(_ROOT))
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+import fly_modules.router as router_module  # noqa: E402
+from benchmarks._timing import (  # noqa: E402
+    Report,
+    best_ratio,
+    configure_threads,
+    format_seconds,
+    median,
+    print_header,
+    time_side_by_side,
+)
+from fly_modules.router import AnalyticRouter, _accumulate_block_lower_gram  # noqa: E402
+
+STATS_DTYPE = torch.float64
+TARGET_UPDATE = 1.6
+TARGET_SOLVE_VS_LU = 1.8
+TARGET_SOLVE_VS_INV = 4.0
+TARGET_W_RELATIVE_DIFF = 1e-6  # float64-level agreement (a float32 solve differs by ~cond * 6e-8)
+TARGET_RESIDUAL_FACTOR = 10.0  # our relative residual within this factor of LU's
+TARGET_CACHED_ROUTING = 100.0
+TARGET_PEAK_MEMORY = 1.5  # peak extra memory of one solve, in units of the size of G
+
+
+# =================================================================================== inputs
+def clustered_features(
+    n: int, dim: int, experts: int, *, seed: int, classes_per_expert: int = 4
+) -> Tuple[Tensor, Tensor]:
+    """ViT-like query features: a clustered Gaussian mixture passed through a final LayerNorm.
+
+    Every sample shares a common direction (CLS tokens of a pretrained ViT are strongly correlated),
+    each expert (task) has a centre, each class a sub-centre around it, plus isotropic noise; the
+    final ``layer_norm`` gives every sample zero mean and unit variance over its ``dim`` entries
+    (``||h|| = sqrt(dim)``, about 27.7 at ``dim=768``), the scale a ViT's final LayerNorm produces.
+    Returns float32 features ``(n, dim)`` and the expert id of each sample ``(n,)``.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    shared = torch.randn(dim, generator=generator)
+    expert_centres = 0.8 * torch.randn(experts, dim, generator=generator)
+    class_centres = expert_centres.repeat_interleave(classes_per_expert, 0)
+    class_centres = class_centres + 0.6 * torch.randn(class_centres.shape, generator=generator)
+    labels = torch.randint(experts * classes_per_expert, (n,), generator=generator)
+    features = shared + class_centres[labels] + 0.7 * torch.randn(n, dim, generator=generator)
+    return F.layer_norm(features, (dim,)), labels // classes_per_expert
+
+
+# ============================================================ the reference approach, re-implemented
+class DenseStatistics:
+    """The reference's statistics update: dense ``G += Phi^T Phi`` and ``Q += Phi^T Y`` (here float64)."""
+
+    def __init__(self, projection: Tensor, experts: int) -> None:
+        self.projection = projection  # (dim, M), phi = relu(h @ projection)
+        width = projection.shape[1]
+        self.gram = torch.zeros(width, width, dtype=projection.dtype)
+        self.cross = torch.zeros(width, experts, dtype=projection.dtype)
+        self.experts = experts
+
+    def update(self, features: Tensor, expert_ids: Tensor) -> None:
+        phi = torch.relu(features.to(self.projection.dtype) @ self.projection)
+        self.gram.addmm_(phi.t(), phi)
+        self.cross.addmm_(phi.t(), F.one_hot(expert_ids, self.experts).to(phi.dtype))
+
+
+def full_symmetric(block_lower: Tensor) -> Tensor:
+    """The full symmetric matrix from storage whose lower triangle is valid (for the baselines)."""
+    full = torch.tril(block_lower)
+    full += torch.tril(block_lower, -1).t()
+    return full
+
+
+def reference_lu_solve(gram: Tensor, cross: Tensor, ridge: float) -> Tensor:
+    """``(G + lambda I)^-1 Q`` with a general LU solve (the reference's ``torch.linalg.solve``).
+
+    The system is built with one copy and an in-place diagonal add (cheaper than the reference's
+    fresh identity), so the baseline is not handicapped.
+    """
+    system = gram.clone()
+    system.diagonal().add_(ridge)
+    return torch.linalg.solve(system, cross)
+
+
+def reference_inv_solve(gram: Tensor, cross: Tensor, ridge: float) -> Tensor:
+    """``inv(G + lambda I) @ Q`` with an explicit float64 inverse."""
+    system = gram.clone()
+    system.diagonal().add_(ridge)
+    return torch.linalg.inv(system) @ cross
+
+
+# ================================================================================ diagnostics
+def largest_eigenvalue(gram: Tensor, *, iterations: int = 60, seed: int = 0) -> float:
+    """Largest eigenvalue of a symmetric PSD matrix by power iteration (Rayleigh quotient)."""
+    generator = torch.Generator().manual_seed(seed)
+    vector = torch.rand(gram.shape[0], 1, generator=generator, dtype=gram.dtype)
+    value = 0.0
+    for _ in range(iterations):
+        product = gram @ vector
+        value = float((vector * product).sum() / (vector * vector).sum())
+        vector = product / product.norm()
+    return value
+
+
+def relative_residual(gram: Tensor, cross: Tensor, ridge: float, solution: Tensor) -> float:
+    """``||Q - (G + lambda I) W||_F / ||Q||_F`` in float64 (``gram`` full and symmetric)."""
+    residual = cross - gram @ solution - ridge * solution
+    return float(residual.norm() / cross.norm())
+
+
+def max_relative_difference(value: Tensor, reference: Tensor) -> float:
+    return float((value - reference).abs().max() / reference.abs().max())
+
+
+@contextlib.contextmanager
+def count_refinement_steps() -> Iterator[List[int]]:
+    """Counts the float64 residual products of the mixed-precision solver (one per refinement step).
+
+    Wraps ``fly_modules.router._symmetric_matmul`` for the duration of one diagnostic solve (outside
+    every timed region) and restores it afterwards.
+    """
+    original = getattr(router_module, "_symmetric_matmul", None)
+    calls = [0]
+    if original is None:  # the solver changed: report the count as unknown (-1)
+        yield [-1]
+        return
+
+    def counted(gram: Tensor, x: Tensor) -> Tensor:
+        calls[0] += 1
+        return original(gram, x)
+
+    router_module._symmetric_matmul = counted
+    try:
+        yield calls
+    finally:
+        router_module._symmetric_matmul = original
+
+
+# ================================================================================ peak memory
+_STATUS_FIELD = re.compile(r"^(VmRSS|VmHWM):\s+(\d+)\s+kB", re.MULTILINE)
+
+
+def _memory_status_kb() -> Dict[str, int]:
+    with open("/proc/self/status") as status:
+        return {name: int(value) for name, value in _STATUS_FIELD.findall(status.read())}
+
+
+def _reset_peak_rss() -> None:
+    # Writing 5 to clear_refs resets VmHWM (the peak resident set) to the current VmRSS (Linux >= 4.0).
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")
+
+
+def memory_child(method: str, stats_file: str, ridge: float) -> None:
+    """Runs in a fresh process: load the statistics, pre-touch them, solve once, print the peak.
+
+    Prints one JSON line: the resident set just before the solve, its peak during the solve (after
+    resetting the high-water mark) and the size of G.
+    """
+    state = torch.load(stats_file, mmap=True, weights_only=True)
+    width, dim = state["expansion.weight"].shape
+    experts = state["cross"].shape[1]
+    # Library warm-up on a tiny system so one-time LAPACK/allocator set-up is not counted.
+    small = torch.eye(8, dtype=STATS_DTYPE) * 2
+    torch.linalg.cholesky_ex(small.float())
+    torch.linalg.solve(small, small)
+    torch.linalg.inv(small)
+    if method == "ours":
+        router = AnalyticRouter(dim, experts, expansion_dim=width, ridge=ridge, solver="auto")
+        router.load_state_dict(state)
+        del state
+        gram_bytes = router.gram.nbytes
+        run = router.solve
+    else:
+        gram = full_symmetric(state["gram"])
+        cross = state["cross"].clone()
+        del state
+        gram_bytes = gram.nbytes
+        solve = reference_lu_solve if method == "lu" else reference_inv_solve
+        run = lambda: solve(gram, cross, ridge)  # noqa: E731
+    gc.collect()
+    touched = float(router.gram.sum()) if method == "ours" else float(gram.sum())  # pre-touch every page
+    _reset_peak_rss()
+    before = _memory_status_kb()
+    run()
+    after = _memory_status_kb()
+    print(json.dumps({
+        "method": method, "rss_before_kb": before["VmRSS"], "peak_kb": after["VmHWM"], "gram_bytes": gram_bytes,
+        "checksum": touched,
+    }))
+
+
+def measure_peak_memory(method: str, stats_file: str, ridge: float, threads: int) -> Dict[str, float]:
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--memory-child", method, "--stats-file", stats_file,
+        "--ridge", repr(ridge), "--threads", str(threads),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory child {method!r} failed ({done.returncode}):\n{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["extra_bytes"] = (result["peak_kb"] - result["rss_before_kb"]) * 1024
+    return result
+
+
+# ==================================================================================== benches
+def bench_update(args: argparse.Namespace, report: Report) -> None:
+    print(f"-- statistics update: batch {args.batch}, d={args.dim}, M={args.expansion_dim}, float64 --", flush=True)
+    router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge, seed=args.seed)
+    dense = DenseStatistics(router.expansion.weight.t(), args.experts)
+    features, expert_ids = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 1)
+    phi = router.expansion(features)
+    kernel_gram = torch.zeros_like(router.gram)
+    kernel_dense = torch.zeros_like(router.gram)
+    times = time_side_by_side(
+        {
+            "ours: AnalyticRouter.update": lambda: router.update(features, expert_ids),
+            "reference: relu(hR) + dense addmm": lambda: dense.update(features, expert_ids),
+            "kernel: block-lower": lambda: _accumulate_block_lower_gram(kernel_gram, phi),
+            "kernel: dense addmm_": lambda: kernel_dense.addmm_(phi.t(), phi),
+        },
+        repeats=args.repeats,
+        warmup=2,
+    )
+    times["ours"] = times.pop("ours: AnalyticRouter.update")
+    times["reference"] = times.pop("reference: relu(hR) + dense addmm")
+    ours, ref = median(times["ours"]), median(times["reference"])
+    k_ours, k_ref = median(times["kernel: block-lower"]), median(times["kernel: dense addmm_"])
+    flops = 2.0 * args.batch * args.expansion_dim**2
+    report.check(
+        "router.update_speedup", ref / ours, ">=", TARGET_UPDATE, unit="x",
+        detail=f"reference {format_seconds(ref)} vs ours {format_seconds(ours)} per batch "
+        f"(median of {args.repeats}; ours {args.batch / ours:.0f} samples/s, reference {args.batch / ref:.0f}; "
+        f"ratio of the best times {best_ratio(times, 'reference', 'ours')})",
+    )
+    report.info(
+        f"kernel only (same phi): dense addmm_ {format_seconds(k_ref)} ({flops / k_ref / 1e9:.1f} GFLOP/s) vs "
+        f"block-lower {format_seconds(k_ours)} -> {k_ref / k_ours:.2f}x"
+    )
+    # The block-lower kernel issues ~M/_BLOCK smaller GEMMs; with every CPU busy elsewhere their thread
+    # barriers cost more than the one big dense GEMM's, so show the single-threaded kernel ratio as well.
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+        try:
+            single = time_side_by_side(
+                {"block": lambda: _accumulate_block_lower_gram(kernel_gram, phi),
+                 "dense": lambda: kernel_dense.addmm_(phi.t(), phi)},
+                repeats=max(3, args.repeats // 2), warmup=1,
+            )
+        finally:
+            torch.set_num_threads(threads)
+        s_ours, s_ref = median(single["block"]), median(single["dense"])
+        report.info(f"kernel only, 1 thread: dense addmm_ {format_seconds(s_ref)} vs block-lower "
+                    f"{format_seconds(s_ours)} -> {s_ref / s_ours:.2f}x")
+    agree = max_relative_difference(router.gram_matrix(), dense.gram)
+    report.info(f"statistics agree: max |G_ours - G_dense| / max |G| = {agree:.1e}, "
+                f"Q: {max_relative_difference(router.cross, dense.cross):.1e}")
+    print(flush=True)
+
+
+def build_statistics(args: argparse.Namespace) -> AnalyticRouter:
+    router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge,
+                            seed=args.seed, solver="auto")
+    features, expert_ids = clustered_features(args.samples, args.dim, args.experts, seed=args.seed + 2)
+    chunk = 512
+    for start in range(0, args.samples, chunk):
+        router.update(features[start:start + chunk], expert_ids[start:start + chunk])
+    return router
+
+
+def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[str] = None) -> None:
+    m, ridge = args.expansion_dim, args.ridge
+    print(f"-- solve: M={m}, {args.samples} samples of ReLU-expanded clustered features (d={args.dim}, "
+          f"T={args.experts}), ridge {ridge:g}, float64 statistics --", flush=True)
+    router = build_statistics(args)
+    gram = router.gram_matrix()  # full symmetric float64 G for the baselines and the residuals
+    cross = router.cross.clone()
+    top = largest_eigenvalue(gram, seed=args.seed)
+    bound = "exact: lambda_min(G) = 0 since samples < M" if args.samples < m else "upper bound: lambda_min(G) >= 0"
+    report.info(f"cond(G + lambda I) ~ {(top + ridge) / ridge:.2e} (lambda_max(G) = {top:.3e} by power "
+                f"iteration; {bound}); max diag(G) = {float(gram.diagonal().max()):.3e}")
+    with count_refinement_steps() as steps:
+        router.solve()
+    products = "unknown" if steps[0] < 0 else steps[0]
+    report.info(f"our solver path: solver_={router.solver_!r}, {products} float64 residual products "
+                f"(refinement steps){'  <- float64 fallback taken' if router.solver_ == 'cholesky' else ''}")
+
+    queries, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 3)
+    # Warm-up on a small system (LAPACK initialisation) so no full-size round has to be discarded.
+    small_g, small_q = gram[:256, :256].clone(), cross[:256].clone()
+    reference_lu_solve(small_g, small_q, ridge), reference_inv_solve(small_g, small_q, ridge)
+    small_system = small_g.clone()
+    small_system.diagonal().add_(ridge)
+    torch.cholesky_solve(small_q.float(), torch.linalg.cholesky(small_system.float()))
+
+    outputs: Dict[str, Tensor] = {}
+
+    def ours() -> None:
+        outputs["ours"] = router.solve()
+
+    def lu() -> None:
+        outputs["lu"] = reference_lu_solve(gram, cross, ridge)
+
+    def inv() -> None:
+        outputs["inv"] = reference_inv_solve(gram, cross, ridge)
+
+    def cached_route() -> None:
+        router(queries)
+
+    times = time_side_by_side(
+        {"ours": ours, "lu": lu, "inv": inv, "cached": cached_route},
+        repeats=args.solve_repeats, warmup=0, inner={"cached": 10},
+    )
+    t_ours, t_lu, t_inv, t_cached = (median(times[k]) for k in ("ours", "lu", "inv", "cached"))
+    report.check("router.solve_vs_lu", t_lu / t_ours, ">=", TARGET_SOLVE_VS_LU, unit="x",
+                 detail=f"LU {format_seconds(t_lu)} vs ours {format_seconds(t_ours)} (solver_={router.solver_!r}, "
+                 f"median of {args.solve_repeats}; ratio of the best times {best_ratio(times, 'lu', 'ours')})")
+    report.check("router.solve_vs_inv", t_inv / t_ours, ">=", TARGET_SOLVE_VS_INV, unit="x",
+                 detail=f"inv {format_seconds(t_inv)} vs ours {format_seconds(t_ours)} "
+                 f"(ratio of the best times {best_ratio(times, 'inv', 'ours')})")
+
+    w_ours, w_lu, w_inv = outputs["ours"], outputs["lu"], outputs["inv"]
+    res_ours, res_lu, res_inv = (relative_residual(gram, cross, ridge, w) for w in (w_ours, w_lu, w_inv))
+    report.check("router.solve_accuracy", max_relative_difference(w_ours, w_lu), "<=", TARGET_W_RELATIVE_DIFF,
+                 fmt=".1e", detail=f"max |W_ours - W_LU| / max |W_LU|; inv: {max_relative_difference(w_inv, w_lu):.1e}"
+                 f"; float32 LU for scale: {max_relative_difference(_float32_lu(gram, cross, ridge), w_lu):.1e}")
+    report.check("router.solve_residual_vs_lu", res_ours / res_lu, "<=", TARGET_RESIDUAL_FACTOR, unit="x",
+                 detail=f"||Q - (G + lambda I) W||_F / ||Q||_F: ours {res_ours:.2e}, LU {res_lu:.2e}, "
+                 f"inv {res_inv:.2e}")
+
+    resolve = t_ours + t_cached
+    report.check("router.cached_routing_speedup", resolve / t_cached, ">=", TARGET_CACHED_ROUTING, unit="x",
+                 fmt=".0f", detail=f"re-solve + route {format_seconds(resolve)} vs cached route "
+                 f"{format_seconds(t_cached)} (batch {args.batch}); vs the reference's LU re-solve "
+                 f"{(t_lu + t_cached) / t_cached:.0f}x")
+    if stats_file is not None:  # the statistics for the peak-memory subprocesses
+        torch.save(router.state_dict(), stats_file)
+    print(flush=True)
+
+
+def bench_memory(args: argparse.Namespace, report: Report, stats_file: str) -> None:
+    print(f"-- peak extra memory of one solve: M={args.expansion_dim} --", flush=True)
+    peaks = {method: measure_peak_memory(method, stats_file, args.ridge, args.threads)
+             for method in ("ours", "lu", "inv")}
+    gram_bytes = peaks["ours"]["gram_bytes"]
+    ratio = {method: peak["extra_bytes"] / gram_bytes for method, peak in peaks.items()}
+    mib = {method: peak["extra_bytes"] / 2**20 for method, peak in peaks.items()}
+    report.check("router.solve_peak_memory", ratio["ours"], "<=", TARGET_PEAK_MEMORY, unit="x",
+                 detail=f"peak extra memory / size of G: ours +{mib['ours']:.0f} MiB, LU +{mib['lu']:.0f} MiB "
+                 f"({ratio['lu']:.2f}x), inv +{mib['inv']:.0f} MiB ({ratio['inv']:.2f}x); "
+                 f"G = {gram_bytes / 2**20:.0f} MiB")
+    report.info("method: one fresh subprocess per solve; statistics loaded and every page of G pre-touched, "
+                "peak RSS reset (/proc/self/clear_refs = 5), extra = VmHWM after the solve - VmRSS before it")
+
+
+def _float32_lu(gram: Tensor, cross: Tensor, ridge: float) -> Tensor:
+    """The reference's own precision (float32 LU), only to show the scale of the accuracy figure."""
+    system = gram.float()
+    system.diagonal().add_(ridge)
+    return torch.linalg.solve(system, cross.float()).double()
+
+
+# ======================================================================================= main
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--expansion-dim", type=int, default=10_000, help="random expansion width M")
+    parser.add_argument("--dim", type=int, default=768, help="query feature width d")
+    parser.add_argument("--batch", type=int, default=64, help="batch of the update and of the routing query")
+    parser.add_argument("--repeats", type=int, default=15, help="measured rounds of the update benchmark")
+    parser.add_argument("--solve-repeats", type=int, default=3, help="measured rounds of the solve benchmark")
+    parser.add_argument("--samples", type=int, default=4000, help="samples accumulated before the solve")
+    parser.add_argument("--experts", type=int, default=5, help="experts T")
+    parser.add_argument("--ridge", type=float, default=1e4, help="ridge lambda")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
+    parser.add_argument("--memory-child", choices=("ours", "lu", "inv"), help=argparse.SUPPRESS)
+    parser.add_argument("--stats-file", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.expansion_dim, args.dim, args.batch = 512, 64, 16
+        args.repeats, args.solve_repeats, args.samples = 5, 3, 400
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    args.threads = configure_threads(args.threads)
+    if args.memory_child:
+        memory_child(args.memory_child, args.stats_file, args.ridge)
+        return 0
+    torch.manual_seed(args.seed)
+    print_header("AnalyticRouter benchmark (ours vs the reference approach, side by side)", {
+        "expansion dim M": args.expansion_dim, "feature dim d": args.dim, "batch": args.batch,
+        "experts T": args.experts, "ridge": f"{args.ridge:g}", "samples for the solve": args.samples,
+        "repeats (update / solve)": f"{args.repeats} / {args.solve_repeats}", "statistics dtype": "float64",
+        "mode": "quick (smoke test)" if args.quick else "full",
+    })
+    report = Report()
+    bench_update(args, report)
+    gc.collect()
+    with tempfile.TemporaryDirectory(prefix="bench_router_") as folder:
+        stats_file = None if args.no_memory else os.path.join(folder, "router.pt")
+        bench_solve(args, report, stats_file)  # returns with every large tensor freed
+        gc.collect()
+        if stats_file is not None:
+            bench_memory(args, report, stats_file)
+    failed = report.summary()
+    return 1 if (failed and args.strict) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
