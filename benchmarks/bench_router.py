@@ -275,7 +275,7 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
         f"kernel only (same phi): dense addmm_ {format_seconds(k_ref)} ({flops / k_ref / 1e9:.1f} GFLOP/s) vs "
         f"block-lower {format_seconds(k_ours)} -> {k_ref / k_ours:.2f}x"
     )
-    # The block-lower kernel issues ~M/_BLOCK smaller GEMMs; with every CPU busy elsewhere their thread
+    # The block-lower kernel issues one smaller GEMM per row panel; with every CPU busy elsewhere their thread
     # barriers cost more than the one big dense GEMM's, so show the single-threaded kernel ratio as well.
     threads = torch.get_num_threads()
     if threads > 1:

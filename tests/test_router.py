@@ -68,7 +68,7 @@ def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, 
 
 
 def test_block_lower_storage_crosses_block_boundaries(monkeypatch):
-    monkeypatch.setattr(router_module, "_BLOCK", 5)
+    monkeypatch.setattr(router_module, "_MIN_PANEL", 5)  # 23 rows -> panels of 5
     features, ids = clustered(40, 6, 3)
     router = AnalyticRouter(6, 3, expansion_dim=23, ridge=0.5)
     router.update(features[:17], ids[:17])
