@@ -1,6 +1,8 @@
 """Cross-ablation of the analytic router and the temporal ensemble: methods x variants x datasets x seeds.
 
-    python benchmarks/cross_ablation.py                  # CPU default: generated data, tiny random ViT
+    python benchmarks/cross_ablation.py                  # CPU default: the proxy shortened (1 seed, < 10 min)
+    python benchmarks/cross_ablation.py --preset proxy   # the CPU proxy benchmark (75 runs; README "Proxy benchmark (CPU)")
+    python benchmarks/cross_ablation.py --preset cpu     # pipeline check: tiny random ViT, standard generated data
     python benchmarks/cross_ablation.py --preset paper   # the paper's protocol (GPU, real data, ViT-B/16)
 
 Every finished run is written to ``<output>/runs/<dataset>/<method>/<variant>/seed<k>.json`` at once
@@ -40,8 +42,40 @@ ABLATION_VARIANTS = ("baseline", "router", "ensemble", "both")
 VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full"))}
 METRICS = ("A_auc", "A_last", "A_avg", "F_last")
 
-#: Presets: the protocol, the datasets and seeds, and how the data are built.
+_PROXY_WEIGHTS = str(Path(__file__).resolve().parent / "checkpoints" / "proxy_vit.safetensors")
+#: The CPU proxy of the paper's setting (README "Proxy benchmark (CPU)"): a tiny timm ViT pretrained by
+#: benchmarks/pretrain_proxy.py on upstream classes 0..399 of the hard generated data, loaded from
+#: benchmarks/checkpoints/ through timm's pretrained-file path, and a Si-Blurry stream over the 100
+#: disjoint downstream classes 400..499 (r_D 0.5, r_B 0.1, 5 sessions, anytime evaluation).
+_PROXY_PROTOCOL = Protocol(
+    model="vit_tiny_patch16_224",
+    model_kwargs=dict(img_size=32, patch_size=8, embed_dim=128, depth=6, num_heads=4),
+    pretrained=True, weights=_PROXY_WEIGHTS, image_size=32, batch_size=16, online_iter=3, eval_period=400,
+    test_batch_size=250, expansion_dim=2000, ridge=1e4, amp=False,
+)
+_PROXY_DATA = dict(num_classes=100, class_offset=400, difficulty="hard", train_per_class=20, test_per_class=10,
+                   image_size=32)
+
+#: Presets: the protocol, the datasets and seeds, how the data are built, and the default methods.
 PRESETS: Dict[str, Dict[str, Any]] = {
+    # The CPU proxy benchmark: all six methods in all four variants plus FlyPrompt, three seeds.
+    "proxy": {
+        "protocol": _PROXY_PROTOCOL,
+        "datasets": ["synthetic"],
+        "seeds": [1, 2, 3],
+        "synthetic": dict(_PROXY_DATA),
+        "threads": 1,
+        "methods": [*PAPER_METHODS, "flyprompt"],
+    },
+    # The default (no arguments): the proxy shortened to one seed, 8 stream and 5 test images per class.
+    "proxy-short": {
+        "protocol": replace(_PROXY_PROTOCOL, eval_period=200),
+        "datasets": ["synthetic"],
+        "seeds": [1],
+        "synthetic": dict(_PROXY_DATA, train_per_class=8, test_per_class=5),
+        "threads": 1,
+        "methods": [*PAPER_METHODS, "flyprompt"],
+    },
     # Runs in a few minutes on 2 CPU cores: a tiny random ViT on generated images. The numbers test
     # the pipeline, not the method (a random backbone gives prompts nothing to build on).
     "cpu": {
@@ -110,9 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="base settings; flags override them")
-    parser.add_argument("--methods", default=",".join(PAPER_METHODS),
-                        help="comma-separated methods (l2p, dualprompt, mvp, misa, hide, norga, flyprompt)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="proxy-short",
+                        help="base settings; flags override them")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods (l2p, dualprompt, mvp, misa, hide, norga, flyprompt); "
+                             "default: the preset's (the six of the paper's table, plus flyprompt for proxy presets)")
     parser.add_argument("--variants", default=",".join(ABLATION_VARIANTS), help="comma-separated variants")
     parser.add_argument("--datasets", default=None, help="comma-separated datasets (default: the preset's)")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
@@ -166,9 +202,12 @@ def load_data(name: str, args: argparse.Namespace, preset: Dict[str, Any], proto
                           ("test_per_class", "synthetic_test_per_class")):
             if getattr(args, flag) is not None:
                 settings[key] = getattr(args, flag)
+        # class_offset: skip the first ids (the proxy's upstream, pretraining classes).
+        _, class_ids = data.synthetic_class_split(settings.get("class_offset", 0), settings["num_classes"])
         return data.make_synthetic_train_test(
-            settings["num_classes"], train_per_class=settings["train_per_class"],
+            class_ids, train_per_class=settings["train_per_class"],
             test_per_class=settings["test_per_class"], seed=0, image_size=protocol.image_size,
+            difficulty=settings.get("difficulty", "standard"),
         )
     return data.load_dataset(name, args.data_root, image_size=protocol.image_size, download=args.download)
 
@@ -337,7 +376,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     preset = PRESETS[args.preset]
     protocol = _parse_protocol(args, preset["protocol"])
-    methods = [m for m in args.methods.split(",") if m]
+    methods = [m for m in args.methods.split(",") if m] if args.methods else list(preset.get("methods", PAPER_METHODS))
     variants = [v for v in args.variants.split(",") if v]
     unknown = [v for v in variants if v not in ABLATION_VARIANTS]
     if unknown:
@@ -392,5 +431,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def _main_with_clear_errors() -> int:
+    from benchmarks.data import DatasetNotFoundError
+    from benchmarks.runner import BackboneLoadError
+
+    try:
+        return main()
+    except DatasetNotFoundError as error:
+        print(f"error: {error} (or pass --download)", file=sys.stderr)
+    except BackboneLoadError as error:
+        print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main_with_clear_errors())

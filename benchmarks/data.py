@@ -31,7 +31,11 @@ The generated dataset (:func:`make_synthetic_dataset`, :func:`make_synthetic_tra
 class as a fixed composition of a textured background and three coloured shapes; samples vary in
 pose, scale, colour, clutter and noise. A class's look depends only on ``(seed, class id)``, so
 disjoint "upstream" (pretraining) and "downstream" (continual) class sets come from disjoint id
-ranges (:func:`synthetic_class_split`), each with its own held-out test split.
+ranges (:func:`synthetic_class_split`), each with its own held-out test split. ``difficulty="hard"``
+(the CPU proxy benchmark's data, see ``benchmarks/pretrain_proxy.py``) builds every class from a shared
+library of parts and colours, draws the background colour per sample, varies pose and colour more
+and adds four distractors made of the same parts, so that neither colour statistics nor a linear
+probe on pixels separate the classes well.
 """
 
 from __future__ import annotations
@@ -637,6 +641,72 @@ def _sample_variation(seed: int, class_id: int, split: str, count: int) -> Dict[
     }
 
 
+#: Hard variant: classes are built from a shared library of parts and a small colour palette (so
+#: colour statistics and single parts do not identify a class), the background colour is drawn per
+#: sample, and samples vary more (pose, scale, part jitter, colour jitter) among more clutter made of
+#: the same parts and colours as the classes.
+_HARD_PARTS = 16  # (shape kind, aspect) pairs shared by all classes
+_HARD_PALETTE = 10  # colours shared by all classes
+_HARD_CLUTTER = 4  # distractor slots per sample
+
+
+def _hard_library(seed: int) -> Dict[str, Tensor]:
+    g = torch.Generator().manual_seed(_derived_seed("synthetic-hard-library", seed))
+    return {
+        "part_kind": torch.arange(_HARD_PARTS) % _NUM_SHAPE_KINDS,
+        "part_aspect": 0.5 + 1.0 * torch.rand(_HARD_PARTS, generator=g),
+        "palette": torch.rand(_HARD_PALETTE, 3, generator=g),
+    }
+
+
+def _hard_class_recipe(seed: int, class_id: int, library: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """One class of the hard variant: which shared parts in which palette colours, where, plus a texture."""
+    g = torch.Generator().manual_seed(_derived_seed("synthetic-hard-class", seed, class_id))
+    u = lambda *shape: torch.rand(*shape, generator=g)  # noqa: E731
+    part = torch.randint(0, _HARD_PARTS, (_NUM_SHAPES,), generator=g)
+    colour = torch.randint(0, _HARD_PALETTE, (_NUM_SHAPES,), generator=g)
+    return {
+        "bg_color": torch.full((3,), 0.5),  # unused: drawn per sample
+        "texture": torch.randint(0, _NUM_TEXTURES, (1,), generator=g),
+        "tex_freq": 1.5 + 1.5 * torch.randint(0, 3, (1,), generator=g).float(),
+        "tex_angle": math.pi * u(1),
+        "tex_color": torch.zeros(3),  # unused: drawn per sample
+        "kind": library["part_kind"][part],
+        "color": library["palette"][colour],
+        "center": (u(_NUM_SHAPES, 2) - 0.5) * 1.1,
+        "size": 0.22 + 0.25 * u(_NUM_SHAPES),
+        "aspect": library["part_aspect"][part],
+        "angle": math.pi * u(_NUM_SHAPES),
+    }
+
+
+def _hard_sample_variation(
+    seed: int, class_id: int, split: str, count: int, library: Dict[str, Tensor]
+) -> Dict[str, Tensor]:
+    g = torch.Generator().manual_seed(_derived_seed("synthetic-hard-samples", seed, class_id, split))
+    u = lambda *shape: torch.rand(*shape, generator=g)  # noqa: E731
+    clutter_part = torch.randint(0, _HARD_PARTS, (count, _HARD_CLUTTER), generator=g)
+    clutter_colour = torch.randint(0, _HARD_PALETTE, (count, _HARD_CLUTTER), generator=g)
+    return {
+        "rotation": (u(count) - 0.5) * 1.6,  # about +-45 degrees
+        "scale": 0.7 + 0.6 * u(count),
+        "shift": (u(count, 2) - 0.5) * 0.5,
+        "part_shift": (u(count, _NUM_SHAPES, 2) - 0.5) * 0.3,
+        "part_scale": 0.8 + 0.4 * u(count, _NUM_SHAPES),
+        "gain": 0.65 + 0.7 * u(count, 3),
+        "offset": (u(count, 3) - 0.5) * 0.3,
+        "bg_color": 0.15 + 0.7 * u(count, 3),
+        "tex_color": (u(count, 3) - 0.5) * 0.6,
+        "clutter_on": (u(count, _HARD_CLUTTER) < 0.75).float(),
+        "clutter_kind": library["part_kind"][clutter_part],
+        "clutter_aspect": library["part_aspect"][clutter_part],
+        "clutter_color": library["palette"][clutter_colour],
+        "clutter_center": (u(count, _HARD_CLUTTER, 2) - 0.5) * 1.7,
+        "clutter_size": 0.14 + 0.16 * u(count, _HARD_CLUTTER),
+        "clutter_angle": math.pi * u(count, _HARD_CLUTTER),
+    }
+
+
 def _rotation(angle: Tensor) -> Tensor:
     """``(n, 2, 2)`` matrices mapping image coordinates into a frame rotated by ``angle``."""
     cos, sin = torch.cos(angle), torch.sin(angle)
@@ -714,9 +784,12 @@ def _render(recipe: Dict[str, Tensor], var: Dict[str, Tensor], image_size: int, 
             texture[rows] = torch.sign(torch.sin(f * tx) * torch.sin(f * ty))
         else:  # concentric rings
             texture[rows] = torch.sin(1.5 * f * torch.sqrt(tx * tx + ty * ty))
-    image = recipe["bg_color"].view(n, 3, 1, 1) + recipe["tex_color"].view(n, 3, 1, 1) * texture.unsqueeze(1)
+    # The hard variant draws the background colours per sample (``var``), not per class.
+    bg_color = var["bg_color"] if "bg_color" in var else recipe["bg_color"]
+    tex_color = var["tex_color"] if "tex_color" in var else recipe["tex_color"]
+    image = bg_color.view(n, 3, 1, 1) + tex_color.view(n, 3, 1, 1) * texture.unsqueeze(1)
 
-    for slot in range(_NUM_SHAPES):
+    for slot in range(recipe["kind"].shape[1]):
         # Shape frame q = R(angle) (p - center) / size, composed with the object frame.
         center = recipe["center"][:, slot] + var["part_shift"][:, slot]
         size = recipe["size"][:, slot] * var["part_scale"][:, slot]
@@ -728,11 +801,12 @@ def _render(recipe: Dict[str, Tensor], var: Dict[str, Tensor], image_size: int, 
         image = image * (1 - alpha) + recipe["color"][:, slot].view(n, 3, 1, 1) * alpha
 
     # Clutter: small random distractors in image coordinates, unrelated to the class.
-    for slot in range(_NUM_CLUTTER):
+    for slot in range(var["clutter_kind"].shape[1]):
         size = var["clutter_size"][:, slot]
         linear = _rotation(var["clutter_angle"][:, slot]) / size.view(n, 1, 1)
         offset = -(linear @ var["clutter_center"][:, slot].unsqueeze(-1)).squeeze(-1)
-        alpha = _shape_alpha(var["clutter_kind"][:, slot], linear, offset, torch.ones(n), size, grid)
+        aspect = var["clutter_aspect"][:, slot] if "clutter_aspect" in var else torch.ones(n)
+        alpha = _shape_alpha(var["clutter_kind"][:, slot], linear, offset, aspect, size, grid)
         alpha = (alpha * var["clutter_on"][:, slot].view(n, 1, 1)).unsqueeze(1)
         image = image * (1 - alpha) + var["clutter_color"][:, slot].view(n, 3, 1, 1) * alpha
 
@@ -783,6 +857,7 @@ def make_synthetic_dataset(
     noise_std: float = 0.06,
     shuffle: bool = True,
     chunk_size: int = 512,
+    difficulty: str = "standard",
 ) -> SyntheticImageDataset:
     """Generate a deterministic in-memory image dataset.
 
@@ -798,10 +873,15 @@ def make_synthetic_dataset(
         noise_std: standard deviation of the additive pixel noise.
         shuffle: order the samples by a seeded permutation (like CIFAR's file order) instead of by class.
         chunk_size: samples rendered per vectorised chunk (bounds memory).
+        difficulty: ``"standard"`` (each class its own colours, three shapes and two distractors) or
+            ``"hard"`` (the CPU proxy benchmark's data: classes share a library of 16 parts and a
+            palette of 10 colours, the background colour is drawn per sample, stronger pose and colour
+            variation, four distractors made of the same parts and colours). Different difficulties
+            give unrelated images for the same class id; ``"standard"`` is unchanged by this option.
 
     Returns:
         A :class:`SyntheticImageDataset`; ``(seed, class_ids, samples_per_class, split, image_size,
-        noise_std, shuffle)`` fully determine its bytes.
+        noise_std, shuffle, difficulty)`` fully determine its bytes.
     """
     if isinstance(class_ids, int) and not isinstance(class_ids, bool):
         class_ids = torch.arange(class_ids)
@@ -816,9 +896,17 @@ def make_synthetic_dataset(
     if image_size < 8:
         raise ValueError(f"image_size must be at least 8 pixels to draw shapes, got {image_size}")
 
+    if difficulty not in ("standard", "hard"):
+        raise ValueError(f"difficulty must be 'standard' or 'hard', got {difficulty!r}")
+
     # Per-class parameter draws (a loop over classes, each drawing all its samples at once).
-    recipes = [_class_recipe(seed, int(c)) for c in ids]
-    variations = [_sample_variation(seed, int(c), split, samples_per_class) for c in ids]
+    if difficulty == "hard":
+        library = _hard_library(seed)
+        recipes = [_hard_class_recipe(seed, int(c), library) for c in ids]
+        variations = [_hard_sample_variation(seed, int(c), split, samples_per_class, library) for c in ids]
+    else:
+        recipes = [_class_recipe(seed, int(c)) for c in ids]
+        variations = [_sample_variation(seed, int(c), split, samples_per_class) for c in ids]
     recipe = {k: torch.stack([r[k] for r in recipes]) for k in recipes[0]}
     sample_class = torch.arange(ids.numel()).repeat_interleave(samples_per_class)
     per_sample_recipe = {k: v[sample_class] for k, v in recipe.items()}
@@ -826,7 +914,8 @@ def make_synthetic_dataset(
     variation = {k: torch.cat([v[k] for v in variations]) for k in variations[0]}
 
     total = int(sample_class.numel())
-    noise_generator = torch.Generator().manual_seed(_derived_seed("synthetic-noise", seed, split, ids.tolist()))
+    noise_key = ("synthetic-noise",) if difficulty == "standard" else ("synthetic-hard-noise",)
+    noise_generator = torch.Generator().manual_seed(_derived_seed(*noise_key, seed, split, ids.tolist()))
     images = torch.empty(total, 3, image_size, image_size, dtype=torch.uint8)
     for start in range(0, total, chunk_size):
         part = slice(start, min(start + chunk_size, total))
@@ -856,6 +945,7 @@ def make_synthetic_train_test(
     seed: int = 0,
     image_size: int = 32,
     noise_std: float = 0.06,
+    difficulty: str = "standard",
 ) -> Tuple[SyntheticImageDataset, SyntheticImageDataset]:
     """A ``(train, test)`` pair of :func:`make_synthetic_dataset` over the same classes, independent samples.
 
@@ -865,7 +955,7 @@ def make_synthetic_train_test(
         pre_train, pre_test = make_synthetic_train_test(upstream_ids, train_per_class=200)
         cl_train, cl_test = make_synthetic_train_test(downstream_ids)
     """
-    common = dict(seed=seed, image_size=image_size, noise_std=noise_std)
+    common = dict(seed=seed, image_size=image_size, noise_std=noise_std, difficulty=difficulty)
     train = make_synthetic_dataset(class_ids, train_per_class, split="train", **common)
     test = make_synthetic_dataset(class_ids, test_per_class, split="test", **common)
     return train, test

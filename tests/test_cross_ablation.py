@@ -23,14 +23,18 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
     printed = capsys.readouterr().out
     rows = json.loads((output / "table.json").read_text())
-    assert len(rows) == 24  # six methods x four variants
+    # six methods x four variants, plus FlyPrompt (router and ensemble built in) as its own row
+    assert len(rows) == 25
     assert {(r["method"], r["variant"]) for r in rows} == {
         (m, v) for m in PAPER_METHODS for v in cross_ablation.ABLATION_VARIANTS
-    }
+    } | {("flyprompt", "full")}
     for row in rows:
         assert 0 <= row["A_auc_mean"] <= 100 and 0 <= row["A_last_mean"] <= 100
-        assert (row["A_auc_delta"] == 0) if row["variant"] == "baseline" else math.isfinite(row["A_auc_delta"])
-    assert printed.count("| synthetic |") == 24
+        if row["variant"] == "full":  # FlyPrompt has no baseline row to differ from
+            assert math.isnan(row["A_auc_delta"])
+        else:
+            assert (row["A_auc_delta"] == 0) if row["variant"] == "baseline" else math.isfinite(row["A_auc_delta"])
+    assert printed.count("| synthetic |") == 25
     assert (output / "curves.png").stat().st_size > 0
     with open(output / "table.csv") as stream:
         csv_rows = list(csv.DictReader(stream))
@@ -125,3 +129,22 @@ def test_torchrun_with_two_gloo_processes_matches_one_process(tmp_path):
         # on these sizes it does not).
         assert [r["correct"] for r in two["log"]["records"]] == [r["correct"] for r in one["log"]["records"]]
         assert two["metrics"] == pytest.approx(one["metrics"], nan_ok=True)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--datasets", "cifar100"], "CIFAR-100 was not found"),
+        (["--pretrained", "true", "--weights", "/nonexistent/vit.safetensors"], "pass --weights"),
+    ],
+)
+def test_missing_data_or_weights_give_one_clear_error(tmp_path, flags, message):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "benchmarks/cross_ablation.py", *REDUCED, "--methods", "l2p", "--variants", "baseline",
+               "--data-root", str(tmp_path / "data"), "--output", str(tmp_path / "out"), *flags]
+    done = subprocess.run(command, cwd=cross_ablation.Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr

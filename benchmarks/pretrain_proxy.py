@@ -1,0 +1,235 @@
+"""Pretrain the CPU proxy backbone: a tiny timm ViT on the *upstream* classes of the hard generated data.
+
+    python benchmarks/pretrain_proxy.py            # the committed checkpoint (about 20-30 min on 2 cores)
+    python benchmarks/pretrain_proxy.py --quick --output /tmp/proxy_vit.safetensors   # a few steps (tests)
+
+The proxy benchmark (``cross_ablation.py --preset proxy``) stands in for the paper's setting -- a
+pretrained, frozen ViT and a continual stream of classes it has never seen -- at a scale a CPU can
+run: classes ``0..U-1`` of ``make_synthetic_dataset(..., difficulty="hard")`` pretrain the backbone
+here, classes ``U..U+D-1`` (disjoint, :func:`benchmarks.data.synthetic_class_split`) form the stream.
+
+Training is deterministic for a given command line and thread count: seeded model initialisation,
+data, shuffling and augmentation, ``torch.use_deterministic_algorithms(True)`` and a fixed number of
+intra-op threads (``--threads``). The result is the backbone *without* its classifier head, saved as
+safetensors (loadable by ``timm.create_model(..., num_classes=0, pretrained=True,
+pretrained_cfg_overlay=dict(file=...))``, the path ``runner.build_backbone`` takes for real weights),
+plus a JSON sidecar with its SHA-256, the command, the model and data settings, the upstream accuracy
+and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+if __package__ in (None, ""):  # run as a script from a checkout: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUTPUT = REPO / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
+#: The proxy backbone: a standard timm VisionTransformer (vit_tiny_patch16_224 family) on 32x32 images.
+MODEL_NAME = "vit_tiny_patch16_224"
+MODEL_KWARGS: Dict[str, Any] = dict(img_size=32, patch_size=8, embed_dim=128, depth=6, num_heads=4)
+#: The proxy data: hard generated images, upstream classes 0..U-1, downstream U..U+D-1.
+DATA_SEED = 0
+NUM_UPSTREAM = 400
+NUM_DOWNSTREAM = 100
+NOISE_STD = 0.06
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--upstream-classes", type=int, default=NUM_UPSTREAM)
+    parser.add_argument("--train-per-class", type=int, default=120)
+    parser.add_argument("--test-per-class", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--weight-decay", type=float, default=0.05)
+    parser.add_argument("--warmup-steps", type=int, default=300)
+    parser.add_argument("--label-smoothing", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initialisation, shuffling and augmentation")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (part of the determinism; 1 is fastest on a shared 2-core box)")
+    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="safetensors file (a .json sidecar goes next to it)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few steps on a few classes (end-to-end check, not a usable backbone)")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def augment(images: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """Per-sample random crop (zero padding ``pad``) and horizontal flip of a normalised float batch."""
+    n, _, h, w = images.shape
+    padded = F.pad(images, (pad, pad, pad, pad))
+    dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
+    dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
+    flip = torch.rand(n, generator=generator) < 0.5
+    rows = (dy.view(n, 1) + torch.arange(h).view(1, h)).view(n, 1, h, 1).expand(n, 3, h, w + 2 * pad)
+    out = padded.gather(2, rows)
+    cols = (dx.view(n, 1) + torch.arange(w).view(1, w)).view(n, 1, 1, w).expand(n, 3, h, w)
+    out = out.gather(3, cols)
+    return torch.where(flip.view(n, 1, 1, 1), out.flip(3), out)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor, batch_size: int = 512) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(targets), batch_size):
+        correct += int((model(images[start:start + batch_size]).argmax(1) == targets[start:start + batch_size]).sum())
+    model.train()
+    return correct / max(len(targets), 1)
+
+
+def backbone_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """The state dict without the classifier head (what ``num_classes=0`` models expect)."""
+    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if not k.startswith("head.")}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    import timm
+    from safetensors.torch import save_file
+
+    from benchmarks.data import make_synthetic_train_test, synthetic_class_split
+
+    if args.quick:
+        args.upstream_classes, args.train_per_class, args.test_per_class = 8, 8, 2
+        args.epochs, args.batch_size, args.warmup_steps = 1, 16, 1
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    started = time.perf_counter()
+
+    upstream, downstream = synthetic_class_split(args.upstream_classes, NUM_DOWNSTREAM)
+    train, test = make_synthetic_train_test(
+        upstream, train_per_class=args.train_per_class, test_per_class=args.test_per_class, seed=DATA_SEED,
+        image_size=MODEL_KWARGS["img_size"], noise_std=NOISE_STD, difficulty="hard",
+    )
+    train_images, train_targets = train.get_batch(torch.arange(len(train)))
+    test_images, test_targets = test.get_batch(torch.arange(len(test)))
+    data_seconds = time.perf_counter() - started
+    print(f"data: {len(train)} train / {len(test)} test images of {args.upstream_classes} upstream classes "
+          f"({data_seconds:.0f} s)", flush=True)
+
+    torch.manual_seed(args.seed)
+    model = timm.create_model(MODEL_NAME, pretrained=False, num_classes=args.upstream_classes, **MODEL_KWARGS)
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
+    steps_per_epoch = math.ceil(len(train) / args.batch_size)
+    total_steps = steps_per_epoch * args.epochs
+
+    def lr_at(step: int) -> float:
+        if step < args.warmup_steps:
+            return args.lr * (step + 1) / args.warmup_steps
+        progress = (step - args.warmup_steps) / max(total_steps - args.warmup_steps, 1)
+        return args.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+    generator = torch.Generator().manual_seed(args.seed)
+    bar = None
+    if not args.no_progress:
+        try:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total_steps, desc="pretrain", mininterval=30)
+        except ImportError:
+            bar = None
+    step, history = 0, []
+    model.train()
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(train), generator=generator)
+        running, seen = 0.0, 0
+        for start in range(0, len(order), args.batch_size):
+            index = order[start:start + args.batch_size]
+            images = augment(train_images[index], generator)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+            loss = F.cross_entropy(model(images), train_targets[index], label_smoothing=args.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            running += loss.item() * len(index)
+            seen += len(index)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(epoch=epoch, loss=f"{running / seen:.3f}")
+        accuracy = evaluate(model, test_images, test_targets)
+        history.append({"epoch": epoch + 1, "train_loss": running / seen, "upstream_test_accuracy": accuracy,
+                        "elapsed_seconds": time.perf_counter() - started})
+        message = (f"epoch {epoch + 1}/{args.epochs}: train loss {running / seen:.3f}, upstream test accuracy "
+                   f"{100 * accuracy:.2f}% ({time.perf_counter() - started:.0f} s)")
+        (bar.write if bar is not None else print)(message)
+    if bar is not None:
+        bar.close()
+    train_accuracy = evaluate(model, train_images[:len(test)], train_targets[:len(test)])
+    wall_seconds = time.perf_counter() - started
+
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    # No safetensors metadata: its header order is not stable across processes (the sidecar has it all).
+    save_file(backbone_state(model), str(output))
+    digest = sha256_file(output)
+    command = "python benchmarks/pretrain_proxy.py" + "".join(f" {shlex.quote(a)}" for a in argv)
+    sidecar = {
+        "file": output.name,
+        "sha256": digest,
+        "bytes": output.stat().st_size,
+        "command": command,
+        "model": MODEL_NAME,
+        "model_kwargs": MODEL_KWARGS,
+        "num_classes": 0,
+        "data": {
+            "generator": "benchmarks.data.make_synthetic_train_test",
+            "difficulty": "hard", "seed": DATA_SEED, "noise_std": NOISE_STD,
+            "image_size": MODEL_KWARGS["img_size"],
+            "upstream_class_ids": [0, args.upstream_classes - 1],
+            "downstream_class_ids": [int(downstream[0]), int(downstream[-1])],
+            "train_per_class": args.train_per_class, "test_per_class": args.test_per_class,
+        },
+        "training": {
+            "epochs": args.epochs, "batch_size": args.batch_size, "optimizer": "AdamW", "lr": args.lr,
+            "weight_decay": args.weight_decay, "warmup_steps": args.warmup_steps, "schedule": "cosine",
+            "label_smoothing": args.label_smoothing, "augmentation": "random crop (pad 4) + horizontal flip",
+            "seed": args.seed, "threads": args.threads, "steps": total_steps,
+        },
+        "history": history,
+        "upstream_test_accuracy": history[-1]["upstream_test_accuracy"] if history else None,
+        "upstream_train_accuracy_subset": train_accuracy,
+        "wall_seconds": wall_seconds,
+        "torch": torch.__version__,
+        "timm": timm.__version__,
+        "quick": args.quick,
+    }
+    output.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
+    print(f"saved {output} ({output.stat().st_size / 2**20:.2f} MiB), upstream test accuracy "
+          f"{100 * sidecar['upstream_test_accuracy']:.2f}%, wall {wall_seconds:.0f} s")
+    print(f"sha256 {digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

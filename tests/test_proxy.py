@@ -1,0 +1,121 @@
+"""The CPU proxy benchmark: hard generated data, the pretraining script, the committed checkpoint, and a
+reduced proxy cross-ablation end to end."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import cross_ablation
+from benchmarks.data import make_synthetic_dataset, make_synthetic_train_test, synthetic_class_split
+from benchmarks.pretrain_proxy import MODEL_KWARGS, MODEL_NAME
+from benchmarks.runner import Protocol, build_backbone
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINT = REPO / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
+SIDECAR = CHECKPOINT.with_suffix(".json")
+
+
+def test_hard_data_is_deterministic_and_differs_from_standard():
+    a = make_synthetic_dataset([400, 401, 402], 5, seed=0, difficulty="hard")
+    b = make_synthetic_dataset([400, 401, 402], 5, seed=0, difficulty="hard")
+    assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+    assert a.images.shape == (15, 3, 32, 32) and a.images.dtype == torch.uint8
+    standard = make_synthetic_dataset([400, 401, 402], 5, seed=0)
+    assert not torch.equal(a.images, standard.images)
+    # A class looks the same whatever other classes are generated with it (disjoint id ranges work).
+    alone = make_synthetic_dataset([401], 6, seed=0, shuffle=False, noise_std=0.0, difficulty="hard")
+    mixed = make_synthetic_dataset([400, 401], 6, seed=0, shuffle=False, noise_std=0.0, difficulty="hard")
+    assert torch.equal(alone.images, mixed.images[6:])
+    with pytest.raises(ValueError):
+        make_synthetic_dataset(2, 2, difficulty="easy")
+
+
+def test_hard_data_defeats_a_pixel_nearest_class_mean():
+    """The standard data are nearly separable on pixels; the hard data are not (chance is 5%)."""
+    _, ids = synthetic_class_split(400, 20)
+
+    def ncm(difficulty):
+        train, test = make_synthetic_train_test(ids, train_per_class=30, test_per_class=10, difficulty=difficulty)
+        x, y = train.get_batch(range(len(train)))
+        xt, yt = test.get_batch(range(len(test)))
+        means = torch.stack([x[y == c].flatten(1).mean(0) for c in range(20)])
+        return float((torch.cdist(xt.flatten(1), means).argmin(1) == yt).float().mean())
+
+    assert ncm("standard") > 0.6
+    assert ncm("hard") < 0.3
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _assert_loads_through_runner(path: Path, model_kwargs) -> None:
+    from safetensors.torch import load_file
+
+    stored = load_file(str(path))
+    assert not any(k.startswith("head.") for k in stored)
+    model = build_backbone(Protocol(model=MODEL_NAME, model_kwargs=dict(model_kwargs), pretrained=True, weights=str(path)))
+    state = model.state_dict()
+    assert set(state) == set(stored)  # strict: every backbone tensor comes from the file, nothing else
+    assert all(torch.equal(state[k], stored[k].to(state[k].dtype)) for k in stored)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, model_kwargs["embed_dim"])
+
+
+def test_pretrain_script_quick_run_writes_a_loadable_checkpoint(tmp_path):
+    output = tmp_path / "proxy.safetensors"
+    command = [sys.executable, str(REPO / "benchmarks" / "pretrain_proxy.py"), "--quick", "--no-progress",
+               "--output", str(output)]
+    finished = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    sidecar = json.loads(output.with_suffix(".json").read_text())
+    assert sidecar["sha256"] == _sha256(output) and sidecar["sha256"] in finished.stdout
+    assert sidecar["command"].startswith("python benchmarks/pretrain_proxy.py --quick")
+    assert sidecar["quick"] is True
+    _assert_loads_through_runner(output, sidecar["model_kwargs"])
+
+
+def test_committed_checkpoint_matches_its_sidecar_and_loads():
+    sidecar = json.loads(SIDECAR.read_text())
+    assert CHECKPOINT.stat().st_size <= 12 * 10**6
+    assert _sha256(CHECKPOINT) == sidecar["sha256"]
+    assert sidecar["quick"] is False and sidecar["model_kwargs"] == MODEL_KWARGS
+    assert sidecar["command"].startswith("python benchmarks/pretrain_proxy.py")
+    _assert_loads_through_runner(CHECKPOINT, MODEL_KWARGS)
+    proxy = cross_ablation.PRESETS["proxy"]["protocol"]
+    assert Path(proxy.weights) == CHECKPOINT and proxy.model_kwargs == MODEL_KWARGS
+
+
+def test_reduced_proxy_cross_ablation_end_to_end(tmp_path):
+    """The proxy preset (pretrained checkpoint, hard downstream classes) on a few hundred samples."""
+    output = tmp_path / "proxy"
+    argv = ["--preset", "proxy", "--seeds", "1", "--methods", "dualprompt,flyprompt", "--variants", "baseline,both",
+            "--synthetic-classes", "20", "--synthetic-train-per-class", "12", "--synthetic-test-per-class", "3",
+            "--eval-period", "120", "--online-iter", "1", "--expansion-dim", "128", "--no-progress",
+            "--output", str(output)]
+    assert cross_ablation.main(argv) == 0
+    rows = json.loads((output / "table.json").read_text())
+    assert {(r["method"], r["variant"]) for r in rows} == {
+        ("dualprompt", "baseline"), ("dualprompt", "both"), ("flyprompt", "full")}
+    run = json.loads((output / "runs" / "synthetic" / "flyprompt" / "full" / "seed1.json").read_text())
+    assert run["stream_length"] == 240 and run["protocol"]["weights"] == str(CHECKPOINT)
+    assert all(0 <= r["A_auc_mean"] <= 100 for r in rows)
+    protocol = json.loads((output / "protocol.json").read_text())
+    assert protocol["preset"] == "proxy"
+
+
+def test_proxy_presets_cover_the_issue_protocol():
+    proxy, short = cross_ablation.PRESETS["proxy"], cross_ablation.PRESETS["proxy-short"]
+    assert proxy["methods"] == ["l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt"]
+    assert proxy["seeds"] == [1, 2, 3] and len(short["seeds"]) == 1
+    p = proxy["protocol"]
+    assert (p.num_sessions, p.disjoint_ratio, p.blurry_ratio) == (5, 0.5, 0.1)
+    assert proxy["synthetic"]["num_classes"] == 100 and proxy["synthetic"]["difficulty"] == "hard"
+    assert proxy["synthetic"]["class_offset"] == json.loads(SIDECAR.read_text())["data"]["upstream_class_ids"][1] + 1
+    assert cross_ablation.build_parser().parse_args([]).preset == "proxy-short"
