@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._core import Retrofit, Schedule, SeamError, missing_seam, set_instance_attribute
-from .generic import default_query, find_head, make_wiring, reference_or_none
+from .generic import default_query, find_head, make_wiring, reference_or_none, task_count_starter
 from .l2p import jhlee_prompt_module, slice_layout, wire_jhlee
 
 __all__ = ["retrofit", "merge_groups"]
@@ -126,12 +126,7 @@ def _wire_siblurry(
             "which the head ensemble cannot see; use ensemble=False or the generic adapter with your own transform"
         )
 
-    def method_start(expert: int) -> None:
-        if start_expert is not None:
-            start_expert(expert)
-        elif hasattr(model, "process_task_count") and hasattr(model, "task_count"):
-            while int(model.task_count) < expert:
-                model.process_task_count()
+    method_start = task_count_starter(model, start_expert)
 
     wiring = make_wiring(
         model, "dualprompt", classifier=getattr(head_owner, head_name), num_experts=num_experts, num_banks=pool,

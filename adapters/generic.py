@@ -358,6 +358,20 @@ def default_query(output: Any) -> Tensor:
     )
 
 
+def task_count_starter(model: nn.Module, start_expert: Optional[Callable[[int], None]]) -> Callable[[int], None]:
+    """Expert start of the Si-Blurry / MISA / FlyGCL family: the user's ``start_expert`` if given, else
+    ``model.process_task_count()`` until ``model.task_count`` reaches the expert (idempotent)."""
+
+    def method_start(expert: int) -> None:
+        if start_expert is not None:
+            start_expert(expert)
+        elif hasattr(model, "process_task_count") and hasattr(model, "task_count"):
+            while int(model.task_count) < expert:
+                model.process_task_count()
+
+    return method_start
+
+
 def reference_or_none(
     model: Any, family: str, num_experts: Optional[int], upstream_only: Dict[str, Any], **common: Any
 ) -> Optional[Retrofit]:

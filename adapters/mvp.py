@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._core import Retrofit, Schedule, SeamError, missing_seam, set_instance_attribute
-from .generic import ensemble_scores, find_head, make_wiring, reference_or_none
+from .generic import ensemble_scores, find_head, make_wiring, reference_or_none, task_count_starter
 
 __all__ = ["retrofit"]
 
@@ -121,12 +121,7 @@ def retrofit(
     if query_index < 0:
         raise SeamError("fly_modules.adapters.mvp: the backbone has too few blocks for MVP's query pass")
 
-    def method_start(expert: int) -> None:
-        if start_expert is not None:
-            start_expert(expert)
-        elif hasattr(model, "process_task_count") and hasattr(model, "task_count"):
-            while int(model.task_count) < expert:
-                model.process_task_count()
+    method_start = task_count_starter(model, start_expert)
 
     wiring = make_wiring(
         model, "mvp", classifier=getattr(head_owner, head_name), num_experts=pool, num_banks=pool,
