@@ -21,13 +21,6 @@ VARIANTS = {"baseline": (False, False), "router": (True, False), "ensemble": (Fa
 SMALL_ROUTER = dict(expansion_dim=128, ridge=1e-2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def make_vit(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)

@@ -28,13 +28,6 @@ ROUTER = dict(expansion_dim=128, ridge=1e-4)
 VARIANTS = {"baseline": (False, False), "router": (True, False), "ensemble": (False, True), "both": (True, True)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def vit(num_classes: int = 0, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)

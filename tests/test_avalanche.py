@@ -41,13 +41,6 @@ METHOD_KWARGS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def scenario():

@@ -26,14 +26,6 @@ TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=6, num_heads=2)
 FAST_CA = dict(ca_samples_per_class=8, ca_steps=5, ca_batch_size=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny tensors: one intra-op thread is fastest and robust on a shared 2-core machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def tiny_vit(seed: int = 0, **kwargs) -> VisionTransformer:
     torch.manual_seed(seed)

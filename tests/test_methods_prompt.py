@@ -22,14 +22,6 @@ VIT_KW = dict(img_size=32, patch_size=8, embed_dim=EMBED, depth=DEPTH, num_heads
 METHODS = ["l2p", "dualprompt", "misa", "mvp", "flyprompt"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny matmuls on a shared 2-core machine are far faster on one thread (no OpenMP contention).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def make_vit(seed: int = 0, **overrides: Any) -> nn.Module:
     torch.manual_seed(seed)
