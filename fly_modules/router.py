@@ -8,10 +8,13 @@ all-reduce across processes gives the same ``W`` as one batch fit on all the dat
 
 Implementation notes (why the code looks the way it does):
 
-* ``G`` is symmetric, so ``update`` writes only its *block lower triangle* (the diagonal blocks in
-  full, the blocks left of them, nothing above): 56% of the memory traffic and flops of a dense
-  ``addmm`` with the default 8 row panels. Cholesky (``torch.linalg.cholesky_ex``) and ``eigh`` read only the lower triangle, so
-  nothing ever needs the upper part; ``gram()`` returns the full symmetric matrix when asked.
+* ``G`` is symmetric, so only its lower triangle is meaningful. ``update`` adds ``phi^T phi`` in row
+  panels of ``_PANEL_ROWS`` rows, each panel only as far right as its own diagonal block: 53% of the
+  flops of a dense ``addmm`` at M = 10,000 (a batch of 64 makes the GEMM compute-bound on a CPU, so
+  flops are the cost). Whatever the panels leave above the diagonal is never read: Cholesky
+  (``torch.linalg.cholesky_ex``), ``eigh`` and the refinement's products use the lower triangle only,
+  so the panel height is a tuning knob, not part of the checkpoint format; ``gram_matrix()`` returns
+  the full symmetric matrix.
 * The statistics are accumulated in float64 by default: at M = 10,000 the entries of ``G`` reach
   1e4-1e8 after tens of thousands of samples while the ridge is 1e4, and float32 sums lose the
   digits the ridge is meant to regularise (the reference accumulates and solves in float32).
@@ -39,11 +42,12 @@ __all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError"]
 
 _ACTIVATIONS = ("relu", "identity")
 _SOLVERS = ("auto", "mixed", "cholesky", "eigh")
-# G is updated in row panels: panel i adds phi_i^T phi[:, :end_i], so the blocks above the diagonal are
-# skipped. 8 panels touch 56% of the matrix; more panels touch less but each GEMM is a synchronisation
-# point of the BLAS threads, and on a loaded machine (or a GPU, one launch each) fewer, larger GEMMs win.
-_PANELS = 8
-_MIN_PANEL = 256
+# G is updated in row panels of _PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], so of the blocks
+# above the diagonal only the panels' own diagonal blocks are computed, a fraction 1/2 + rows/(2M) of the
+# dense flops (53% at M = 10,000). Lower panels waste fewer flops but each GEMM is narrower and is a
+# synchronisation point of the BLAS threads; 512 rows measured best on 2-core AVX-512 CPUs
+# (benchmarks/bench_router.py prints the kernel ratio).
+_PANEL_ROWS = 512
 
 
 class RouterSolveError(RuntimeError):
@@ -137,8 +141,8 @@ class AnalyticRouter(nn.Module):
 
     Attributes:
         expansion: the :class:`RandomExpansion` (buffer ``expansion.weight``, ``(M, in_features)``).
-        gram: buffer ``(M, M)`` in ``stats_dtype``; the block lower triangle of ``G`` (entries above
-            the diagonal blocks stay zero; see :meth:`gram_matrix`).
+        gram: buffer ``(M, M)`` in ``stats_dtype``; its lower triangle is ``G``'s, the entries above
+            the diagonal are unspecified and never read (see :meth:`gram_matrix`).
         cross: buffer ``(M, num_experts)`` in ``stats_dtype``; ``Q``.
         counts: buffer ``(num_experts,)`` long; samples accumulated per expert.
         ridge_: the ridge used by the last solve (the chosen value when ``ridge="auto"``).
@@ -274,7 +278,8 @@ class AnalyticRouter(nn.Module):
         )
         phi = self.expansion(features)
         _accumulate_block_lower_gram(self.gram, phi)
-        self.cross.index_add_(1, ids, phi.t())
+        # One-hot GEMM rather than index_add_: half the time on CPU, deterministic on CUDA (no atomics).
+        self.cross.addmm_(phi.t(), F.one_hot(ids, self.num_experts).to(phi.dtype))
         self.counts += torch.bincount(ids, minlength=self.num_experts)
         self._mark_stale()
 
@@ -305,8 +310,8 @@ class AnalyticRouter(nn.Module):
         self._mark_stale()
 
     def gram_matrix(self) -> Tensor:
-        """The full symmetric ``G`` (a new tensor; the buffer holds only its block lower triangle)."""
-        return _symmetrize_block_lower(self.gram)
+        """The full symmetric ``G`` (a new tensor; only the lower triangle of the ``gram`` buffer is meaningful)."""
+        return _symmetrize_lower(self.gram)
 
     def _mark_stale(self) -> None:
         self._stats_version += 1
@@ -414,29 +419,27 @@ def _check_ridge(ridge: Union[float, str]) -> Union[float, str]:
 
 
 def _blocks(m: int) -> List[Tuple[int, int]]:
-    step = max(_MIN_PANEL, -(-m // _PANELS))
-    return [(start, min(start + step, m)) for start in range(0, m, step)]
+    return [(start, min(start + _PANEL_ROWS, m)) for start in range(0, m, _PANEL_ROWS)]
 
 
 def _accumulate_block_lower_gram(gram: Tensor, phi: Tensor) -> None:
-    """``gram += phi^T phi`` on the diagonal blocks and the blocks left of them only."""
+    """Add ``phi^T phi`` to the lower triangle of ``gram`` (plus, harmlessly, the panels' diagonal blocks)."""
     for start, stop in _blocks(gram.shape[0]):
         gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
 
 
-def _symmetrize_block_lower(gram: Tensor) -> Tensor:
-    lower = torch.tril(gram)
-    return lower + torch.tril(gram, -1).t()
+def _symmetrize_lower(block: Tensor) -> Tensor:
+    """The symmetric matrix whose lower triangle is ``block``'s (the upper triangle is never read)."""
+    return torch.tril(block) + torch.tril(block, -1).mT
 
 
 def _symmetric_matmul(gram: Tensor, x: Tensor) -> Tensor:
-    """``G @ x`` from the block-lower storage of ``G`` without materialising the full matrix."""
+    """``G @ x`` from the lower triangle of ``gram`` without materialising the full matrix."""
     out = torch.zeros_like(x)
     for start, stop in _blocks(gram.shape[0]):
-        diagonal = gram[start:stop, start:stop]
-        # The diagonal blocks are stored in full, the blocks left of them once for both triangles.
-        out[start:stop] += diagonal @ x[start:stop]
+        out[start:stop] += _symmetrize_lower(gram[start:stop, start:stop]) @ x[start:stop]
         if start:
+            # Strictly below the diagonal: stored once for both triangles.
             left = gram[start:stop, :start]
             out[start:stop] += left @ x[:start]
             out[:start] += left.t() @ x[start:stop]
@@ -457,8 +460,8 @@ def _cholesky_factor(gram: Tensor, ridge: float, dtype: torch.dtype) -> Tuple[Te
     """Lower Cholesky factor of ``G + ridge I`` in ``dtype``, in one copy of G (the factor's lower triangle).
 
     LAPACK factorises column-major matrices in place; the transposed view of a row-major copy is one,
-    so factorising it as *upper* (its upper triangle is the copy's lower triangle, the only part the
-    block-lower storage fills) needs no second M x M buffer (``cholesky_ex(system, out=system)`` on the
+    so factorising it as *upper* (its upper triangle is the copy's lower triangle, the only meaningful
+    part of the statistics) needs no second M x M buffer (``cholesky_ex(system, out=system)`` on the
     row-major copy would make one internally).
     """
     system = gram.to(dtype=dtype, copy=True)
@@ -497,10 +500,10 @@ def _solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, solver: str) -> T
 
 
 def _symmetric_abs_row_sums(gram: Tensor) -> Tensor:
-    """Row sums of ``|G|`` (the infinity norm's ingredients) from the block-lower storage."""
+    """Row sums of ``|G|`` (the infinity norm's ingredients) from the lower triangle of ``gram``."""
     sums = gram.new_zeros(gram.shape[0])
     for start, stop in _blocks(gram.shape[0]):
-        sums[start:stop] += gram[start:stop, start:stop].abs().sum(dim=1)
+        sums[start:stop] += _symmetrize_lower(gram[start:stop, start:stop]).abs().sum(dim=1)
         if start:
             left = gram[start:stop, :start].abs()
             sums[start:stop] += left.sum(dim=1)

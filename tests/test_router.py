@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import io
+import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -45,8 +47,14 @@ def clustered(n: int, d: int, experts: int, seed: int = 0):
     log_ridge=st.floats(-1, 3),
     per_sample=st.booleans(),
     solver=st.sampled_from(["auto", "cholesky", "eigh"]),
+    panel_rows=st.sampled_from([512, 64, 5]),
 )
-def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, per_sample, solver):
+def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, per_sample, solver, panel_rows):
+    with mock.patch.object(router_module, "_PANEL_ROWS", panel_rows):
+        check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver)
+
+
+def check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver):
     ridge = 10.0**log_ridge
     features, ids = clustered(n, d, experts, seed=data.draw(st.integers(0, 2**16)))
     router = AnalyticRouter(d, experts, expansion_dim=m, ridge=ridge, solver=solver, seed=data.draw(st.integers(0, 99)))
@@ -67,20 +75,49 @@ def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, 
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6 * np.abs(expected).max())
 
 
-def test_block_lower_storage_crosses_block_boundaries(monkeypatch):
-    monkeypatch.setattr(router_module, "_MIN_PANEL", 5)  # 23 rows -> panels of 5
+def test_panelled_update_crosses_panel_boundaries(monkeypatch):
+    monkeypatch.setattr(router_module, "_PANEL_ROWS", 5)  # 23 rows -> panels of 5
     features, ids = clustered(40, 6, 3)
     router = AnalyticRouter(6, 3, expansion_dim=23, ridge=0.5)
     router.update(features[:17], ids[:17])
     router.update(features[17:], ids[17:])
     phi = router.expansion(features.double())
     torch.testing.assert_close(router.gram_matrix(), phi.t() @ phi, rtol=1e-12, atol=1e-9)
-    assert torch.count_nonzero(torch.triu(router.gram, 5)) == 0  # nothing stored above the diagonal blocks
+    assert torch.count_nonzero(torch.triu(router.gram, 5)) == 0  # nothing computed above the panels' diagonal blocks
     expected = reference_solution(router, features, ids, 0.5)
     for solver in ("mixed", "cholesky", "eigh"):
         router.solver = solver
         router._mark_stale()
         np.testing.assert_allclose(router.weight.t().numpy(), expected, rtol=1e-6, atol=1e-9)
+
+
+def test_only_the_lower_triangle_of_the_statistics_is_read(monkeypatch):
+    """The panel height is a tuning knob, not a storage format: statistics accumulated with other panels
+    (an older checkpoint, another device) and garbage above the diagonal give the same answers."""
+    features, ids = clustered(60, 6, 3)
+    reference = AnalyticRouter(6, 3, expansion_dim=40, ridge=0.5)
+    reference.update(features, ids)
+    monkeypatch.setattr(router_module, "_PANEL_ROWS", 7)
+    router = AnalyticRouter(6, 3, expansion_dim=40, ridge=0.5)
+    router.update(features[:30], ids[:30])
+    monkeypatch.setattr(router_module, "_PANEL_ROWS", 3)
+    router.load_state_dict(router.state_dict())
+    router.update(features[30:], ids[30:])
+    with torch.no_grad():
+        upper = torch.ones_like(router.gram, dtype=torch.bool).triu(1)
+        router.gram.masked_fill_(upper, float("nan"))  # any read of the upper triangle would show
+    torch.testing.assert_close(router.gram_matrix(), reference.gram_matrix(), rtol=1e-12, atol=1e-9)
+    expected = reference_solution(router, features, ids, 0.5)
+    for solver in ("mixed", "cholesky", "eigh"):
+        router.solver = solver
+        router._mark_stale()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no silent fallback from mixed precision to float64
+            np.testing.assert_allclose(router.weight.t().numpy(), expected, rtol=1e-6, atol=1e-9)
+        assert router.solver_ == solver
+    router.ridge = "auto"
+    router._mark_stale()
+    assert torch.isfinite(router.weight).all()
 
 
 def test_mixed_precision_solver_reaches_float64_accuracy():
