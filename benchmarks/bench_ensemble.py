@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Micro-benchmark of :class:`fly_modules.ensemble.TemporalEnsembleHead` inference on the CPU.
 
-Ours: ``TemporalEnsembleHead.forward(features, expert_ids, logit_mask)``, i.e. one batched matmul
-over every expert's EMA bank, a gather of each sample's expert, the logit mask and the aggregation.
+Ours: ``TemporalEnsembleHead.forward(features, expert_ids, logit_mask)``, i.e. on the CPU one matmul
+per routed expert over its own samples (all its EMA copies at once), the logit mask and the
+aggregation, with no per-sample loop.
 
 Reference approach (re-implemented from reference-protocol.md sections 3.6 and 6.1, ``forward_with_ema``):
 every expert owns separate ``nn.Linear`` EMA heads; a Python loop over the samples applies the online

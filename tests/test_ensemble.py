@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from fly_modules import AGGREGATION_RULES, TemporalEnsembleHead, aggregate_logits, seen_class_mask
+from fly_modules import ensemble as ensemble_module
 
 
 def make_head(d=6, c=5, bias=True, seed=0):
@@ -43,9 +44,12 @@ def naive_scores(ensemble: TemporalEnsembleHead, features, ids, mask, rule):
     return torch.stack(rows)
 
 
+@pytest.mark.parametrize("strategy", ["grouped_by_expert", "all_experts"])
 @pytest.mark.parametrize("rule", AGGREGATION_RULES)
 @pytest.mark.parametrize("bias", [True, False])
-def test_batched_inference_equals_per_sample_reference(rule, bias):
+def test_batched_inference_equals_per_sample_reference(rule, bias, strategy, monkeypatch):
+    if strategy == "all_experts":  # the strategy used off the CPU, exercised here on the CPU
+        monkeypatch.setattr(ensemble_module, "_copies_grouped_by_expert", ensemble_module._copies_all_experts)
     ensemble = TemporalEnsembleHead(make_head(bias=bias), 3, decays=(0.5, 0.9, 0.99), aggregate=rule)
     optimizer = torch.optim.SGD(ensemble.online.parameters(), lr=0.5)
     for expert in range(3):
@@ -61,6 +65,21 @@ def test_batched_inference_equals_per_sample_reference(rule, bias):
     got = ensemble(features, ids, mask)
     expected = naive_scores(ensemble, features, ids, mask, rule)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_expert_copy_strategies_agree_with_absent_experts_and_pass_gradients():
+    generator = torch.Generator().manual_seed(3)
+    bank = torch.randn(6, 2, 5, 7, generator=generator)
+    ids = torch.tensor([4, 0, 4, 2, 0, 4, 2])  # experts 1, 3 and 5 absent, samples unsorted
+    features = torch.randn(7, 7, generator=generator, requires_grad=True)
+    grouped = ensemble_module._copies_grouped_by_expert(features, bank, ids)
+    every = ensemble_module._copies_all_experts(features, bank, ids)
+    expected = torch.einsum("dck,nk->ndc", bank[ids[0]], features[:1])
+    torch.testing.assert_close(grouped[:1], expected)
+    torch.testing.assert_close(grouped, every)
+    (gradient,) = torch.autograd.grad(grouped.sum(), features)
+    (gradient_every,) = torch.autograd.grad(every.sum(), features)
+    torch.testing.assert_close(gradient, gradient_every)
 
 
 def test_ema_follows_closed_form_for_the_active_expert_only():
