@@ -44,7 +44,7 @@ _ACTIVATIONS = ("relu", "identity")
 _SOLVERS = ("auto", "mixed", "cholesky", "eigh")
 # G is updated in row panels of _PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], so of the blocks
 # above the diagonal only the panels' own diagonal blocks are computed, a fraction 1/2 + rows/(2M) of the
-# dense flops (53% at M = 10,000). Lower panels waste fewer flops but each GEMM is narrower and is a
+# dense flops (53% at M = 10,000). Shorter panels waste fewer flops but each GEMM is smaller and is a
 # synchronisation point of the BLAS threads; 512 rows measured best on 2-core AVX-512 CPUs
 # (benchmarks/bench_router.py prints the kernel ratio).
 _PANEL_ROWS = 512
