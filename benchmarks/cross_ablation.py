@@ -421,6 +421,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if world > 1:
         import torch.distributed as dist
 
+        dist.barrier()  # torch < 2.8 with gloo can deadlock in destroy_process_group without it
         dist.destroy_process_group()
     if not lead:
         return 0

@@ -44,6 +44,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             {"reduced": reduced.state_dict(), "gathered": gathered.state_dict(), "ids": local_ids},
             os.path.join(out_dir, f"rank{rank}.pt"),
         )
+        dist.barrier()  # see the note in fly_modules/distributed.py: torch < 2.8 can hang in destroy otherwise
     finally:
         dist.destroy_process_group()
 
