@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-timm = pytest.importorskip("timm")
+pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule  # noqa: E402
@@ -31,7 +31,9 @@ VARIANTS = {"baseline": (False, False), "router": (True, False), "ensemble": (Fa
 
 def vit(num_classes: int = 0, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=num_classes, **VIT_KW)
+    # The class itself rather than create_model: timm 0.6.12 (the official FlyPrompt pin) cannot
+    # override a registered model's patch size, and these tests also run there.
+    model = VisionTransformer(num_classes=num_classes, **VIT_KW)
     return model.requires_grad_(False).eval()
 
 
