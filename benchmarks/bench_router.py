@@ -30,6 +30,7 @@ if str(_ROOT) not in sys.path:  # benchmarks/ is run from a checkout, never inst
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import gc  # noqa: E402
+import inspect  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
@@ -195,7 +196,9 @@ def memory_child(method: str, stats_file: str, ridge: float) -> None:
     Prints one JSON line: the resident set just before the solve, its peak during the solve (after
     resetting the high-water mark) and the size of G.
     """
-    state = torch.load(stats_file, mmap=True, weights_only=True)
+    # mmap (torch >= 2.1) maps the file rather than reading it; the peak is reset after loading either way.
+    mapped = {"mmap": True} if "mmap" in inspect.signature(torch.load).parameters else {}
+    state = torch.load(stats_file, weights_only=True, **mapped)
     width, dim = state["expansion.weight"].shape
     experts = state["cross"].shape[1]
     # Library warm-up on a tiny system so one-time LAPACK/allocator set-up is not counted.
@@ -207,13 +210,13 @@ def memory_child(method: str, stats_file: str, ridge: float) -> None:
         router = AnalyticRouter(dim, experts, expansion_dim=width, ridge=ridge, solver="auto")
         router.load_state_dict(state)
         del state
-        gram_bytes = router.gram.nbytes
+        gram_bytes = router.gram.numel() * router.gram.element_size()
         run = router.solve
     else:
         gram = full_symmetric(state["gram"])
         cross = state["cross"].clone()
         del state
-        gram_bytes = gram.nbytes
+        gram_bytes = gram.numel() * gram.element_size()
         solve = reference_lu_solve if method == "lu" else reference_inv_solve
         run = lambda: solve(gram, cross, ridge)  # noqa: E731
     gc.collect()

@@ -21,6 +21,7 @@ Deliberate differences from the reference loop (each one keeps a number comparab
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import time
@@ -253,7 +254,9 @@ def run(
                 module.process_group = active
 
     amp = protocol.amp and device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", enabled=amp)
+    scaler = _grad_scaler(amp)
+    # amp is CUDA-only; torch < 2.1 rejects a float16 CPU autocast even when it is disabled.
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.float16)) if amp else contextlib.nullcontext
     augment = train.train_transform if protocol.augment else None
     seen_mask_training = getattr(model, "train_logit_mask", "batch") == "seen"
     log = EvaluationLog(meta={"spec": asdict(spec), "lr": lr})
@@ -312,7 +315,7 @@ def run(
         first_output = None
         for _ in range(protocol.online_iter):
             images = augment(raw).to(device) if augment else clean
-            with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+            with autocast():
                 output = model(images)
                 loss = model.loss(output, targets, mask)
             optimizer.zero_grad(set_to_none=True)
@@ -363,3 +366,10 @@ def run(
         "device": str(device),
         "notes": "MISA without pretrained prompts (uniform init)" if spec.method == "misa" and not protocol.misa_prompts else "",
     }
+
+
+def _grad_scaler(enabled: bool) -> Any:
+    """A CUDA GradScaler: ``torch.amp.GradScaler`` (torch >= 2.3), else the older ``torch.cuda.amp`` one."""
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda", enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled)
