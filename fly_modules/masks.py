@@ -28,7 +28,8 @@ def class_mask(
         )
     device = classes.device if device is None else device
     mask = torch.full((num_classes,), float("-inf"), dtype=dtype, device=device)
-    mask[classes.reshape(-1).to(device)] = 0
+    # long indices: a uint8 index tensor would be read as a boolean mask
+    mask[classes.reshape(-1).to(device=device, dtype=torch.long)] = 0
     return mask
 
 

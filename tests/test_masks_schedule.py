@@ -15,6 +15,8 @@ def test_masks():
     assert seen_class_mask(2, 4).tolist() == [0, 0, INF, INF]
     assert seen_class_mask(0, 2).tolist() == [INF, INF]
     assert class_mask(torch.tensor([0]), 2, dtype=torch.float64).dtype == torch.float64
+    for dtype in (torch.uint8, torch.int16, torch.int32):  # uint8 must not be read as a boolean mask
+        assert batch_seen_class_mask(torch.tensor([3, 1, 3], dtype=dtype), 5).tolist() == [INF, 0, INF, 0, INF]
     with pytest.raises(ValueError, match=r"\[0, 5\)"):
         batch_seen_class_mask(torch.tensor([5]), 5)
     with pytest.raises(TypeError, match="integer tensor"):
