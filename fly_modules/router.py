@@ -201,7 +201,7 @@ class AnalyticRouter(nn.Module):
         self.register_buffer("counts", torch.zeros(num_experts, device=device, dtype=torch.long))
         self.register_buffer("_solution", None, persistent=False)
         self._stats_version = 0
-        self._solution_version = -1
+        self._solution_key: Optional[Tuple[int, ...]] = None
         self.ridge_: Optional[float] = None
         self.solver_: Optional[str] = None
         #: ``torch.distributed`` group whose processes' batches ``update`` gathers (``None``: local only).
@@ -242,10 +242,12 @@ class AnalyticRouter(nn.Module):
         no samples, so its ridge weights are exactly zero.
         """
         _check_positive_int("count", count, owner="AnalyticRouter.add_expert")
+        fresh = self._solution is not None and self._solution_key == self._statistics_key()
         self.cross = torch.cat([self.cross, self.cross.new_zeros(self.cross.shape[0], count)], dim=1)
         self.counts = torch.cat([self.counts, self.counts.new_zeros(count)])
-        if self._solution is not None:
+        if fresh:
             self._solution = torch.cat([self._solution, self._solution.new_zeros(self._solution.shape[0], count)], 1)
+            self._solution_key = self._statistics_key()
         return self.num_experts - 1
 
     def _grow_to(self, num_experts: int) -> None:
@@ -277,6 +279,15 @@ class AnalyticRouter(nn.Module):
             expert_ids, features.shape[0], self.num_experts, owner="AnalyticRouter.update", device=self.gram.device
         )
         phi = self.expansion(features)
+        # Finite features can still overflow the statistics once cast and expanded; reject the batch
+        # before anything is added (each entry of G grows by at most N * max|phi|^2 here).
+        peak = float(phi.abs().amax())
+        if not peak * peak * phi.shape[0] < torch.finfo(phi.dtype).max:
+            raise ValueError(
+                f"AnalyticRouter.update: the expanded features overflow {phi.dtype} (largest |phi| = {peak:.3g} "
+                f"for a batch of {phi.shape[0]}); scale the features down"
+                + (" or use stats_dtype=torch.float64" if phi.dtype != torch.float64 else "")
+            )
         _accumulate_block_lower_gram(self.gram, phi)
         # One-hot GEMM rather than index_add_: half the time on CPU, deterministic on CUDA (no atomics).
         self.cross.addmm_(phi.t(), F.one_hot(ids, self.num_experts).to(phi.dtype))
@@ -316,6 +327,14 @@ class AnalyticRouter(nn.Module):
     def _mark_stale(self) -> None:
         self._stats_version += 1
 
+    def _statistics_key(self) -> Tuple[int, ...]:
+        """Changes whenever the statistics may have: our own updates, and any in-place write to a
+        buffer (e.g. a user's own ``dist.all_reduce(router.gram)``) or replacement of one."""
+        key = [self._stats_version]
+        for tensor in (self.gram, self.cross, self.counts, self.expansion.weight):
+            key += [id(tensor), _version_counter(tensor)]
+        return tuple(key)
+
     def _check_same_expansion(self, other: "AnalyticRouter") -> None:
         mine, theirs = self.expansion, other.expansion
         layout = (mine.in_features, mine.out_features, mine.activation)
@@ -345,12 +364,12 @@ class AnalyticRouter(nn.Module):
             solution, solver = _solve_cholesky(self.gram, self.cross, float(self.ridge), self.solver)
             ridge = float(self.ridge)
         self._solution = solution
-        self._solution_version = self._stats_version
+        self._solution_key = self._statistics_key()
         self.ridge_, self.solver_ = ridge, solver
         return solution
 
     def _solve_if_stale(self) -> Tensor:
-        if self._solution is None or self._solution_version != self._stats_version:
+        if self._solution is None or self._solution_key != self._statistics_key():
             return self.solve()
         return self._solution
 
@@ -374,6 +393,17 @@ class AnalyticRouter(nn.Module):
         return scores.argmax(dim=1)
 
     # ---------------------------------------------------------------------------- persistence
+    def _apply(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # A parent's .half() / .bfloat16() must not round G: the solve needs float32 at least. Device
+        # moves and float32 <-> float64 casts apply as usual (the features are cast on input anyway).
+        def keep_solvable_precision(tensor: Tensor) -> Tensor:
+            moved = fn(tensor)
+            if tensor.is_floating_point() and moved.dtype not in (torch.float32, torch.float64):
+                return tensor.to(device=moved.device)
+            return moved
+
+        return super()._apply(keep_solvable_precision, *args, **kwargs)
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # Q and the counts grow with the experts: resize to the checkpoint's expert count before the
         # default loader compares shapes, so a fresh router can resume any checkpoint.
@@ -395,6 +425,14 @@ class AnalyticRouter(nn.Module):
 
 
 # ====================================================================================== kernels
+def _version_counter(tensor: Tensor) -> int:
+    """The tensor's in-place version counter (-1 for inference tensors, which have none)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -1
+
+
 def _check_positive_int(name: str, value: Any, *, owner: str, allow_zero: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__}")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from torch import nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -163,6 +164,11 @@ def test_solution_is_cached_until_statistics_change(monkeypatch):
     router.update(features[:3], 0)
     router(features)
     assert len(calls) == 2
+    scores = router(features)
+    with torch.no_grad():
+        router.cross.mul_(2.0)  # e.g. a user's own dist.all_reduce(router.cross): in place, not through us
+    torch.testing.assert_close(router(features), 2 * scores)  # W is linear in Q
+    assert len(calls) == 3
 
 
 def test_route_never_picks_an_expert_without_samples():
@@ -256,6 +262,31 @@ def test_to_dtype_and_float32_statistics():
     converted = copy.deepcopy(router64).to(torch.float32)
     assert converted.gram.dtype == torch.float32
     torch.testing.assert_close(converted(features).double(), router64(features), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cast", [torch.float16, torch.bfloat16])
+def test_half_precision_casts_keep_the_statistics_solvable(cast):
+    """A parent model's .half() must not round G (the solve needs float32 at least)."""
+    features, ids = clustered(40, 4, 2)
+    router = AnalyticRouter(4, 2, expansion_dim=20, ridge=1.0)
+    router.update(features, ids)
+    expected = router(features)
+    parent = nn.Sequential(nn.Linear(4, 4), router).to(cast)
+    assert parent[0].weight.dtype == cast
+    assert {router.gram.dtype, router.cross.dtype, router.expansion.weight.dtype} == {torch.float64}
+    torch.testing.assert_close(router(features.to(cast)), router.expansion(features.to(cast)) @ router.solve())
+    torch.testing.assert_close(router(features), expected)
+
+
+@pytest.mark.parametrize("stats_dtype, scale", [(torch.float32, 1e30), (torch.float64, 1e200)])
+def test_features_that_overflow_the_statistics_are_rejected(stats_dtype, scale):
+    router = AnalyticRouter(3, 2, expansion_dim=10, ridge=1.0, stats_dtype=stats_dtype)
+    router.update(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
+    before = {k: v.clone() for k, v in router.state_dict().items()}
+    with pytest.raises(ValueError, match="overflow"):
+        router.update(torch.full((2, 3), scale, dtype=torch.float64), 0)  # finite as given
+    for key, value in router.state_dict().items():
+        assert torch.equal(value, before[key]), key
 
 
 def test_same_seed_same_expansion_and_other_seed_differs():
