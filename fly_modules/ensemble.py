@@ -225,7 +225,8 @@ class TemporalEnsembleHead(nn.Module):
             self.num_updates[self.active_expert] += 1
             return
         if not isinstance(experts, Tensor):
-            experts = torch.as_tensor(experts, dtype=torch.long)
+            experts = torch.as_tensor(experts)  # no dtype: 1.9 or True must fail the id check, not truncate
+            experts = experts.long() if experts.numel() == 0 else experts
         ids = check_expert_ids(
             experts.reshape(-1), experts.numel(), self.num_experts, owner="TemporalEnsembleHead.update",
             device=self.ema_weight.device,
@@ -284,6 +285,19 @@ class TemporalEnsembleHead(nn.Module):
         return self.aggregate_members(members)
 
     # ---------------------------------------------------------------------------- persistence
+    def _apply(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # The decays stay float64 whatever the heads are cast to: in bfloat16, 0.9999 rounds to 1.0
+        # and that copy would never move. They follow device moves as usual.
+        decays = self.decays
+
+        def keep_decays_float64(tensor: Tensor) -> Tensor:
+            moved = fn(tensor)
+            if tensor is decays and moved.dtype != torch.float64:
+                return tensor.to(device=moved.device)
+            return moved
+
+        return super()._apply(keep_decays_float64, *args, **kwargs)
+
     def get_extra_state(self) -> Dict[str, int]:
         return {"active_expert": int(self.active_expert)}
 

@@ -175,6 +175,25 @@ def test_state_dict_round_trip_into_fresh_instance():
     assert torch.equal(copy.deepcopy(ensemble)(x, ids), ensemble(x, ids))
 
 
+@pytest.mark.parametrize("cast", [torch.bfloat16, torch.float16])
+def test_low_precision_heads_keep_exact_float64_decays(cast):
+    ensemble = TemporalEnsembleHead(make_head(), 1, decays=(0.99, 0.9999)).to(cast)
+    assert ensemble.ema_weight.dtype == cast and ensemble.decays.dtype == torch.float64
+    assert ensemble.decays.tolist() == [0.99, 0.9999]  # 0.9999 is 1.0 in bfloat16 and float16
+    before = ensemble.ema_weight.clone()
+    with torch.no_grad():
+        ensemble.online.weight.add_(1.0)
+    ensemble.update()
+    assert bool((ensemble.ema_weight[0, 1] != before[0, 1]).any())  # the slow copy moves too
+
+
+@pytest.mark.parametrize("experts", [1.9, [0.7], True, [True]])
+def test_update_rejects_non_integer_expert_ids(experts):
+    ensemble = TemporalEnsembleHead(make_head(), 2)
+    with pytest.raises(TypeError):
+        ensemble.update(experts)
+
+
 def test_to_dtype_moves_banks():
     ensemble = TemporalEnsembleHead(make_head(), 2).to(torch.float64)
     assert ensemble.ema_weight.dtype == torch.float64
