@@ -13,7 +13,10 @@ stream batch, :meth:`Retrofit.end_batch`, made after the batch's online iteratio
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Union
+import functools
+import operator
+import weakref
+from typing import Any, Callable, List, Optional, Sequence, TypeVar, Union
 
 import torch
 from torch import Tensor, nn
@@ -21,9 +24,11 @@ from torch.utils.hooks import RemovableHandle
 
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
 
-__all__ = ["Retrofit", "Schedule", "SeamError", "missing_seam", "set_instance_attribute"]
+__all__ = ["Retrofit", "Schedule", "SeamError", "missing_seam", "set_instance_attribute", "undo_on_failure"]
 
 Schedule = Union[SampleBudgetSchedule, SessionSchedule, None]
+# Instance attribute holding a weak reference to a model's live retrofit.
+_MARKER = "_fly_modules_retrofit"
 
 
 class SeamError(AttributeError):
@@ -62,7 +67,22 @@ class Retrofit:
         start_method_expert: Callable[[int], None],
         banks_of_expert: Callable[[int], Sequence[int]],
         current_expert: int = 0,
+        num_experts: Optional[int] = None,
     ) -> None:
+        # Two live retrofits of one model would wrap each other's seams, and removing them in the
+        # order they were made would leave a wrapper behind: refuse the second one.
+        previous = getattr(model, _MARKER, None)
+        previous = previous() if previous is not None else None
+        if previous is not None and not previous.removed:
+            raise RuntimeError(
+                f"{type(model).__name__} is already retrofitted ({previous!r}); call remove() on that handle first"
+            )
+        if num_experts is None and router is not None:
+            num_experts = router.num_experts
+        if schedule is not None and num_experts is not None and schedule.num_experts > num_experts:
+            raise ValueError(
+                f"Retrofit: the schedule starts {schedule.num_experts} experts but only {num_experts} are declared"
+            )
         self.model = model
         self.router = router
         self.ensemble = ensemble
@@ -79,7 +99,11 @@ class Retrofit:
         #: any rank trained (the router gathers through its own ``process_group``).
         self.process_group: Optional[Any] = None
         self.logit_mask: Optional[Tensor] = None
+        #: experts the method declared (``start_expert`` rejects ids outside ``[0, num_experts)``).
+        self.num_experts = num_experts
         self.removed = False
+        model.__dict__[_MARKER] = weakref.ref(self)
+        self.add_undo(lambda: model.__dict__.pop(_MARKER, None))
 
     # ------------------------------------------------------------------------- evaluation
     def set_logit_mask(self, mask: Optional[Tensor]) -> None:
@@ -168,11 +192,12 @@ class Retrofit:
         """
         features = query if query is not None else self._pending_query
         recorded = self._pending_size
-        self._pending_query, self._pending_size = None, None
         if batch_size is None:
             batch_size = features.shape[0] if features is not None else (recorded or 0)
         if self.router is not None and features is not None:
+            # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
             self.router.update(features.to(self.router.gram.device), self.current_expert)
+        self._pending_query, self._pending_size = None, None
         started: List[int] = []
         if isinstance(self.schedule, SampleBudgetSchedule):
             started = self.schedule.step(int(batch_size))
@@ -191,6 +216,14 @@ class Retrofit:
 
     def start_expert(self, expert: int) -> None:
         """Start ``expert``: the method's own start (prompt init, ...) and fresh copies of its banks."""
+        try:
+            index = None if isinstance(expert, bool) else operator.index(expert)
+        except TypeError:
+            index = None
+        if index is None or index < 0 or (self.num_experts is not None and index >= self.num_experts):
+            bound = f"[0, {self.num_experts})" if self.num_experts is not None else ">= 0"
+            raise ValueError(f"Retrofit.start_expert: expert must be an int in {bound}, got {expert!r}")
+        expert = index
         self.current_expert = int(expert)
         self._start_method_expert(int(expert))
         if self.ensemble is not None:
@@ -221,6 +254,28 @@ class Retrofit:
             f"Retrofit(model={type(self.model).__name__}, router={self.router is not None}, "
             f"ensemble={self.ensemble is not None}, schedule={self.schedule!r}, removed={self.removed})"
         )
+
+
+_Install = TypeVar("_Install", bound=Callable[..., Retrofit])
+
+
+def undo_on_failure(install: _Install) -> _Install:
+    """Wrap a family's ``retrofit(model, ...)``: if it raises after creating its handle, remove what it
+    installed, so the model is left as it was and can be retrofitted again."""
+
+    @functools.wraps(install)
+    def wrapper(model: nn.Module, *args: Any, **kwargs: Any) -> Retrofit:
+        before = getattr(model, _MARKER, None)
+        try:
+            return install(model, *args, **kwargs)
+        except BaseException:
+            after = getattr(model, _MARKER, None)
+            handle = after() if after is not None and after is not before else None
+            if handle is not None:
+                handle.remove()
+            raise
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _holder(obj: Any, name: str) -> Optional[dict]:

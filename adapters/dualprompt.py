@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._core import Retrofit, Schedule, SeamError, missing_seam, set_instance_attribute
+from ._core import Retrofit, Schedule, SeamError, missing_seam, set_instance_attribute, undo_on_failure
 from .generic import default_query, find_head, make_wiring, reference_or_none, task_count_starter
 from .l2p import jhlee_prompt_module, slice_layout, wire_jhlee
 
@@ -209,6 +209,7 @@ def _wire_siblurry(
 
 
 # ------------------------------------------------------------------------------------ public
+@undo_on_failure
 def retrofit(
     model: nn.Module,
     *,

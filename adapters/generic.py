@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from fly_modules import AnalyticRouter, TemporalEnsembleHead
 
-from ._core import Retrofit, Schedule, SeamError, set_instance_attribute
+from ._core import Retrofit, Schedule, SeamError, set_instance_attribute, undo_on_failure
 
 __all__ = ["retrofit", "EnsembleLinear", "find_head", "ensemble_scores", "Wiring", "make_wiring"]
 
@@ -337,6 +337,7 @@ def make_wiring(
         start_method_expert=start_method_expert or (lambda expert: None),
         banks_of_expert=banks_of_expert,
         current_expert=current_expert,
+        num_experts=num_experts,
     )
     if added_ensemble is not None:
         banks = list(banks_of_expert(int(current_expert)))
@@ -400,6 +401,7 @@ def reference_or_none(
 
 
 # ------------------------------------------------------------------------------------ public
+@undo_on_failure
 def retrofit(
     model: nn.Module,
     *,

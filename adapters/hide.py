@@ -32,12 +32,13 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from ._core import Retrofit, Schedule, SeamError, missing_seam
+from ._core import Retrofit, Schedule, SeamError, missing_seam, undo_on_failure
 from .generic import default_query, find_head, make_wiring, reference_or_none
 
 __all__ = ["retrofit"]
 
 
+@undo_on_failure
 def retrofit(
     model: nn.Module,
     *,

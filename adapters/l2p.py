@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._core import Retrofit, Schedule, SeamError, missing_seam
+from ._core import Retrofit, Schedule, SeamError, missing_seam, undo_on_failure
 from .generic import default_query, find_head, make_wiring, reference_or_none
 
 __all__ = ["retrofit"]
@@ -160,6 +160,7 @@ def wire_jhlee(
 
 
 # ------------------------------------------------------------------------------------ public
+@undo_on_failure
 def retrofit(
     model: nn.Module,
     *,

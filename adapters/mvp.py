@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._core import Retrofit, Schedule, SeamError, missing_seam, set_instance_attribute
+from ._core import Retrofit, Schedule, SeamError, missing_seam, set_instance_attribute, undo_on_failure
 from .generic import ensemble_scores, find_head, make_wiring, reference_or_none, task_count_starter
 
 __all__ = ["retrofit"]
@@ -58,6 +58,7 @@ def _first_attribute(model: nn.Module, names: Sequence[str], what: str) -> str:
     raise missing_seam("mvp", model, "` or `".join(names), what)
 
 
+@undo_on_failure
 def retrofit(
     model: nn.Module,
     *,

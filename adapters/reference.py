@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from fly_modules import AnalyticRouter, TemporalEnsembleHead
 
-from ._core import Retrofit, Schedule, missing_seam, set_instance_attribute
+from ._core import Retrofit, Schedule, missing_seam, set_instance_attribute, undo_on_failure
 
 __all__ = ["retrofit", "REQUIRED"]
 
@@ -38,6 +38,7 @@ REQUIRED = (
 )
 
 
+@undo_on_failure
 def retrofit(
     model: nn.Module,
     *,
@@ -86,6 +87,7 @@ def retrofit(
         start_method_expert=model.on_expert_start,
         banks_of_expert=model.banks_of_expert,
         current_expert=current,
+        num_experts=int(model.num_experts),
     )
     if not router and not ensemble:
         # Baseline variant: only the schedule is driven; the model is untouched.

@@ -833,3 +833,78 @@ def test_set_instance_attribute_undo_puts_modules_parameters_and_attributes_back
     assert owner.scale == 2.0 and "forward" not in vars(owner)
     with pytest.raises(ValueError, match=r"\(C,\) or \(B, C\)"):
         handle.set_logit_mask(torch.zeros(1, 2, 3))
+
+
+# ------------------------------------------------------------------ handle safety (generic adapter)
+class _Route(nn.Module):
+    def forward(self, x: Tensor, expert: Optional[Tensor] = None) -> Tensor:
+        return x
+
+
+class _Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.query, self.route, self.head = nn.Linear(4, 4), _Route(), nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.route(self.query(x)))
+
+
+def _tiny_retrofit(model: _Tiny, **kwargs: Any):
+    options = dict(num_experts=2, query_module=model.query, route_module=model.route, route_kwarg="expert",
+                   expansion_dim=16, ridge=1.0)
+    return generic.retrofit(model, **{**options, **kwargs})
+
+
+def test_a_model_is_retrofitted_at_most_once_at_a_time():
+    model = _Tiny()
+    head = model.head
+    first = _tiny_retrofit(model)
+    with pytest.raises(RuntimeError, match="already retrofitted"):
+        _tiny_retrofit(model)
+    first.remove()
+    assert model.head is head
+    second = _tiny_retrofit(model)  # allowed again once the first is removed
+    second.remove()
+    assert model.head is head and not model.route._forward_pre_hooks and not model.query._forward_hooks
+
+
+def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
+    model = _Tiny()
+    head = model.head
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("seam failed half way")
+
+    monkeypatch.setattr(generic.Wiring, "swap_head", broken)  # after the hooks are installed
+    with pytest.raises(RuntimeError, match="half way"):
+        _tiny_retrofit(model)
+    monkeypatch.undo()
+    assert model.head is head and not model.query._forward_hooks and not model.route._forward_pre_hooks
+    _tiny_retrofit(model).remove()  # and it can be retrofitted afterwards
+
+
+def test_expert_ids_are_checked_before_anything_changes():
+    model = _Tiny()
+    with pytest.raises(ValueError, match="schedule starts 4 experts but only 2"):
+        _tiny_retrofit(model, schedule=SampleBudgetSchedule(4, 4))
+    handle = _tiny_retrofit(model)
+    for bad in (-1, 2, True, 1.0):
+        with pytest.raises(ValueError, match=r"\[0, 2\)"):
+            handle.start_expert(bad)
+        assert handle.current_expert == 0 and handle.ensemble.num_experts == 2
+    handle.start_expert(torch.tensor(1))  # any integer index works
+    assert handle.current_expert == 1
+
+
+def test_a_rejected_router_update_keeps_the_batch():
+    model = _Tiny().train()
+    handle = _tiny_retrofit(model)
+    model(torch.full((4, 4), float("nan")))  # NaN query features
+    with pytest.raises(ValueError, match="NaN"):
+        handle.end_batch()
+    assert handle._pending_query is not None and handle.router.num_samples == 0
+    handle.discard_batch()
+    model(torch.randn(4, 4))
+    handle.end_batch()
+    assert handle.router.num_samples == 4
