@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ._validation import check_expert_ids
+from ._validation import check_expert_ids, check_features
 from .router import AnalyticRouter
 
 __all__ = ["all_reduce_statistics", "all_gather_update", "gather_rows"]
@@ -81,7 +81,33 @@ def all_gather_update(
     Setting ``router.process_group`` makes every ``router.update`` do this.
     """
     _require_initialized("all_gather_update")
-    ids = check_expert_ids(
-        expert_ids, features.shape[0], router.num_experts, owner="all_gather_update", device=features.device
-    )
+    # Every process validates its own batch and they agree before gathering: a bad batch on one
+    # process raises on all of them (instead of leaving the others blocked in the gather).
+    error: Optional[Exception] = None
+    try:
+        features = _check_share(router, features)
+        ids = check_expert_ids(
+            expert_ids, features.shape[0], router.num_experts, owner="all_gather_update", device=router.gram.device
+        )
+    except (TypeError, ValueError) as caught:
+        error = caught
+    verdict = torch.tensor([0 if error is not None else 1], device=router.gram.device)
+    dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=group)
+    if error is not None:
+        raise error
+    if not int(verdict):
+        raise RuntimeError("all_gather_update: another process rejected its batch (see its error); nothing was added")
     router._update_local(gather_rows(features, group), gather_rows(ids, group))
+
+
+def _check_share(router: AnalyticRouter, features: Tensor) -> Tensor:
+    """This process's share of a step, cast to the statistics dtype (so every process gathers the same
+    dtype); unlike ``update``, an empty share is allowed."""
+    if isinstance(features, Tensor) and features.ndim == 2 and features.shape[0] == 0:
+        if features.shape[1] != router.in_features:
+            raise ValueError(
+                f"all_gather_update: features have {features.shape[1]} columns, expected {router.in_features}"
+            )
+    else:
+        check_features(features, router.in_features, owner="all_gather_update", device=router.gram.device)
+    return features.to(device=router.gram.device, dtype=router.stats_dtype)

@@ -40,8 +40,16 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         for start in range(0, 50, 10):
             own = slice(start, start + 6) if rank == 0 else slice(start + 6, start + 10)
             all_gather_update(gathered, features[own], ids[own])
+        # 3) One rank's bad batch: every rank raises (no one blocks in the gather), nothing is added.
+        bad = torch.full((2, 6), float("nan")) if rank == 1 else features[:2]
+        try:
+            all_gather_update(gathered, bad, 0)
+            rejected = None
+        except (RuntimeError, ValueError) as error:
+            rejected = type(error).__name__
         torch.save(
-            {"reduced": reduced.state_dict(), "gathered": gathered.state_dict(), "ids": local_ids},
+            {"reduced": reduced.state_dict(), "gathered": gathered.state_dict(), "ids": local_ids,
+             "rejected": rejected},
             os.path.join(out_dir, f"rank{rank}.pt"),
         )
         dist.barrier()  # see the note in fly_modules/distributed.py: torch < 2.8 can hang in destroy otherwise
@@ -58,6 +66,7 @@ def test_all_reduce_and_gathered_updates_equal_one_router_fed_the_union(tmp_path
     union.update(features, torch.cat([shards[0]["ids"], shards[1]["ids"]]))
     whole = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
     whole.update(features, ids)
+    assert [shard["rejected"] for shard in shards] == ["RuntimeError", "ValueError"]
     for shard in shards:
         reduced = AnalyticRouter(6, 0, expansion_dim=40, ridge=1.0, seed=5)
         reduced.load_state_dict(shard["reduced"])
