@@ -35,6 +35,8 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
     * ``softmax_min_entropy``: the softmax of the lowest-entropy member.
 
     Entropies are computed from the softmax, so masked (``-inf``) classes contribute 0 rather than NaN.
+    A row whose classes are *all* masked has no prediction: the softmax rules give NaN there and
+    ``mean`` / ``max_prob`` give ``-inf``.
     """
     if member_logits.ndim != 3:
         raise ValueError(f"aggregate_logits: expected member logits of shape (N, H, C), got {tuple(member_logits.shape)}")
@@ -302,7 +304,13 @@ class TemporalEnsembleHead(nn.Module):
         return {"active_expert": int(self.active_expert)}
 
     def set_extra_state(self, state: Dict[str, int]) -> None:
-        self.active_expert = int(state["active_expert"])
+        # Called after the banks were loaded (and resized), so the checkpoint's expert count is known.
+        active = int(state["active_expert"])
+        if not 0 <= active < max(1, self.num_experts):
+            raise ValueError(
+                f"TemporalEnsembleHead: the checkpoint's active_expert {active} is not one of its {self.num_experts} experts"
+            )
+        self.active_expert = active
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         # The banks grow with the experts: resize to the checkpoint's expert count first.

@@ -232,3 +232,10 @@ def test_min_entropy_ignores_masked_classes():
     scores = aggregate_logits(logits + mask, "softmax_min_entropy")
     assert torch.isfinite(scores).all()
     torch.testing.assert_close(scores, (logits[:, 0] + mask).softmax(-1))
+
+
+def test_checkpoint_with_an_active_expert_out_of_range_is_refused():
+    state = TemporalEnsembleHead(make_head(), 2).state_dict()
+    state["_extra_state"] = {"active_expert": 2}
+    with pytest.raises(ValueError, match="active_expert 2 is not one of its 2 experts"):
+        TemporalEnsembleHead(make_head(), 2).load_state_dict(state)
