@@ -73,7 +73,7 @@ class Retrofit:
         # order they were made would leave a wrapper behind: refuse the second one.
         previous = getattr(model, _MARKER, None)
         previous = previous() if previous is not None else None
-        if previous is not None and not previous.removed:
+        if previous is not None and not previous.removed and previous.model is model:  # (not a deepcopy's)
             raise RuntimeError(
                 f"{type(model).__name__} is already retrofitted ({previous!r}); call remove() on that handle first"
             )

@@ -862,6 +862,7 @@ def test_a_model_is_retrofitted_at_most_once_at_a_time():
     first = _tiny_retrofit(model)
     with pytest.raises(RuntimeError, match="already retrofitted"):
         _tiny_retrofit(model)
+    _tiny_retrofit(copy.deepcopy(model)).remove()  # a copy is another model
     first.remove()
     assert model.head is head
     second = _tiny_retrofit(model)  # allowed again once the first is removed
