@@ -105,6 +105,7 @@ class TemporalEnsembleHead(nn.Module):
     .. note::
         ``aggregate`` is a constructor argument and is not saved. EMA copies live in buffers, so they
         never receive gradients and follow ``.to()``; they are updated under ``torch.no_grad()``.
+        ``decays`` stays float64 under any cast (0.9999 is 1.0 in bfloat16).
 
     Examples::
 

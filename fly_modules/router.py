@@ -151,7 +151,10 @@ class AnalyticRouter(nn.Module):
     .. note::
         The cached solution is a non-persistent buffer: it follows ``.to()`` but is not saved; a
         loaded router solves again on first use. ``ridge``, ``solver`` and ``ridge_grid`` are
-        constructor arguments and are not saved either.
+        constructor arguments and are not saved either. ``.to(float16/bfloat16)`` (e.g. a parent
+        model's ``.half()``) leaves the statistics in float32/float64: no solver works below float32.
+        Any in-place write to ``gram``, ``cross`` or ``counts`` (say, your own ``all_reduce``)
+        invalidates the cached solution.
 
     Examples::
 
