@@ -193,15 +193,21 @@ def _parse_protocol(args: argparse.Namespace, base: Protocol) -> Protocol:
 
 
 # ------------------------------------------------------------------------------------------ data
+def synthetic_settings(args: argparse.Namespace, preset: Dict[str, Any]) -> Dict[str, Any]:
+    """The generated dataset's settings: the preset's, overridden by the command line."""
+    settings = dict(preset.get("synthetic", {}))
+    for key, flag in (("num_classes", "synthetic_classes"), ("train_per_class", "synthetic_train_per_class"),
+                      ("test_per_class", "synthetic_test_per_class")):
+        if getattr(args, flag) is not None:
+            settings[key] = getattr(args, flag)
+    return settings
+
+
 def load_data(name: str, args: argparse.Namespace, preset: Dict[str, Any], protocol: Protocol):
     from benchmarks import data
 
     if name == "synthetic":
-        settings = dict(preset["synthetic"])
-        for key, flag in (("num_classes", "synthetic_classes"), ("train_per_class", "synthetic_train_per_class"),
-                          ("test_per_class", "synthetic_test_per_class")):
-            if getattr(args, flag) is not None:
-                settings[key] = getattr(args, flag)
+        settings = synthetic_settings(args, preset)
         # class_offset: skip the first ids (the proxy's upstream, pretraining classes).
         _, class_ids = data.synthetic_class_split(settings.get("class_offset", 0), settings["num_classes"])
         return data.make_synthetic_train_test(
@@ -232,6 +238,49 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 
 def load_results(output: Path) -> List[Dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted((output / "runs").glob("**/*.json"))]
+
+
+def run_setting(protocol: Protocol, args: argparse.Namespace, preset: Dict[str, Any], dataset: str) -> Dict[str, Any]:
+    """Everything besides the run's key that decides its numbers: a finished run is reused only when
+    its stored setting equals this one (the world size is not part of it: it does not change results)."""
+    data_settings = synthetic_settings(args, preset) if dataset == "synthetic" else {}
+    # Through JSON, so that it compares equal to what a result file stores (tuples become lists).
+    return json.loads(json.dumps({"protocol": protocol.to_dict(), "data": data_settings}))
+
+
+def setting_differences(stored: Dict[str, Any], wanted: Dict[str, Any]) -> List[str]:
+    """``name: stored -> wanted`` for each differing entry (results written before settings were
+    recorded carry their protocol only; only that is compared then)."""
+    differences = []
+    for part in ("protocol", "data"):
+        if part not in stored:
+            continue
+        old, new = stored[part], wanted[part]
+        for name in sorted(set(old) | set(new)):
+            if old.get(name) != new.get(name):
+                differences.append(f"{name}: {old.get(name)!r} -> {new.get(name)!r}")
+    return differences
+
+
+def check_resumable(output: Path, specs: Sequence[RunSpec], settings: Dict[str, Dict[str, Any]]) -> None:
+    """Refuse to mix finished runs of another protocol into this table (exit status 2 with the reason)."""
+    for spec in specs:
+        path = result_path(output, spec)
+        if not path.exists():
+            continue
+        result = json.loads(path.read_text())
+        stored = result.get("setting", {"protocol": result.get("protocol", {})})
+        differences = setting_differences(stored, settings[spec.dataset])
+        if differences:
+            raise ProtocolMismatchError(
+                f"{path} was run with another setting ({'; '.join(differences[:4])}"
+                f"{'; ...' if len(differences) > 4 else ''}); pass --no-resume to recompute such runs, "
+                f"or choose another --output"
+            )
+
+
+class ProtocolMismatchError(RuntimeError):
+    """A finished run in the output folder used a different protocol or data setting."""
 
 
 def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -390,6 +439,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lead = rank == 0  # only the first process writes and prints
     output = Path(args.output)
     specs = plan(methods, variants, datasets, seeds)
+    settings = {name: run_setting(protocol, args, preset, name) for name in datasets}
+    if not args.no_resume:
+        check_resumable(output, specs, settings)
     todo = [s for s in specs if args.no_resume or not result_path(output, s).exists()]
     if lead:
         output.mkdir(parents=True, exist_ok=True)
@@ -406,6 +458,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(spec, protocol, train, test, device=device, progress=progress)
         result["wall_seconds"] = time.perf_counter() - started
         result["world_size"] = world
+        result["setting"] = settings[spec.dataset]
         if not lead:
             continue
         write_json_atomic(result_path(output, spec), result)
@@ -440,7 +493,7 @@ def _main_with_clear_errors() -> int:
         return main()
     except DatasetNotFoundError as error:
         print(f"error: {error} (or pass --download)", file=sys.stderr)
-    except BackboneLoadError as error:
+    except (BackboneLoadError, ProtocolMismatchError) as error:
         print(f"error: {error}", file=sys.stderr)
     return 2
 

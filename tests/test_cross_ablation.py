@@ -58,6 +58,13 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
 
     assert metrics_only(json.loads((output / "table.json").read_text())) == metrics_only(rows)  # deterministic
 
+    # Finished runs of another protocol or dataset are never mixed into the table.
+    calls.clear()
+    for changed in (["--lr", "0.5"], ["--synthetic-test-per-class", "5"]):
+        with pytest.raises(cross_ablation.ProtocolMismatchError, match="another setting .*--no-resume"):
+            cross_ablation.main([*REDUCED, *changed, "--output", str(output)])
+    assert calls == []
+
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     target = tmp_path / "runs" / "x.json"
