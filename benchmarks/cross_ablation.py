@@ -51,7 +51,7 @@ _PROXY_PROTOCOL = Protocol(
     model="vit_tiny_patch16_224",
     model_kwargs=dict(img_size=32, patch_size=8, embed_dim=128, depth=6, num_heads=4),
     pretrained=True, weights=_PROXY_WEIGHTS, image_size=32, batch_size=16, online_iter=3, eval_period=400,
-    test_batch_size=250, expansion_dim=2000, ridge=1e4, amp=False,
+    test_batch_size=250, expansion_dim=2000, ridge=1e4, amp=False, router_query="first_iteration",
 )
 _PROXY_DATA = dict(num_classes=100, class_offset=400, difficulty="hard", train_per_class=20, test_per_class=10,
                    image_size=32)
@@ -83,7 +83,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
             model="vit_tiny_patch16_224",
             model_kwargs=dict(img_size=32, patch_size=8, embed_dim=48, depth=4, num_heads=3),
             pretrained=False, image_size=32, batch_size=16, online_iter=3, eval_period=200,
-            test_batch_size=128, expansion_dim=1000, ridge=1e2, amp=False,
+            test_batch_size=128, expansion_dim=1000, ridge=1e2, amp=False, router_query="first_iteration",
             method_kwargs={"l2p": {"pool_size": 10, "top_k": 2}},
         ),
         "datasets": ["synthetic"],
@@ -94,9 +94,16 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     # The paper's protocol (reference-protocol section 0): ViT-B/16 with the original ImageNet-21k
     # weights, CIFAR-100 / ImageNet-R / CUB-200, r_D 0.5, r_B 0.1, 5 sessions, batch 64, 3 online
     # iterations, Adam 0.005 (0.003 for HiDe-Prompt/NoRGa), AMP, evaluation every 1000 samples,
-    # seeds 1-5, M = 10,000, lambda = 1e4, decays 0.9/0.99, softmax-max.
+    # seeds 1-5, M = 10,000, lambda = 1e4, decays 0.9/0.99, softmax-max. The baselines keep the
+    # reference's behaviour where it differs from our defaults (reference-protocol 4.2, 4.5, 4.9):
+    # DualPrompt/MISA select over the whole pool at test time, MVP's loss terms are batch-global, and
+    # HiDe-Prompt/NoRGa's router reads g_mlp outputs; the router sees the clean batch (router_query).
     "paper": {
-        "protocol": Protocol(),
+        "protocol": Protocol(method_kwargs={
+            "dualprompt": {"reference_quirks": True}, "misa": {"reference_quirks": True},
+            "mvp": {"reference_quirks": True},
+            "hide": {"router_features": "g_mlp"}, "norga": {"router_features": "g_mlp"},
+        }),
         "datasets": ["cifar100", "imagenet-r", "cub200"],
         "seeds": [1, 2, 3, 4, 5],
         "synthetic": dict(num_classes=100, train_per_class=500, test_per_class=100, image_size=224),
@@ -137,6 +144,8 @@ PROTOCOL_HELP = {
     "augment": "reference training augmentation (true/false)",
     "method_kwargs": "JSON dict: method name -> constructor keyword arguments",
     "misa_prompts": "folder with MISA's g_prompt.pt and e_prompt.pt",
+    "router_query": "router statistics from 'clean' (a frozen fp32 pass over the un-augmented batch, the "
+                    "reference's) or 'first_iteration' (the first online iteration's query pass, one pass fewer)",
 }
 
 
@@ -256,6 +265,8 @@ def setting_differences(stored: Dict[str, Any], wanted: Dict[str, Any]) -> List[
         if part not in stored:
             continue
         old, new = stored[part], wanted[part]
+        if part == "protocol":  # fields added later: what older results did
+            old = {**LEGACY_PROTOCOL, **old}
         for name in sorted(set(old) | set(new)):
             if old.get(name) != new.get(name):
                 differences.append(f"{name}: {old.get(name)!r} -> {new.get(name)!r}")
@@ -277,6 +288,10 @@ def check_resumable(output: Path, specs: Sequence[RunSpec], settings: Dict[str, 
                 f"{'; ...' if len(differences) > 4 else ''}); pass --no-resume to recompute such runs, "
                 f"or choose another --output"
             )
+
+
+#: Protocol fields added after results were first written, with the behaviour those results had.
+LEGACY_PROTOCOL = {"router_query": "first_iteration"}
 
 
 class ProtocolMismatchError(RuntimeError):
@@ -447,6 +462,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         output.mkdir(parents=True, exist_ok=True)
         write_json_atomic(output / "protocol.json", {"preset": args.preset, "protocol": protocol.to_dict(), "world_size": world})
         print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished; results in {output}", flush=True)
+        if "misa" in methods and not protocol.misa_prompts:
+            print("warning: no --misa-prompts: the 'misa' rows are DualPrompt with 10 G-prompt tokens and a uniform "
+                  "prompt initialisation, not MISA's pretrained prompts", file=sys.stderr, flush=True)
     progress = _progress(args.no_progress or not lead)
     data_cache: Dict[str, Any] = {}
     outer = progress(total=len(todo), desc="runs") if progress else None

@@ -13,8 +13,8 @@ retrofit the analytic router and/or the temporal ensemble through ``fly_modules.
 
 Deliberate differences from the reference loop (each one keeps a number comparable or fixes a bug):
 
-* Router statistics use the query features of the batch's first online iteration (the frozen,
-  prompt-free pass the method runs anyway), not a second pass over the un-augmented batch.
+* ``Protocol.router_query="first_iteration"`` (the CPU presets) feeds the router the query pass of
+  the batch's first online iteration instead of a second, clean pass (the reference's, the default).
 * The ensemble's EMA step is skipped when AMP's GradScaler skipped the optimizer step (6.2.10).
 * Empty sessions still get their session-end evaluation and hooks (6.2.11).
 """
@@ -25,7 +25,7 @@ import contextlib
 import math
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -49,6 +49,9 @@ VARIANTS: Dict[str, Tuple[bool, bool]] = {
 }
 #: the methods of the paper's cross-ablation table
 PAPER_METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga")
+
+
+ROUTER_QUERIES = ("clean", "first_iteration")
 
 
 @dataclass
@@ -77,6 +80,10 @@ class Protocol:
     augment: bool = True
     method_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     misa_prompts: Optional[str] = None  # folder with g_prompt.pt and e_prompt.pt
+    # Router statistics from "clean": a frozen fp32 pass over the un-augmented batch (the reference,
+    # reference-protocol 3.4 step 3), or "first_iteration": the query pass of the batch's first online
+    # iteration (augmented, under autocast; one backbone pass fewer).
+    router_query: str = "clean"
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -125,6 +132,7 @@ def _build_method(spec: RunSpec, protocol: Protocol, num_classes: int, device: t
     kwargs: Dict[str, Any] = {"num_experts": protocol.num_experts}
     kwargs.update(protocol.method_kwargs.get(spec.method, {}))
     if spec.method == "flyprompt":
+        kwargs.setdefault("router_seed", spec.seed)  # the expansion R differs per seed, as in the reference
         kwargs.setdefault("router_expansion_dim", protocol.expansion_dim)
         kwargs.setdefault("router_ridge", protocol.ridge)
         kwargs.setdefault("decays", protocol.decays)
@@ -220,6 +228,8 @@ def run(
         raise ValueError(f"unknown variant {spec.variant!r}; expected one of {sorted(VARIANTS)}")
     if (spec.method == "flyprompt") != (spec.variant == "full"):
         raise ValueError("FlyPrompt runs as variant 'full' only, and 'full' is FlyPrompt's variant")
+    if protocol.router_query not in ROUTER_QUERIES:
+        raise ValueError(f"router_query must be one of {ROUTER_QUERIES}, got {protocol.router_query!r}")
     group, rank, world = _distributed_context(process_group)
     num_classes = len(train.classes)
     model = _build_method(spec, protocol, num_classes, device)
@@ -330,8 +340,15 @@ def run(
                 model.on_optimizer_step(output)
                 handle.update_ensemble()
             first_output = first_output or output
+        router_query = None
+        if protocol.router_query == "clean" and (handle.router is not None or isinstance(getattr(model, "router", None), AnalyticRouter)):
+            # The un-augmented batch, test transform, fp32, no grad: what the router sees at test time.
+            with torch.no_grad():
+                clean_images = clean if clean is not None else train.get_batch(local)[0].to(device)
+                router_query = model.compute_query(clean_images).router
+            first_output = replace(first_output, query=replace(first_output.query, router=router_query))
         model.on_batch_end(images, targets, first_output)
-        handle.end_batch(batch.global_size)
+        handle.end_batch(batch.global_size, query=router_query)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         train_seconds += time.perf_counter() - started

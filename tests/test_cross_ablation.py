@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from benchmarks import cross_ablation
 from benchmarks.runner import PAPER_METHODS
@@ -21,7 +22,9 @@ REDUCED = [
 def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     output = tmp_path / "out"
     assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "no --misa-prompts" in captured.err  # the 'misa' rows say what they are
     rows = json.loads((output / "table.json").read_text())
     # six methods x four variants, plus FlyPrompt (router and ensemble built in) as its own row
     assert len(rows) == 25
@@ -155,3 +158,31 @@ def test_missing_data_or_weights_give_one_clear_error(tmp_path, flags, message):
                           text=True, timeout=300)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def _router_inputs(tmp_path, monkeypatch, *flags):
+    """The features every AnalyticRouter.update received during a reduced FlyPrompt + DualPrompt run."""
+    from fly_modules import AnalyticRouter
+
+    seen = []
+    original = AnalyticRouter.update
+    monkeypatch.setattr(AnalyticRouter, "update", lambda self, f, e: seen.append(f.detach().clone()) or original(self, f, e))
+    output = tmp_path / "-".join(flags)
+    args = [*REDUCED, "--methods", "flyprompt,dualprompt", "--variants", "router", *flags, "--output", str(output)]
+    assert cross_ablation.main(args) == 0
+    monkeypatch.setattr(AnalyticRouter, "update", original)
+    return seen
+
+
+def test_router_query_clean_is_the_unaugmented_batch(tmp_path, monkeypatch):
+    def inputs(mode, augment):
+        return _router_inputs(tmp_path, monkeypatch, "--router-query", mode, "--augment", augment)
+
+    clean, first = inputs("clean", "false"), inputs("first_iteration", "false")
+    assert len(clean) == len(first) > 0
+    assert all(torch.equal(a, b) for a, b in zip(clean, first))  # no augmentation: the same images
+    clean, first = inputs("clean", "true"), inputs("first_iteration", "true")
+    assert len(clean) == len(first)
+    assert not any(torch.equal(a, b) for a, b in zip(clean, first))  # the augmented pass is not used
+    with pytest.raises(ValueError, match="router_query must be one of"):
+        _router_inputs(tmp_path, monkeypatch, "--router-query", "augmented")
