@@ -186,3 +186,23 @@ def test_router_query_clean_is_the_unaugmented_batch(tmp_path, monkeypatch):
     assert not any(torch.equal(a, b) for a, b in zip(clean, first))  # the augmented pass is not used
     with pytest.raises(ValueError, match="router_query must be one of"):
         _router_inputs(tmp_path, monkeypatch, "--router-query", "augmented")
+
+
+def test_paper_preset_keeps_the_reference_baselines():
+    """The paper preset's method settings exist and select the reference behaviour (reference-protocol 4.x)."""
+    import timm
+
+    from benchmarks.methods.base import create_method
+
+    kwargs = cross_ablation.PRESETS["paper"]["protocol"].method_kwargs
+    assert cross_ablation.PRESETS["paper"]["protocol"].router_query == "clean"
+    backbone = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32, patch_size=8,
+                                 embed_dim=48, depth=4, num_heads=3)
+    for name in PAPER_METHODS:
+        extra = {}
+        if name == "misa":  # MISA takes its (pretrained) prompts; any of the right shape do here
+            shapes = create_method("dualprompt", backbone, 10, num_experts=5, g_prompt_length=10)
+            extra = {"g_prompt": shapes.g_prompts.detach().clone(), "e_prompt": shapes.e_prompts.detach().clone()}
+        method = create_method(name, backbone, 10, num_experts=5, **kwargs.get(name, {}), **extra)
+        for option, value in kwargs.get(name, {}).items():
+            assert getattr(method, option) == value, (name, option)
