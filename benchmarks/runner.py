@@ -137,6 +137,10 @@ def _build_method(spec: RunSpec, protocol: Protocol, num_classes: int, device: t
         kwargs.setdefault("router_ridge", protocol.ridge)
         kwargs.setdefault("decays", protocol.decays)
         kwargs.setdefault("aggregate", protocol.aggregate)
+    if spec.method in ("hide", "norga") and protocol.lr is not None:
+        # Classifier alignment runs at the run's lr (reference-protocol 4.7). Its batch stays the
+        # method's 64, the paper's B (the CPU presets' smaller B is not used there).
+        kwargs.setdefault("ca_lr", protocol.lr)
     if spec.method == "misa" and "g_prompt" not in kwargs:
         if protocol.misa_prompts:
             kwargs["g_prompt"] = f"{protocol.misa_prompts}/g_prompt.pt"
@@ -144,11 +148,20 @@ def _build_method(spec: RunSpec, protocol: Protocol, num_classes: int, device: t
         else:
             # No pretrained prompts supplied: MISA degenerates to DualPrompt with 10 G tokens per layer
             # and a seeded uniform initialisation (the run record says so in its notes).
-            shapes = create_method("dualprompt", backbone, num_classes, num_experts=protocol.num_experts, g_prompt_length=10)
+            layout = {k: v for k, v in kwargs.items() if k not in ("num_experts", "reference_quirks")}
+            shapes = create_method("dualprompt", backbone, num_classes, num_experts=protocol.num_experts,
+                                   **{"g_prompt_length": 10, **layout})
             generator = torch.Generator().manual_seed(spec.seed)
             kwargs["g_prompt"] = torch.empty_like(shapes.g_prompts).uniform_(-1, 1, generator=generator)
             kwargs["e_prompt"] = torch.empty_like(shapes.e_prompts).uniform_(-1, 1, generator=generator)
     return create_method(spec.method, backbone, num_classes, **kwargs).to(device)
+
+
+def _configure_determinism(device: torch.device) -> None:
+    """cuDNN picks deterministic kernels, as the reference sets (reference-protocol 3.9)."""
+    if device.type == "cuda":
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
 
 
 def _distributed_context(process_group: Optional[Any]) -> Tuple[Optional[Any], int, int]:
@@ -231,6 +244,7 @@ def run(
     if protocol.router_query not in ROUTER_QUERIES:
         raise ValueError(f"router_query must be one of {ROUTER_QUERIES}, got {protocol.router_query!r}")
     group, rank, world = _distributed_context(process_group)
+    _configure_determinism(device)
     num_classes = len(train.classes)
     model = _build_method(spec, protocol, num_classes, device)
     stream = build_si_blurry_stream(
