@@ -223,11 +223,10 @@ class Retrofit:
         if index is None or index < 0 or (self.num_experts is not None and index >= self.num_experts):
             bound = f"[0, {self.num_experts})" if self.num_experts is not None else ">= 0"
             raise ValueError(f"Retrofit.start_expert: expert must be an int in {bound}, got {expert!r}")
-        expert = index
-        self.current_expert = int(expert)
-        self._start_method_expert(int(expert))
+        self.current_expert = index
+        self._start_method_expert(index)
         if self.ensemble is not None:
-            for bank in self._banks_of_expert(int(expert)):
+            for bank in self._banks_of_expert(index):
                 self.ensemble.start_expert(int(bank))
 
     # ------------------------------------------------------------------------------ undo
