@@ -355,11 +355,14 @@ def run(
                 handle.update_ensemble()
             first_output = first_output or output
         router_query = None
-        if protocol.router_query == "clean" and (handle.router is not None or isinstance(getattr(model, "router", None), AnalyticRouter)):
+        has_router = handle.router is not None or isinstance(getattr(model, "router", None), AnalyticRouter)
+        # Without augmentation or autocast the first iteration's query pass already is the clean fp32
+        # pass over the un-augmented batch; only otherwise does "clean" cost a second backbone pass.
+        if protocol.router_query == "clean" and has_router and (augment is not None or amp):
             # The un-augmented batch, test transform, fp32, no grad: what the router sees at test time.
+            unaugmented = clean if clean is not None else train.get_batch(local)[0].to(device)
             with torch.no_grad():
-                clean_images = clean if clean is not None else train.get_batch(local)[0].to(device)
-                router_query = model.compute_query(clean_images).router
+                router_query = model.compute_query(unaugmented).router
             first_output = replace(first_output, query=replace(first_output.query, router=router_query))
         model.on_batch_end(images, targets, first_output)
         handle.end_batch(batch.global_size, query=router_query)
