@@ -107,7 +107,7 @@ def retrofit(
     if not callable(getattr(model, "forward_features", None)):
         raise missing_seam("mvp", model, "forward_features", "MVP's prompted pass returning (feature, mask)")
     key_name = _first_attribute(model, ("key", "learnable_key"), "MVP's prompt keys")
-    mask_name = _first_attribute(model, ("mask", "learnable_mask"), "MVP's learnable class mask")
+    _first_attribute(model, ("mask", "learnable_mask"), "MVP's learnable class mask")  # a seam check only
     pool = int(getattr(model, key_name).shape[0])
     if num_experts is not None and int(num_experts) != pool:
         raise ValueError(
@@ -190,7 +190,7 @@ def retrofit(
             if isinstance(images, Tensor):
                 wiring.batch_seen(images.shape[0])
             if ensemble:
-                grown = (getattr(model, "count") - before > 0).nonzero().squeeze(1) if before is not None else state.selection
+                grown = (model.count - before > 0).nonzero().squeeze(1) if before is not None else state.selection
                 wiring.banks_seen(grown)
         elif ensemble:
             state.mvp_mask = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None

@@ -19,97 +19,30 @@ Variants: ``baseline`` (the method as published), ``router`` (+ analytic router 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import math
 import os
 import sys
-import tempfile
 import time
-from dataclasses import asdict, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 if __package__ in (None, ""):  # run as a script from a checkout: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
 import torch
 
-from benchmarks.runner import PAPER_METHODS, VARIANTS, Protocol, RunSpec, run
-
-ABLATION_VARIANTS = ("baseline", "router", "ensemble", "both")
-VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full"))}
-METRICS = ("A_auc", "A_last", "A_avg", "F_last")
-
-_PROXY_WEIGHTS = str(Path(__file__).resolve().parent / "checkpoints" / "proxy_vit.safetensors")
-#: The CPU proxy of the paper's setting (README "Proxy benchmark (CPU)"): a tiny timm ViT pretrained by
-#: benchmarks/pretrain_proxy.py on upstream classes 0..399 of the hard generated data, loaded from
-#: benchmarks/checkpoints/ through timm's pretrained-file path, and a Si-Blurry stream over the 100
-#: disjoint downstream classes 400..499 (r_D 0.5, r_B 0.1, 5 sessions, anytime evaluation).
-_PROXY_PROTOCOL = Protocol(
-    model="vit_tiny_patch16_224",
-    model_kwargs=dict(img_size=32, patch_size=8, embed_dim=128, depth=6, num_heads=4),
-    pretrained=True, weights=_PROXY_WEIGHTS, image_size=32, batch_size=16, online_iter=3, eval_period=400,
-    test_batch_size=250, expansion_dim=2000, ridge=1e4, amp=False, router_query="first_iteration",
+from benchmarks.presets import PRESETS
+from benchmarks.report import ABLATION_VARIANTS, plot_curves, summarize_results, write_tables
+from benchmarks.results import (
+    ProtocolMismatchError,
+    check_resumable,
+    load_results,
+    plan,
+    result_path,
+    write_json_atomic,
 )
-_PROXY_DATA = dict(num_classes=100, class_offset=400, difficulty="hard", train_per_class=20, test_per_class=10,
-                   image_size=32)
-
-#: Presets: the protocol, the datasets and seeds, how the data are built, and the default methods.
-PRESETS: Dict[str, Dict[str, Any]] = {
-    # The CPU proxy benchmark: all six methods in all four variants plus FlyPrompt, three seeds.
-    "proxy": {
-        "protocol": _PROXY_PROTOCOL,
-        "datasets": ["synthetic"],
-        "seeds": [1, 2, 3],
-        "synthetic": dict(_PROXY_DATA),
-        "threads": 1,
-        "methods": [*PAPER_METHODS, "flyprompt"],
-    },
-    # The default (no arguments): the proxy shortened to one seed, 8 stream and 5 test images per class.
-    "proxy-short": {
-        "protocol": replace(_PROXY_PROTOCOL, eval_period=200),
-        "datasets": ["synthetic"],
-        "seeds": [1],
-        "synthetic": dict(_PROXY_DATA, train_per_class=8, test_per_class=5),
-        "threads": 1,
-        "methods": [*PAPER_METHODS, "flyprompt"],
-    },
-    # Runs in a few minutes on 2 CPU cores: a tiny random ViT on generated images. The numbers test
-    # the pipeline, not the method (a random backbone gives prompts nothing to build on).
-    "cpu": {
-        "protocol": Protocol(
-            model="vit_tiny_patch16_224",
-            model_kwargs=dict(img_size=32, patch_size=8, embed_dim=48, depth=4, num_heads=3),
-            pretrained=False, image_size=32, batch_size=16, online_iter=3, eval_period=200,
-            test_batch_size=128, expansion_dim=1000, ridge=1e2, amp=False, router_query="first_iteration",
-            method_kwargs={"l2p": {"pool_size": 10, "top_k": 2}},
-        ),
-        "datasets": ["synthetic"],
-        "seeds": [1],
-        "synthetic": dict(num_classes=20, train_per_class=40, test_per_class=10, image_size=32),
-        "threads": 1,
-    },
-    # The paper's protocol (reference-protocol section 0): ViT-B/16 with the original ImageNet-21k
-    # weights, CIFAR-100 / ImageNet-R / CUB-200, r_D 0.5, r_B 0.1, 5 sessions, batch 64, 3 online
-    # iterations, Adam 0.005 (0.003 for HiDe-Prompt/NoRGa), AMP, evaluation every 1000 samples,
-    # seeds 1-5, M = 10,000, lambda = 1e4, decays 0.9/0.99, softmax-max. The baselines keep the
-    # reference's behaviour where it differs from our defaults (reference-protocol 4.2, 4.5, 4.9):
-    # DualPrompt/MISA select over the whole pool at test time, MVP's loss terms are batch-global, and
-    # HiDe-Prompt/NoRGa's router reads g_mlp outputs; the router sees the clean batch (router_query).
-    "paper": {
-        "protocol": Protocol(method_kwargs={
-            "dualprompt": {"reference_quirks": True}, "misa": {"reference_quirks": True},
-            "mvp": {"reference_quirks": True},
-            "hide": {"router_features": "g_mlp"}, "norga": {"router_features": "g_mlp"},
-        }),
-        "datasets": ["cifar100", "imagenet-r", "cub200"],
-        "seeds": [1, 2, 3, 4, 5],
-        "synthetic": dict(num_classes=100, train_per_class=500, test_per_class=100, image_size=224),
-        "threads": None,
-    },
-}
+from benchmarks.runner import PAPER_METHODS, Protocol, RunSpec, run
 
 
 # ------------------------------------------------------------------------------------------- CLI
@@ -227,28 +160,6 @@ def load_data(name: str, args: argparse.Namespace, preset: Dict[str, Any], proto
     return data.load_dataset(name, args.data_root, image_size=protocol.image_size, download=args.download)
 
 
-# --------------------------------------------------------------------------------------- results
-def result_path(output: Path, spec: RunSpec) -> Path:
-    return output / "runs" / f"{spec.key}.json"
-
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write to a temporary file in the same folder and rename it into place (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
-
-
-def load_results(output: Path) -> List[Dict[str, Any]]:
-    return [json.loads(path.read_text()) for path in sorted((output / "runs").glob("**/*.json"))]
-
-
 def run_setting(protocol: Protocol, args: argparse.Namespace, preset: Dict[str, Any], dataset: str) -> Dict[str, Any]:
     """Everything besides the run's key that decides its numbers: a finished run is reused only when
     its stored setting equals this one (the world size is not part of it: it does not change results)."""
@@ -257,158 +168,7 @@ def run_setting(protocol: Protocol, args: argparse.Namespace, preset: Dict[str, 
     return json.loads(json.dumps({"protocol": protocol.to_dict(), "data": data_settings}))
 
 
-def setting_differences(stored: Dict[str, Any], wanted: Dict[str, Any]) -> List[str]:
-    """``name: stored -> wanted`` for each differing entry (results written before settings were
-    recorded carry their protocol only; only that is compared then)."""
-    differences = []
-    for part in ("protocol", "data"):
-        if part not in stored:
-            continue
-        old, new = stored[part], wanted[part]
-        if part == "protocol":  # fields added later: what older results did
-            old = {**LEGACY_PROTOCOL, **old}
-        for name in sorted(set(old) | set(new)):
-            if old.get(name) != new.get(name):
-                differences.append(f"{name}: {old.get(name)!r} -> {new.get(name)!r}")
-    return differences
-
-
-def check_resumable(output: Path, specs: Sequence[RunSpec], settings: Dict[str, Dict[str, Any]]) -> None:
-    """Refuse to mix finished runs of another protocol into this table (exit status 2 with the reason)."""
-    for spec in specs:
-        path = result_path(output, spec)
-        if not path.exists():
-            continue
-        result = json.loads(path.read_text())
-        stored = result.get("setting", {"protocol": result.get("protocol", {})})
-        differences = setting_differences(stored, settings[spec.dataset])
-        if differences:
-            raise ProtocolMismatchError(
-                f"{path} was run with another setting ({'; '.join(differences[:4])}"
-                f"{'; ...' if len(differences) > 4 else ''}); pass --no-resume to recompute such runs, "
-                f"or choose another --output"
-            )
-
-
-#: Protocol fields added after results were first written, with the behaviour those results had.
-LEGACY_PROTOCOL = {"router_query": "first_iteration"}
-
-
-class ProtocolMismatchError(RuntimeError):
-    """A finished run in the output folder used a different protocol or data setting."""
-
-
-def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per (dataset, method, variant): mean/std over seeds of each metric (in %) and the
-    difference of the means from the method's baseline."""
-    groups: Dict[tuple, List[Dict[str, Any]]] = {}
-    for result in results:
-        spec = result["spec"]
-        groups.setdefault((spec["dataset"], spec["method"], spec["variant"]), []).append(result)
-    rows = []
-    for (dataset, method, variant), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], VARIANT_ORDER.get(kv[0][2], 99))):
-        row: Dict[str, Any] = {"dataset": dataset, "method": method, "variant": variant, "seeds": len(runs)}
-        for metric in METRICS:
-            values = np.array([100 * r["metrics"][metric] for r in runs], dtype=float)
-            row[f"{metric}_mean"] = float(np.mean(values))
-            row[f"{metric}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-        row["seconds_per_batch"] = float(np.mean([r["seconds_per_batch"] for r in runs]))
-        row["peak_memory_mb"] = float(np.max([r["peak_memory_mb"] for r in runs]))
-        rows.append(row)
-    baselines = {(r["dataset"], r["method"]): r for r in rows if r["variant"] == "baseline"}
-    for row in rows:
-        base = baselines.get((row["dataset"], row["method"]))
-        for metric in METRICS:
-            row[f"{metric}_delta"] = (row[f"{metric}_mean"] - base[f"{metric}_mean"]) if base else math.nan
-    return rows
-
-
-def format_markdown(rows: Sequence[Dict[str, Any]]) -> str:
-    lines = [
-        "| dataset | method | variant | seeds | A_auc | ΔA_auc | A_last | ΔA_last | F_last | s/batch | peak MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        def cell(metric: str) -> str:
-            return f"{r[f'{metric}_mean']:.2f} ± {r[f'{metric}_std']:.2f}"
-
-        def delta(metric: str) -> str:
-            value = r[f"{metric}_delta"]
-            return "" if math.isnan(value) or r["variant"] == "baseline" else f"{value:+.2f}"
-
-        lines.append(
-            f"| {r['dataset']} | {r['method']} | {r['variant']} | {r['seeds']} | {cell('A_auc')} | {delta('A_auc')} | "
-            f"{cell('A_last')} | {delta('A_last')} | {cell('F_last')} | {r['seconds_per_batch']:.3f} | {r['peak_memory_mb']:.0f} |"
-        )
-    return "\n".join(lines)
-
-
-def write_tables(output: Path, rows: Sequence[Dict[str, Any]]) -> str:
-    markdown = format_markdown(rows)
-    (output / "table.md").write_text(markdown + "\n")
-    write_json_atomic(output / "table.json", list(rows))
-    if rows:
-        with open(output / "table.csv", "w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    return markdown
-
-
-def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Path]:
-    """Anytime accuracy (mean over seeds) per method and variant, one panel per (dataset, method)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install -e '.[bench]'): no curves.png", file=sys.stderr)
-        return None
-    panels: Dict[tuple, Dict[str, List[Dict[str, Any]]]] = {}
-    for result in results:
-        spec = result["spec"]
-        panels.setdefault((spec["dataset"], spec["method"]), {}).setdefault(spec["variant"], []).append(result)
-    if not panels:
-        return None
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.5 * rows), squeeze=False)
-    for axis, ((dataset, method), variants) in zip(axes.flat, sorted(panels.items())):
-        for variant, runs in sorted(variants.items(), key=lambda kv: VARIANT_ORDER.get(kv[0], 99)):
-            curves = []
-            for r in runs:
-                anytime = [e for e in r["log"]["records"] if e["kind"] == "anytime"]
-                curves.append(([e["samples_seen"] for e in anytime],
-                               [100 * sum(e["correct"]) / max(sum(e["total"]), 1) for e in anytime]))
-            length = min(len(c[0]) for c in curves)
-            x = curves[0][0][:length]
-            y = np.mean([c[1][:length] for c in curves], axis=0)
-            axis.plot(x, y, label=variant)
-        axis.set_title(f"{method} on {dataset}")
-        axis.set_xlabel("stream samples")
-        axis.set_ylabel("anytime accuracy (%)")
-        axis.legend(fontsize=8)
-    for axis in list(axes.flat)[len(panels):]:
-        axis.axis("off")
-    figure.tight_layout()
-    path = output / "curves.png"
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
-
-
 # ------------------------------------------------------------------------------------------ main
-def plan(methods: Sequence[str], variants: Sequence[str], datasets: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:
-    specs = []
-    for dataset in datasets:
-        for seed in seeds:
-            for method in methods:
-                for variant in (("full",) if method == "flyprompt" else variants):
-                    specs.append(RunSpec(method, variant, dataset, seed))
-    return specs
-
-
 def _progress(disabled: bool):
     if disabled:
         return None

@@ -25,7 +25,15 @@ if __package__ in (None, ""):  # run as a script from a checkout: make `benchmar
 
 import torch
 
-from benchmarks.pretrain_proxy import DATA_SEED, DEFAULT_OUTPUT, MODEL_KWARGS, MODEL_NAME, NOISE_STD, NUM_DOWNSTREAM, NUM_UPSTREAM
+from benchmarks.pretrain_proxy import (
+    DATA_SEED,
+    DEFAULT_OUTPUT,
+    MODEL_KWARGS,
+    MODEL_NAME,
+    NOISE_STD,
+    NUM_DOWNSTREAM,
+    NUM_UPSTREAM,
+)
 
 RIDGES = (1e-3, 1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3, 1e4)
 

@@ -22,17 +22,16 @@ Deliberate differences from the reference loop (each one keeps a number comparab
 from __future__ import annotations
 
 import contextlib
-import math
 import resource
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
+from fly_modules.adapters import reference as reference_adapter
 from torch import nn
 
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, seen_class_mask
-from fly_modules.adapters import reference as reference_adapter
 
 from .metrics import AnytimeEvalTrigger, EvaluationLog, count_correct, summarize
 from .stream import build_si_blurry_stream

@@ -4,6 +4,8 @@ The core imports nothing but torch (and numpy where noted), so it drops into cod
 torch/timm versions. Method-specific retrofits live in :mod:`fly_modules.adapters`.
 """
 
+from ._validation import InvalidParameterError as InvalidParameterError
+from ._validation import NotFittedError as NotFittedError
 from .ensemble import AGGREGATION_RULES as AGGREGATION_RULES
 from .ensemble import TemporalEnsembleHead as TemporalEnsembleHead
 from .ensemble import aggregate_logits as aggregate_logits
@@ -16,13 +18,13 @@ from .router import RandomExpansion as RandomExpansion
 from .router import RouterSolveError as RouterSolveError
 from .schedule import SampleBudgetSchedule as SampleBudgetSchedule
 from .schedule import SessionSchedule as SessionSchedule
-from ._validation import NotFittedError as NotFittedError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AGGREGATION_RULES",
     "AnalyticRouter",
+    "InvalidParameterError",
     "NotFittedError",
     "RandomExpansion",
     "RouterSolveError",

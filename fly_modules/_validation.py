@@ -6,12 +6,58 @@ were. Messages say what was found and what was expected (scikit-learn's conventi
 
 from __future__ import annotations
 
-from typing import Union
+import numbers
+import operator
+from typing import Any, Collection, Optional, Union
 
 import torch
 from torch import Tensor
 
-__all__ = ["NotFittedError", "check_features", "check_expert_ids"]
+__all__ = ["InvalidParameterError", "NotFittedError", "check_int", "check_choice", "check_features", "check_expert_ids"]
+
+
+class InvalidParameterError(ValueError, TypeError):
+    """An argument has the wrong type or value; the message names the owner, the parameter, what is
+    allowed and what was given.
+
+    Subclasses both ``ValueError`` and ``TypeError`` (scikit-learn's convention), so callers that catch
+    either keep working whichever of the two a check used to raise.
+    """
+
+
+def check_int(
+    value: Any, name: str, *, owner: str, minimum: Optional[int] = None, maximum: Optional[int] = None
+) -> int:
+    """``value`` as a Python int in ``[minimum, maximum]`` (either bound optional).
+
+    Accepts anything with ``__index__`` (numpy and 0-d integer tensors included) except ``bool``;
+    raises :class:`InvalidParameterError` otherwise.
+    """
+    bound = (
+        f" in [{minimum}, {maximum}]" if minimum is not None and maximum is not None
+        else f" >= {minimum}" if minimum is not None
+        else f" <= {maximum}" if maximum is not None
+        else ""
+    )
+    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+        raise InvalidParameterError(f"{owner}: {name} must be an int{bound}, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise InvalidParameterError(
+            f"{owner}: {name} must be an int{bound}, got {type(value).__name__} {value!r}"
+        ) from None
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise InvalidParameterError(f"{owner}: {name} must be an int{bound}, got {number}")
+    return number
+
+
+def check_choice(value: Any, name: str, choices: Collection[Any], *, owner: str) -> Any:
+    """``value`` if it is one of ``choices``; :class:`InvalidParameterError` naming them otherwise."""
+    if isinstance(value, numbers.Number) or isinstance(value, str) or value is None:
+        if value in choices:
+            return value
+    raise InvalidParameterError(f"{owner}: {name} must be one of {tuple(choices)}, got {value!r}")
 
 
 class NotFittedError(ValueError, AttributeError):

@@ -9,10 +9,9 @@ which are ensembled with the online head after the logit mask.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 

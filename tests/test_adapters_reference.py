@@ -11,9 +11,10 @@ from torch import nn
 
 timm = pytest.importorskip("timm")
 
-from fly_modules import SessionSchedule  # noqa: E402
 from fly_modules.adapters import SeamError, list_families, retrofit  # noqa: E402
+
 from benchmarks.methods.base import QueryFeatures, create_method  # noqa: E402
+from fly_modules import SessionSchedule  # noqa: E402
 
 EMBED, CLASSES = 32, 5
 METHODS = ["l2p", "dualprompt", "misa", "mvp", "hide", "norga"]

@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 pytest.importorskip("timm")
+from fly_modules.adapters import SeamError, generic, retrofit  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule  # noqa: E402
-from fly_modules.adapters import SeamError, generic, retrofit  # noqa: E402
 
 D, C, E = 32, 5, 2
 VIT_KW = dict(img_size=32, patch_size=8, embed_dim=D, depth=4, num_heads=2)

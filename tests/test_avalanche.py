@@ -21,12 +21,12 @@ from avalanche.core import SupervisedPlugin  # noqa: E402
 from avalanche.evaluation.metrics import accuracy_metrics  # noqa: E402
 from avalanche.training import Naive  # noqa: E402
 from avalanche.training.plugins import EvaluationPlugin  # noqa: E402
+from fly_modules.adapters import generic, reference  # noqa: E402
+from fly_modules.adapters.avalanche import FlyPlugin  # noqa: E402
 
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import create_method  # noqa: E402
 from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, class_mask  # noqa: E402
-from fly_modules.adapters import generic, reference  # noqa: E402
-from fly_modules.adapters.avalanche import FlyPlugin  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES, EMBED, MB, EXP_SIZE = 6, 32, 4, 8

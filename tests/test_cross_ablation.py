@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from benchmarks import cross_ablation
+from benchmarks import cross_ablation, report, results
+from benchmarks.presets import PRESETS
 from benchmarks.runner import PAPER_METHODS
 
 REDUCED = [
@@ -29,7 +30,7 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     # six methods x four variants, plus FlyPrompt (router and ensemble built in) as its own row
     assert len(rows) == 25
     assert {(r["method"], r["variant"]) for r in rows} == {
-        (m, v) for m in PAPER_METHODS for v in cross_ablation.ABLATION_VARIANTS
+        (m, v) for m in PAPER_METHODS for v in report.ABLATION_VARIANTS
     } | {("flyprompt", "full")}
     for row in rows:
         assert 0 <= row["A_auc_mean"] <= 100 and 0 <= row["A_last_mean"] <= 100
@@ -64,7 +65,7 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     # Finished runs of another protocol or dataset are never mixed into the table.
     calls.clear()
     for changed in (["--lr", "0.5"], ["--synthetic-test-per-class", "5"]):
-        with pytest.raises(cross_ablation.ProtocolMismatchError, match="another setting .*--no-resume"):
+        with pytest.raises(results.ProtocolMismatchError, match="another setting .*--no-resume"):
             cross_ablation.main([*REDUCED, *changed, "--output", str(output)])
     assert calls == []
 
@@ -72,7 +73,7 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     target = tmp_path / "runs" / "x.json"
     with pytest.raises(TypeError):
-        cross_ablation.write_json_atomic(target, {"bad": object()})
+        results.write_json_atomic(target, {"bad": object()})
     assert not target.exists() and list(target.parent.iterdir()) == []
 
 
@@ -89,14 +90,14 @@ def test_table_means_stds_and_deltas_on_fixed_results():
         fake_result("dualprompt", "router", 1, 0.75, 0.70),
         fake_result("dualprompt", "router", 2, 0.85, 0.72),
     ]
-    rows = cross_ablation.summarize_results(results)
+    rows = report.summarize_results(results)
     assert [(r["method"], r["variant"]) for r in rows] == [("dualprompt", "baseline"), ("dualprompt", "router")]
     base, router = rows
     assert base["A_auc_mean"] == pytest.approx(75.0) and base["A_auc_std"] == pytest.approx(math.sqrt(50.0))
     assert router["A_last_mean"] == pytest.approx(71.0) and router["A_last_std"] == pytest.approx(math.sqrt(2.0))
     assert router["A_auc_delta"] == pytest.approx(5.0) and router["A_last_delta"] == pytest.approx(9.0)
     assert router["peak_memory_mb"] == 102.0
-    markdown = cross_ablation.format_markdown(rows)
+    markdown = report.format_markdown(rows)
     assert "| d | dualprompt | router | 2 | 80.00 ± 7.07 | +5.00 | 71.00 ± 1.41 | +9.00 |" in markdown
 
 
@@ -196,8 +197,8 @@ def test_paper_preset_keeps_the_reference_baselines():
 
     from benchmarks.methods.base import create_method
 
-    kwargs = cross_ablation.PRESETS["paper"]["protocol"].method_kwargs
-    assert cross_ablation.PRESETS["paper"]["protocol"].router_query == "clean"
+    kwargs = PRESETS["paper"]["protocol"].method_kwargs
+    assert PRESETS["paper"]["protocol"].router_query == "clean"
     backbone = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32, patch_size=8,
                                  embed_dim=48, depth=4, num_heads=3)
     for name in PAPER_METHODS:

@@ -13,13 +13,8 @@ from timm.layers import Attention  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from benchmarks.methods.base import create_method, frozen_cls, list_methods  # noqa: E402
-from benchmarks.methods.hide import (  # noqa: E402
-    HiDeOutput,
-    HiDePrompt,
-    NoRGa,
-    prefix_attention,
-    prefixed_block,
-)
+from benchmarks.methods.hide import HiDeOutput, HiDePrompt, NoRGa  # noqa: E402
+from benchmarks.methods.prefix_attention import prefix_attention, prefixed_block  # noqa: E402
 
 NUM_CLASSES = 6
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=6, num_heads=2)

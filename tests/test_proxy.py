@@ -14,6 +14,7 @@ import torch
 
 from benchmarks import cross_ablation
 from benchmarks.data import make_synthetic_dataset, make_synthetic_train_test, synthetic_class_split
+from benchmarks.presets import PRESETS
 from benchmarks.pretrain_proxy import MODEL_KWARGS, MODEL_NAME
 from benchmarks.runner import Protocol, build_backbone
 
@@ -88,7 +89,7 @@ def test_committed_checkpoint_matches_its_sidecar_and_loads():
     assert sidecar["quick"] is False and sidecar["model_kwargs"] == MODEL_KWARGS
     assert sidecar["command"].startswith("python benchmarks/pretrain_proxy.py")
     _assert_loads_through_runner(CHECKPOINT, MODEL_KWARGS)
-    proxy = cross_ablation.PRESETS["proxy"]["protocol"]
+    proxy = PRESETS["proxy"]["protocol"]
     assert Path(proxy.weights) == CHECKPOINT and proxy.model_kwargs == MODEL_KWARGS
 
 
@@ -111,7 +112,7 @@ def test_reduced_proxy_cross_ablation_end_to_end(tmp_path):
 
 
 def test_proxy_presets_cover_the_issue_protocol():
-    proxy, short = cross_ablation.PRESETS["proxy"], cross_ablation.PRESETS["proxy-short"]
+    proxy, short = PRESETS["proxy"], PRESETS["proxy-short"]
     assert proxy["methods"] == ["l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt"]
     assert proxy["seeds"] == [1, 2, 3] and len(short["seeds"]) == 1
     p = proxy["protocol"]

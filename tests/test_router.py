@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from torch import nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from fly_modules import AnalyticRouter, NotFittedError, RandomExpansion, RouterSolveError
 from fly_modules import router as router_module

@@ -72,7 +72,6 @@ layout ``(layers, 2, tasks, length, heads, head_dim)``, NoRGa's ``.act_scale`` `
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Optional, Sequence, Tuple, Union
 
@@ -81,159 +80,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import MethodOutput, PromptMethod, QueryFeatures, frozen_cls, register_method
+from .prefix_attention import check_prefixable_backbone, prefixed_block, resolve_prefix_layers
 
-__all__ = ["HiDeOutput", "PrefixPrompt", "HiDePrompt", "NoRGa", "prefix_attention", "prefixed_block"]
+__all__ = ["HiDeOutput", "PrefixPrompt", "HiDePrompt", "NoRGa"]
 
 _ROUTER_FEATURES = ("cls", "g_mlp")
-
-
-# ------------------------------------------------------------------------------ attention core
-def _head_dims(attn: nn.Module) -> Tuple[int, int]:
-    num_heads = int(attn.num_heads)
-    head_dim = getattr(attn, "head_dim", None)
-    if head_dim is None:  # older timm: derived from the fused projection
-        head_dim = attn.qkv.out_features // (3 * num_heads)
-    return num_heads, int(head_dim)
-
-
-def prefix_attention(
-    attn: nn.Module,
-    x: Tensor,
-    prefix_key: Optional[Tensor] = None,
-    prefix_value: Optional[Tensor] = None,
-    *,
-    gate: Optional[Tensor] = None,
-) -> Tensor:
-    """Forward of a timm ``Attention`` with per-sample prefix keys and values prepended.
-
-    Args:
-        attn: the block's timm ``Attention`` (fused ``qkv``; ``q_norm``, ``k_norm``, ``norm``, ``gate``
-            are used when present). Only read, never modified.
-        x: pre-normed tokens ``(B, N, D)`` (the block's ``norm1`` output).
-        prefix_key, prefix_value: ``(B, H, P, head_dim)``; they skip ``qkv`` and ``k_norm``. ``None`` or
-            ``P = 0`` gives timm's attention.
-        gate: NoRGa's ``(a, b)`` (a tensor of 2 elements): the scaled prefix scores ``s`` become
-            ``s + sigmoid(a * s) * b``; ``None`` for plain prefix tuning (``scaled_dot_product_attention``).
-
-    Returns:
-        ``(B, N, D_out)``, the output of ``attn.proj`` (and ``attn.proj_drop``).
-    """
-    B, N, _ = x.shape
-    num_heads, head_dim = _head_dims(attn)
-    out_gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
-    qkv = attn.qkv(x).reshape(B, N, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-    if q_norm is not None:
-        q = q_norm(q)
-    if k_norm is not None:
-        k = k_norm(k)
-    num_prefix = 0
-    if prefix_key is not None:
-        if prefix_value is None or prefix_value.shape != prefix_key.shape:
-            raise ValueError(
-                "prefix_key and prefix_value must both be given with the same shape, found "
-                f"{tuple(prefix_key.shape)} and {None if prefix_value is None else tuple(prefix_value.shape)}"
-            )
-        num_prefix = prefix_key.shape[2]
-        k = torch.cat([prefix_key.to(k.dtype), k], dim=2)
-        v = torch.cat([prefix_value.to(v.dtype), v], dim=2)
-    scale = float(getattr(attn, "scale", head_dim**-0.5))
-    drop = attn.attn_drop.p if (attn.training and hasattr(attn, "attn_drop")) else 0.0
-    if gate is None:
-        kwargs = {} if math.isclose(scale, head_dim**-0.5, rel_tol=1e-12) else {"scale": scale}
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, **kwargs)
-    else:
-        scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, N, P + N)
-        if num_prefix > 0:
-            a, b = gate.to(scores.dtype).reshape(2).unbind(0)
-            prefix_scores = scores[..., :num_prefix]
-            prefix_scores = prefix_scores + torch.sigmoid(a * prefix_scores) * b
-            scores = torch.cat([prefix_scores, scores[..., num_prefix:]], dim=-1)
-        probs = scores.softmax(dim=-1)
-        if drop > 0.0:
-            probs = F.dropout(probs, p=drop)
-        out = probs @ v
-    out = out.transpose(1, 2).reshape(B, N, num_heads * head_dim)
-    norm = getattr(attn, "norm", None)
-    if norm is not None:
-        out = norm(out)
-    if out_gate is not None:
-        out = out * out_gate
-    out = attn.proj(out)
-    proj_drop = getattr(attn, "proj_drop", None)
-    return proj_drop(out) if proj_drop is not None else out
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
-
-
-def prefixed_block(
-    block: nn.Module,
-    x: Tensor,
-    prefix_key: Optional[Tensor] = None,
-    prefix_value: Optional[Tensor] = None,
-    *,
-    gate: Optional[Tensor] = None,
-) -> Tensor:
-    """A timm pre-norm ``Block`` forward whose attention gets prefix keys/values (``prefix_attention``).
-
-    ``norm1 -> prefixed attention -> ls1 -> drop_path1 -> residual -> norm2 -> mlp -> ls2 -> drop_path2
-    -> residual``; with no prefix it equals ``block(x)``.
-    """
-    ls1 = getattr(block, "ls1", _identity)
-    ls2 = getattr(block, "ls2", _identity)
-    dp1 = getattr(block, "drop_path1", _identity)
-    dp2 = getattr(block, "drop_path2", _identity)
-    x = x + dp1(ls1(prefix_attention(block.attn, block.norm1(x), prefix_key, prefix_value, gate=gate)))
-    return x + dp2(ls2(block.mlp(block.norm2(x))))
-
-
-def _check_backbone(backbone: nn.Module, layers: Sequence[int]) -> Tuple[int, int]:
-    """Check the timm ViT interface we use; returns ``(num_heads, head_dim)`` of the prefixed layers."""
-    needed = ("patch_embed", "_pos_embed", "patch_drop", "norm_pre", "blocks", "norm")
-    missing = [a for a in needed if not hasattr(backbone, a)]
-    if missing:
-        raise TypeError(
-            f"HiDe-Prompt needs a timm VisionTransformer backbone; {type(backbone).__name__} lacks {missing}"
-        )
-    if getattr(backbone, "cls_token", None) is None:
-        raise ValueError(
-            f"HiDe-Prompt reads the final-norm CLS token, but {type(backbone).__name__} has no class token "
-            "(build it with class_token=True)"
-        )
-    dims = set()
-    for i in layers:
-        block = backbone.blocks[i]
-        attn = getattr(block, "attn", None)
-        lacks = [a for a in ("norm1", "attn", "norm2", "mlp") if not hasattr(block, a)]
-        if attn is not None:
-            lacks += [f"attn.{a}" for a in ("qkv", "num_heads", "proj") if not hasattr(attn, a)]
-        if lacks:
-            raise TypeError(
-                f"block {i} ({type(block).__name__}) cannot be prefixed: it lacks {lacks} "
-                "(a pre-norm timm Block with a fused-qkv Attention is required)"
-            )
-        if not isinstance(attn.qkv, nn.Linear):
-            raise TypeError(f"block {i}: attn.qkv must be an nn.Linear, found {type(attn.qkv).__name__}")
-        dims.add(_head_dims(attn))
-    if len(dims) != 1:
-        raise ValueError(f"the prefixed layers disagree on (num_heads, head_dim): {sorted(dims)}")
-    return dims.pop()
-
-
-def _resolve_layers(prefix_layers: Union[int, Sequence[int]], depth: int) -> Tuple[int, ...]:
-    if depth < 1:
-        raise ValueError("the backbone has no transformer blocks to prefix")
-    if isinstance(prefix_layers, int):
-        if prefix_layers < 1:
-            raise ValueError(f"prefix_layers must be >= 1 (the first n blocks), found {prefix_layers}")
-        return tuple(range(min(prefix_layers, depth)))
-    layers = tuple(sorted({int(i) for i in prefix_layers}))
-    if not layers or layers[0] < 0 or layers[-1] >= depth:
-        raise ValueError(f"prefix_layers must be block indices in [0, {depth}), found {list(prefix_layers)}")
-    return layers
 
 
 # ------------------------------------------------------------------------------------ modules
@@ -395,8 +246,8 @@ class HiDePrompt(PromptMethod):
         self.backbone = backbone
         backbone.requires_grad_(False)
         backbone.eval()
-        self.prefix_layers = _resolve_layers(prefix_layers, len(backbone.blocks))
-        num_heads, head_dim = _check_backbone(backbone, self.prefix_layers)
+        self.prefix_layers = resolve_prefix_layers(prefix_layers, len(backbone.blocks))
+        num_heads, head_dim = check_prefixable_backbone(backbone, self.prefix_layers)
         self._slot_of_layer: Dict[int, int] = {layer: s for s, layer in enumerate(self.prefix_layers)}
         ref = next(backbone.parameters())
         dd = {"device": ref.device, "dtype": ref.dtype}
