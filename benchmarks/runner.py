@@ -33,6 +33,8 @@ from torch import nn
 
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, seen_class_mask
 
+from .backbone import BackboneLoadError as BackboneLoadError
+from .backbone import build_backbone as _build_timm_backbone
 from .metrics import AnytimeEvalTrigger, EvaluationLog, count_correct, summarize
 from .stream import build_si_blurry_stream
 
@@ -100,27 +102,11 @@ class RunSpec:
         return f"{self.dataset}/{self.method}/{self.variant}/seed{self.seed}"
 
 
-class BackboneLoadError(RuntimeError):
-    """The backbone's pretrained weights could not be loaded (the message says how to supply them)."""
-
-
 def build_backbone(protocol: Protocol) -> nn.Module:
-    """A timm ViT by name, with pretrained weights by name (timm's cache) or from a local file."""
-    import timm  # the bench extra
-
-    kwargs = dict(protocol.model_kwargs)
-    if protocol.weights:
-        kwargs["pretrained_cfg_overlay"] = dict(file=protocol.weights)
-    try:
-        return timm.create_model(protocol.model, pretrained=protocol.pretrained or bool(protocol.weights), num_classes=0, **kwargs)
-    except Exception as error:  # timm raises several types for missing weights (hub, file, config)
-        if not (protocol.pretrained or protocol.weights):
-            raise
-        raise BackboneLoadError(
-            f"could not load pretrained weights for {protocol.model!r} ({type(error).__name__}: {error}). "
-            f"Without internet access, download the weights elsewhere and pass --weights /path/to/file "
-            f"(.safetensors/.pth/.npz), or pass --pretrained false for a random backbone."
-        ) from error
+    """The protocol's timm ViT (no classifier), weights as :mod:`benchmarks.backbone` resolves them."""
+    return _build_timm_backbone(
+        protocol.model, protocol.model_kwargs, pretrained=protocol.pretrained, weights=protocol.weights
+    )
 
 
 def _build_method(spec: RunSpec, protocol: Protocol, num_classes: int, device: torch.device) -> nn.Module:
