@@ -40,9 +40,10 @@ from benchmarks.results import (
     load_results,
     plan,
     result_path,
+    trainings,
     write_json_atomic,
 )
-from benchmarks.runner import PAPER_METHODS, Protocol, RunSpec, run
+from benchmarks.runner import PAPER_METHODS, Protocol, RunSpec, run_training
 
 
 # ------------------------------------------------------------------------------------------- CLI
@@ -228,25 +229,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     progress = _progress(args.no_progress or not lead)
     data_cache: Dict[str, Any] = {}
     outer = progress(total=len(todo), desc="runs") if progress else None
-    for spec in todo:
-        if spec.dataset not in data_cache:
-            data_cache = {spec.dataset: load_data(spec.dataset, args, preset, protocol)}
-        train, test = data_cache[spec.dataset]
+    for group in trainings(todo):  # one training scores every missing variant of a (dataset, seed, method)
+        first = group[0]
+        if first.dataset not in data_cache:
+            data_cache = {first.dataset: load_data(first.dataset, args, preset, protocol)}
+        train, test = data_cache[first.dataset]
         started = time.perf_counter()
-        result = run(spec, protocol, train, test, device=device, progress=progress)
-        result["wall_seconds"] = time.perf_counter() - started
-        result["world_size"] = world
-        result["setting"] = settings[spec.dataset]
-        if not lead:
-            continue
-        write_json_atomic(result_path(output, spec), result)
-        m = result["metrics"]
-        line = (f"{spec.key}: A_auc {100 * m['A_auc']:.2f}  A_last {100 * m['A_last']:.2f}  F_last {100 * m['F_last']:.2f}  "
-                f"{result['seconds_per_batch'] * 1000:.1f} ms/batch  peak {result['peak_memory_mb']:.0f} MB  "
-                f"({result['wall_seconds']:.0f} s)")
-        (outer.write if outer else print)(line)
-        if outer:
-            outer.update(1)
+        records = run_training(first.method, first.dataset, first.seed, [spec.variant for spec in group], protocol,
+                               train, test, device=device, progress=progress)
+        wall = time.perf_counter() - started
+        for spec in group:
+            result = records[spec.variant]
+            result["wall_seconds"] = wall  # of the training shared by the group
+            result["world_size"] = world
+            result["setting"] = settings[spec.dataset]
+            if not lead:
+                continue
+            write_json_atomic(result_path(output, spec), result)
+            m = result["metrics"]
+            line = (f"{spec.key}: A_auc {100 * m['A_auc']:.2f}  A_last {100 * m['A_last']:.2f}  "
+                    f"F_last {100 * m['F_last']:.2f}  {result['seconds_per_batch'] * 1000:.1f} ms/batch  "
+                    f"peak {result['peak_memory_mb']:.0f} MB  ({wall:.0f} s, {len(group)} variants)")
+            (outer.write if outer else print)(line)
+            if outer:
+                outer.update(1)
     if outer:
         outer.close()
     if world > 1:

@@ -53,8 +53,13 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     (output / "runs" / "synthetic" / "mvp" / "router" / "seed1.json").unlink()
     (output / "runs" / "synthetic" / "hide" / "both" / "seed1.json").unlink()
     calls = []
-    original = cross_ablation.run
-    monkeypatch.setattr(cross_ablation, "run", lambda spec, *a, **k: calls.append(spec.key) or original(spec, *a, **k))
+    original = cross_ablation.run_training
+
+    def recording(method, dataset, seed, variants, *args, **kwargs):
+        calls.extend(f"{dataset}/{method}/{variant}/seed{seed}" for variant in variants)
+        return original(method, dataset, seed, variants, *args, **kwargs)
+
+    monkeypatch.setattr(cross_ablation, "run_training", recording)
     assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
     assert sorted(calls) == ["synthetic/hide/both/seed1", "synthetic/mvp/router/seed1"]
     def metrics_only(table):

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
+
 __all__ = [
     "MethodOutput",
     "QueryFeatures",
@@ -39,6 +41,7 @@ __all__ = [
     "register_method",
     "create_method",
     "list_methods",
+    "method_class",
     "frozen_cls",
 ]
 
@@ -106,13 +109,32 @@ class PromptMethod(nn.Module):
     head: nn.Linear
     num_experts: int
     current_expert: int
-    #: ``torch.distributed`` group of a data-parallel run (set by the runner; ``None``: one process).
-    #: Statistics a method accumulates from its batches go through :meth:`gather_batch` /
-    #: :meth:`reduce_sum`, so every process keeps the statistics of the *global* batch.
-    process_group: Optional[Any] = None
-    #: This process's share ``n_rank / n_global`` of the global batch; the runner scales the loss by it
-    #: before summing gradients, so a loss term that is already a *global* batch mean divides by it.
-    batch_share: float = 1.0
+    #: ``"batch"``: the training logit mask covers the classes of the batch; ``"seen"``: every class
+    #: exposed so far (MVP's reference loss).
+    train_logit_mask: ClassVar[str] = "batch"
+    #: The method trains its own analytic router and temporal ensemble (its ``router`` and ``ensemble``
+    #: attributes, FlyPrompt): a benchmark adds neither and runs it as one variant, ``full``.
+    builtin_components: ClassVar[bool] = False
+
+    # ----------------------------------------------------------------------------- set-up
+    @classmethod
+    def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
+        """Constructor arguments for a benchmark run of ``protocol`` (``benchmarks.runner.Protocol``).
+
+        ``num_experts`` and the protocol's ``method_kwargs`` for this method by default; subclasses add
+        what the protocol decides for them (router settings, learning rates, initial prompts).
+        """
+        return {"num_experts": protocol.num_experts, **protocol.method_kwargs.get(cls.name, {})}
+
+    @classmethod
+    def from_protocol(cls, backbone: nn.Module, num_classes: int, protocol: Any, seed: int) -> "PromptMethod":
+        """The method of a benchmark run, built around ``backbone`` with :meth:`protocol_kwargs`."""
+        return cls(backbone, num_classes, **cls.protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes))
+
+    @classmethod
+    def protocol_notes(cls, protocol: Any) -> str:
+        """What a run record should say about how the protocol built this method ("" when nothing)."""
+        return ""
 
     # ----------------------------------------------------------------------------------- seams
     def compute_query(self, x: Tensor) -> QueryFeatures:
@@ -151,44 +173,15 @@ class PromptMethod(nn.Module):
     def get_classifier(self) -> nn.Linear:
         return self.head
 
-    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+    def auxiliary_loss(
+        self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH
+    ) -> Tensor:
         """Extra training loss (key pull, contrastive term, ...); zero by default."""
         return features.new_zeros(())
 
     def trainable_parameters(self) -> List[nn.Parameter]:
         """The parameters the optimizer trains (everything with ``requires_grad``)."""
         return [p for p in self.parameters() if p.requires_grad]
-
-    # ------------------------------------------------------------------------- data parallel
-    def gather_batch(self, tensor: Tensor) -> Tensor:
-        """Every process's rows of ``tensor`` in rank order (the tensor itself in one process)."""
-        if self.process_group is None:
-            return tensor
-        from fly_modules.distributed import gather_rows
-
-        return gather_rows(tensor, self.process_group)
-
-    def reduce_sum(self, counts: Tensor) -> Tensor:
-        """Sum of ``counts`` (counts or detached sums) over the processes (``counts`` itself in one process)."""
-        if self.process_group is None:
-            return counts
-        import torch.distributed as dist
-
-        counts = counts.clone()
-        dist.all_reduce(counts, group=self.process_group)
-        return counts
-
-    def global_mean(self, values: Tensor) -> Tensor:
-        """Mean of ``values`` over the global batch whose gradient flows through this process's rows.
-
-        In one process this is ``values.mean()``. Divide a loss built from such means by
-        ``batch_share`` so that the runner's weighting leaves its gradient exact.
-        """
-        if self.process_group is None:
-            return values.mean()
-        total = values.sum()
-        both = self.reduce_sum(torch.stack([total.detach(), total.new_tensor(float(values.numel()))]))
-        return (total - total.detach() + both[0]) / both[1]
 
     # ------------------------------------------------------------------------------- forward
     def forward(
@@ -197,18 +190,20 @@ class PromptMethod(nn.Module):
         *,
         expert: Optional[Tensor] = None,
         query: Optional[QueryFeatures] = None,
+        parallel: BatchShare = WHOLE_BATCH,
     ) -> MethodOutput:
         """Query pass (unless ``query`` is given) -> selection -> prompted pass -> head.
 
         ``self.training`` decides between the training-time and the inference-time selection.
-        ``expert`` (``(B,)`` long) restricts the selection to routed experts (inference-time routing).
+        ``expert`` (``(B,)`` long) restricts the selection to those experts (routed or forced).
+        ``parallel``: this process's share of a data-parallel batch (statistics use the global batch).
         """
         if query is None:
             query = self.compute_query(x)
         selection = self.select(query.query, train=self.training, expert=expert)
         features = self.forward_features(x, selection)
         logits = self.transform_logits(self.head(features), selection)
-        aux = self.auxiliary_loss(query, selection, features) if self.training else features.new_zeros(())
+        aux = self.auxiliary_loss(query, selection, features, parallel) if self.training else features.new_zeros(())
         return MethodOutput(logits, features, query, selection, self.expert_of(selection), aux)
 
     @torch.no_grad()
@@ -221,7 +216,10 @@ class PromptMethod(nn.Module):
         output = self(x)  # through __call__ so that forward hooks (retrofits) apply
         return output.logits if logit_mask is None else output.logits + logit_mask
 
-    def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+    def loss(
+        self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None,
+        parallel: BatchShare = WHOLE_BATCH,
+    ) -> Tensor:
         """Cross-entropy on the masked logits plus the method's auxiliary loss."""
         logits = output.logits if logit_mask is None else output.logits + logit_mask
         return F.cross_entropy(logits, target) + output.aux_loss
@@ -240,8 +238,12 @@ class PromptMethod(nn.Module):
         Built-in per-step state lives here (FlyPrompt's EMA heads); no-op by default.
         """
 
-    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput) -> None:
-        """Called once per stream batch after its online iterations (statistics, counters)."""
+    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput, parallel: BatchShare = WHOLE_BATCH) -> None:
+        """Called once per stream batch after its online iterations (statistics, counters).
+
+        ``output`` is the batch's first training forward; its ``query.router`` holds the router features
+        of the batch (a benchmark may replace them with those of the un-augmented batch).
+        """
 
     def on_evaluate(self) -> None:
         """Called before each evaluation."""
@@ -273,13 +275,17 @@ def list_methods() -> List[str]:
     return sorted(_METHODS)
 
 
-def create_method(name: str, backbone: nn.Module, num_classes: int, **kwargs) -> PromptMethod:
-    """Build a registered method around a timm ViT ``backbone``."""
+def method_class(name: str) -> Type[PromptMethod]:
+    """The registered method class called ``name``."""
     try:
-        cls = _METHODS[name]
+        return _METHODS[name]
     except KeyError:
         raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(list_methods())}") from None
-    return cls(backbone, num_classes, **kwargs)
+
+
+def create_method(name: str, backbone: nn.Module, num_classes: int, **kwargs) -> PromptMethod:
+    """Build a registered method around a timm ViT ``backbone``."""
+    return method_class(name)(backbone, num_classes, **kwargs)
 
 
 # ---------------------------------------------------------------------------------- helpers

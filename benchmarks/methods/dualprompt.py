@@ -43,11 +43,12 @@ layer, keys stay random); everything else is DualPrompt.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import QueryFeatures, register_method
 from .prompting import (
     ConcatPromptMethod,
@@ -179,7 +180,9 @@ class DualPrompt(ConcatPromptMethod):
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         return self._prompted_cls(x, self._layer_prompts(selection))
 
-    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+    def auxiliary_loss(
+        self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH
+    ) -> Tensor:
         """Key pull: ``key_pull_weight * mean(1 - cos(query, selected key))``."""
         cos = torch.nn.functional.cosine_similarity(query.query, self.e_keys[selection], dim=-1)
         return self.key_pull_weight * (1.0 - cos).mean()
@@ -201,6 +204,28 @@ class MISA(DualPrompt):
     """
 
     name = "misa"
+
+    @classmethod
+    def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
+        kwargs = super().protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes)
+        if "g_prompt" in kwargs:
+            return kwargs
+        if protocol.misa_prompts:
+            kwargs["g_prompt"] = f"{protocol.misa_prompts}/g_prompt.pt"
+            kwargs["e_prompt"] = f"{protocol.misa_prompts}/e_prompt.pt"
+            return kwargs
+        # No pretrained prompts supplied: MISA degenerates to DualPrompt with 10 G tokens per layer and a
+        # seeded uniform initialisation (protocol_notes says so in the run record).
+        layout = {k: v for k, v in kwargs.items() if k not in ("num_experts", "reference_quirks")}
+        shapes = DualPrompt(backbone, num_classes, num_experts=protocol.num_experts, **{"g_prompt_length": 10, **layout})
+        generator = torch.Generator().manual_seed(seed)
+        kwargs["g_prompt"] = torch.empty_like(shapes.g_prompts).uniform_(-1, 1, generator=generator)
+        kwargs["e_prompt"] = torch.empty_like(shapes.e_prompts).uniform_(-1, 1, generator=generator)
+        return kwargs
+
+    @classmethod
+    def protocol_notes(cls, protocol: Any) -> str:
+        return "" if protocol.misa_prompts else "MISA without pretrained prompts (uniform init)"
 
     def __init__(
         self,

@@ -36,13 +36,14 @@ Decisions on the reference's quirks (reference-protocol 6.2):
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from fly_modules import AnalyticRouter, TemporalEnsembleHead
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, register_method
 from .prompting import ConcatPromptMethod, cls_position, resolve_layers
 
@@ -74,6 +75,17 @@ class FlyPrompt(ConcatPromptMethod):
     name = "flyprompt"
     session_aware = False
     default_lr = 0.005
+    builtin_components = True
+
+    @classmethod
+    def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
+        kwargs = super().protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes)
+        kwargs.setdefault("router_seed", seed)  # the expansion R differs per seed, as in the reference
+        kwargs.setdefault("router_expansion_dim", protocol.expansion_dim)
+        kwargs.setdefault("router_ridge", protocol.ridge)
+        kwargs.setdefault("decays", protocol.decays)
+        kwargs.setdefault("aggregate", protocol.aggregate)
+        return kwargs
 
     def __init__(
         self,
@@ -157,5 +169,5 @@ class FlyPrompt(ConcatPromptMethod):
     def on_optimizer_step(self, output: MethodOutput) -> None:
         self.ensemble.update()
 
-    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput) -> None:
-        self.router.update(output.query.router, self.current_expert)
+    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput, parallel: BatchShare = WHOLE_BATCH) -> None:
+        self.router.update(parallel.gather_rows(output.query.router), self.current_expert)

@@ -79,6 +79,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, PromptMethod, QueryFeatures, frozen_cls, register_method
 from .prefix_attention import check_prefixable_backbone, prefixed_block, resolve_prefix_layers
 
@@ -285,6 +286,15 @@ class HiDePrompt(PromptMethod):
             self.register_buffer(f"{branch}_sqsum", torch.zeros(self.num_classes, dim, **sd))
         self.register_buffer("sessions_completed", torch.zeros((), dtype=torch.long, device=ref.device))
 
+    @classmethod
+    def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
+        kwargs = super().protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes)
+        if protocol.lr is not None:
+            # Classifier alignment runs at the run's lr (docs/protocol.md §4.7); its batch stays the
+            # method's 64, the paper's B (the CPU presets' smaller B is not used there).
+            kwargs.setdefault("ca_lr", protocol.lr)
+        return kwargs
+
     # ------------------------------------------------------------------------------ aliases
     @property
     def prompt_head(self) -> nn.Linear:
@@ -347,6 +357,7 @@ class HiDePrompt(PromptMethod):
         expert: Optional[Tensor] = None,
         query: Optional[QueryFeatures] = None,
         task_id: Optional[Union[Tensor, int]] = None,
+        parallel: BatchShare = WHOLE_BATCH,
     ) -> HiDeOutput:
         """Query pass -> gate branch -> task selection -> prefixed pass -> prompt head.
 
@@ -391,7 +402,10 @@ class HiDePrompt(PromptMethod):
         self.class_first_session.index_put_((target,), torch.where(first < 0, current, first))
 
     # ----------------------------------------------------------------------------- training
-    def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+    def loss(
+        self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None,
+        parallel: BatchShare = WHOLE_BATCH,
+    ) -> Tensor:
         """HiDe loss of one forward; in training mode it also updates the exposure table and statistics.
 
         ``logit_mask`` (the batch mask) applies to the prompt logits; the gate logits are restricted to
@@ -403,10 +417,11 @@ class HiDePrompt(PromptMethod):
             )
         if self.training:
             # Data-parallel runs update the tables with the global batch, as one process would.
-            every_target = self.gather_batch(target)
+            every_target = parallel.gather_rows(target)
             self.observe(every_target)
             self._update_statistics(
-                self.gather_batch(output.features.detach()), self.gather_batch(output.gate_features.detach()), every_target
+                parallel.gather_rows(output.features.detach()), parallel.gather_rows(output.gate_features.detach()),
+                every_target,
             )
         logits = output.logits if logit_mask is None else output.logits + logit_mask
         loss = F.cross_entropy(logits, target)

@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, QueryFeatures, register_method
 from .prompting import ConcatPromptMethod, cls_position, cosine_distance, embed_tokens
 
@@ -126,19 +127,22 @@ class L2P(ConcatPromptMethod):
         tokens = self.backbone.norm(self.backbone.blocks(tokens))
         return tokens[:, prefix : prefix + num_prompt].mean(dim=1)
 
-    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+    def auxiliary_loss(
+        self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH
+    ) -> Tensor:
         """Key pull: ``key_pull_weight * mean(1 - cos(query, selected keys))``."""
         keys = self.keys[selection]  # (B, k, D)
         cos = torch.nn.functional.cosine_similarity(query.query.unsqueeze(1), keys, dim=-1)
         return self.key_pull_weight * (1.0 - cos).mean()
 
     def forward(
-        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None
+        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None,
+        parallel: BatchShare = WHOLE_BATCH,
     ) -> MethodOutput:
-        output = super().forward(x, expert=expert, query=query)
+        output = super().forward(x, expert=expert, query=query, parallel=parallel)
         if self.training:
             with torch.no_grad():
-                self.selection_count += self.reduce_sum(torch.bincount(output.selection.reshape(-1), minlength=self.pool_size))
+                self.selection_count += parallel.sum(torch.bincount(output.selection.reshape(-1), minlength=self.pool_size))
         return output
 
     def on_session_end(self, session: int) -> None:

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, QueryFeatures, register_method
 from .prompting import ConcatPromptMethod, cosine_distance, embed_tokens, resolve_layers
 
@@ -193,7 +194,9 @@ class MVP(ConcatPromptMethod):
         scale = self.mask_scale(selection)
         return logits * (scale if logits.dim() == 2 else scale.unsqueeze(1))
 
-    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+    def auxiliary_loss(
+        self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH
+    ) -> Tensor:
         """Contrastive prompt term ``-log(A / (A + Bq) + 1e-6)``.
 
         ``A`` averages ``exp(key_distance[sel, p] / mass)`` over the pool, ``Bq`` averages
@@ -208,21 +211,25 @@ class MVP(ConcatPromptMethod):
             b = (query_distance.unsqueeze(1) / mass.view(1, -1)).exp().mean()
         else:
             # Means over the global batch in a data-parallel run (one process: plain means).
-            a = self.global_mean((key_distance / mass.unsqueeze(1)).exp().mean(dim=1))
-            b = self.global_mean((query_distance / mass).exp())
-            return -(a / (b + a) + 1e-6).log() / self.batch_share
+            a = parallel.global_mean((key_distance / mass.unsqueeze(1)).exp().mean(dim=1))
+            b = parallel.global_mean((query_distance / mass).exp())
+            return -(a / (b + a) + 1e-6).log() / parallel.fraction
         return -(a / (b + a) + 1e-6).log()
 
     def forward(
-        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None
+        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None,
+        parallel: BatchShare = WHOLE_BATCH,
     ) -> MethodOutput:
-        output = super().forward(x, expert=expert, query=query)
+        output = super().forward(x, expert=expert, query=query, parallel=parallel)
         if self.training:
             with torch.no_grad():
-                self.count += self.reduce_sum(torch.bincount(output.selection, minlength=self.num_experts))
+                self.count += parallel.sum(torch.bincount(output.selection, minlength=self.num_experts))
         return output
 
-    def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+    def loss(
+        self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None,
+        parallel: BatchShare = WHOLE_BATCH,
+    ) -> Tensor:
         """AFS + MCR-weighted cross-entropy on the masked logits, plus the contrastive term."""
         features, selection = output.features, output.selection
         scale = self.mask_scale(selection)
@@ -232,7 +239,7 @@ class MVP(ConcatPromptMethod):
             afs = 1.0 - F.cosine_similarity(weight[target], f, dim=1) + self.margin  # (B,)
             plain = output.logits.detach() if logit_mask is None else output.logits.detach() + logit_mask
             sample_grad, batch_grad = mcr_gradients(
-                f, plain.softmax(dim=1), scale.detach(), target, reduce=self.reduce_sum if self.process_group else None
+                f, plain.softmax(dim=1), scale.detach(), target, reduce=parallel.sum if parallel.group is not None else None
             )
             ign = 1.0 - F.cosine_similarity(sample_grad, batch_grad, dim=1)
             focal = (1.0 - self.alpha) + self.alpha * ign.pow(self.gamma)  # (B,)
