@@ -23,6 +23,12 @@ def result_path(output: Path, spec: RunSpec) -> Path:
     return output / "runs" / f"{spec.key}.json"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Write to a temporary file in the same folder and rename it into place (never half-written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -30,6 +36,7 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     try:
         with os.fdopen(handle, "w") as stream:
             json.dump(payload, stream)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp creates 0600; results are ordinary files
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)

@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from .backbone import BackboneLoadError as BackboneLoadError
+from .backbone import build_backbone as _build_timm_backbone
 from .components import AddedComponents, BuiltinComponents, RetrofitComponents
 from .diagnostics import ExpertUsage
 from .evaluation import PredictEvaluator, VariantEvaluator
@@ -85,27 +87,11 @@ class RunSpec:
         return f"{self.dataset}/{self.method}/{self.variant}/seed{self.seed}"
 
 
-class BackboneLoadError(RuntimeError):
-    """The backbone's pretrained weights could not be loaded (the message says how to supply them)."""
-
-
 def build_backbone(protocol: Protocol) -> nn.Module:
-    """A timm ViT by name, with pretrained weights by name (timm's cache) or from a local file."""
-    import timm  # the bench extra
-
-    kwargs = dict(protocol.model_kwargs)
-    if protocol.weights:
-        kwargs["pretrained_cfg_overlay"] = dict(file=protocol.weights)
-    try:
-        return timm.create_model(protocol.model, pretrained=protocol.pretrained or bool(protocol.weights), num_classes=0, **kwargs)
-    except Exception as error:  # timm raises several types for missing weights (hub, file, config)
-        if not (protocol.pretrained or protocol.weights):
-            raise
-        raise BackboneLoadError(
-            f"could not load pretrained weights for {protocol.model!r} ({type(error).__name__}: {error}). "
-            f"Without internet access, download the weights elsewhere and pass --weights /path/to/file "
-            f"(.safetensors/.pth/.npz), or pass --pretrained false for a random backbone."
-        ) from error
+    """The protocol's timm ViT (no classifier), weights as :mod:`benchmarks.backbone` resolves them."""
+    return _build_timm_backbone(
+        protocol.model, protocol.model_kwargs, pretrained=protocol.pretrained, weights=protocol.weights
+    )
 
 
 
