@@ -33,7 +33,7 @@ from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_data
 from benchmarks.data.records import DatasetNotFoundError
 from benchmarks.methods import list_methods
 from benchmarks.presets import PRESETS
-from benchmarks.report import ABLATION_VARIANTS, plot_curves, plot_paper_deltas, summarize_results, write_tables
+from benchmarks.report import plot_curves, plot_paper_deltas, summarize_results, write_tables
 from benchmarks.results import (
     ProtocolMismatchError,
     check_resumable,
@@ -44,6 +44,7 @@ from benchmarks.results import (
     write_json_atomic,
 )
 from benchmarks.runner import PAPER_METHODS, ROUTER_QUERIES, Protocol, RunSpec, run_training
+from benchmarks.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from fly_modules import AGGREGATION_RULES
 
 
@@ -195,8 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated methods (default: the preset's; registered: "
                              + ", ".join(list_methods()) + ")")
     parser.add_argument("--variants", type=_names, default=None,
-                        help="comma-separated variants, from " + ", ".join(ABLATION_VARIANTS)
-                             + " (default: all; FlyPrompt always runs as 'full')")
+                        help="comma-separated variants, from " + ", ".join((*ABLATION_VARIANTS, *ORACLE_VARIANTS))
+                             + " (default: all; FlyPrompt runs the first four as 'full'; one training per "
+                               "method and seed scores them all)")
     parser.add_argument("--datasets", type=_names, default=None,
                         help="comma-separated datasets, from " + ", ".join(DATASETS) + " (default: the preset's)")
     parser.add_argument("--seeds", type=_seeds, default=None, help="comma-separated seeds (default: the preset's)")
@@ -270,8 +272,8 @@ def resolve(args: argparse.Namespace) -> Sweep:
     bad = [name for name, value in protocol.method_kwargs.items() if not isinstance(value, dict)]
     if bad:
         raise UsageError(f"--method-kwargs: the value of {bad[0]!r} must be a JSON object of keyword arguments")
-    variants = args.variants or list(ABLATION_VARIANTS)
-    _check_names("variant", variants, list(ABLATION_VARIANTS))
+    variants = args.variants or [*ABLATION_VARIANTS, *ORACLE_VARIANTS]
+    _check_names("variant", variants, [*ABLATION_VARIANTS, *ORACLE_VARIANTS])
     datasets = [canonical_dataset_name(d) for d in (args.datasets or preset["datasets"])]
     _check_names("dataset", datasets, list(DATASETS))
     if args.device is not None:
