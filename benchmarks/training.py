@@ -1,21 +1,6 @@
-"""The online training loop: one pass over a Si-Blurry stream, the method's hooks in a fixed order.
-
-Per session ``s`` (empty ones included): the experts the schedule starts at ``s``
-(``on_expert_start``, then the components' banks), the session's batches, the session-end
-evaluation, then ``on_session_end(s)``. Per stream batch:
-
-1. ``online_iter`` times: ``model(x)`` on a freshly augmented copy, ``model.loss`` with the training
-   logit mask, backward, optimizer step, then (unless AMP skipped the step) ``on_optimizer_step``
-   and the components' EMA step;
-2. the batch's router features: the first iteration's query pass, or a clean pass over the
-   un-augmented batch (``Protocol.router_query``);
-3. ``on_batch_end``, then the components' ``end_batch`` (router statistics);
-4. the experts a sample-budget schedule starts now;
-5. an anytime evaluation when one is due (``on_evaluate``, then the evaluator).
-
-The evaluation at a session's end comes before ``on_session_end``, as in the reference, so HiDe's
-classifier alignment is not in A_last (docs/protocol.md §6.2.6). Every piece of run state lives in an
-object with ``state_dict`` (:meth:`OnlineTrainer.state_dict`).
+"""The online training loop: one pass over a Si-Blurry stream, calling the method's hooks, the
+components' steps and the evaluations in the order docs/methods.md ("The training loop") documents
+and tests/test_runner.py checks. Every piece of run state lives in an object with ``state_dict``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
-"""The seams every reference method exposes (the adapter contract).
+"""The seam contract every reference method implements, and the registry that builds methods by name.
 
-A prompt-based continual learner on a frozen ViT does five things per batch, and each is a method
-here so that ``fly_modules`` (and ``fly_modules.adapters``) can replace exactly one of them:
-
-1. **query** -- one frozen, prompt-free backbone pass giving the query features the method's own
-   selection uses *and* the features the analytic router consumes (``QueryFeatures``). It is computed
-   once per batch and reused; nothing downstream runs a second prompt-free pass.
-2. **selection** -- ``select(query, train=..., expert=...)`` returns the prompt ids each sample uses.
-   When ``expert`` (one routed expert id per sample) is given, the method restricts its own selection
-   to that expert's group (DualPrompt: key match inside the step's slot slice; MVP/HiDe/FlyPrompt:
-   the expert *is* the prompt). This is the seam the router replaces at inference.
-3. **expert-conditioned forward** -- ``forward_features(x, selection)`` runs the prompted backbone.
-4. **classifier head** -- ``get_classifier()`` returns the trainable ``nn.Linear``;
-   ``transform_logits(logits, selection)`` applies any method-specific per-sample transform (MVP's
-   class mask) to head outputs of shape ``(B, C)`` or ``(B, H, C)``, so an ensemble of heads gets the
-   same treatment as the online head. This is the seam the temporal ensemble replaces.
-5. **training-loop hooks** -- ``on_expert_start``, ``on_session_end``, ``on_optimizer_step``,
-   ``on_batch_end``, ``on_evaluate``.
-
-``expert_of(selection)`` maps a selection to the expert (bank) id of each sample: the id the router
-is trained on (with ``current_expert`` during training) and the id that keys the temporal-ensemble
-bank at inference.
+``PromptMethod`` splits a prompt method into what fly-modules replaces or drives: the frozen query
+pass, the selection (restricted to given experts to route or force it), the prompted pass, the head
+and its logit transform, and the training hooks. The contract is described in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -84,37 +66,28 @@ class MethodOutput:
 class PromptMethod(nn.Module):
     """Base class of the reference implementations in ``benchmarks.methods``.
 
-    Subclasses set the class attributes and implement ``compute_query``, ``select``, ``expert_of``
-    and ``forward_features``; everything else has a working default.
-
-    Class attributes:
-        name: registry name (``"dualprompt"``).
-        session_aware: ``True`` when the method consumes ground-truth session ends (L2P, HiDe-Prompt,
-            NoRGa); ``False`` for the task-free, step-aware methods (DualPrompt, MISA, MVP, FlyPrompt),
-            which start experts on a sample budget.
-        default_lr: the learning rate the reference protocol uses for this method.
-
-    Attributes every instance has:
-        backbone: the frozen timm ViT (``requires_grad`` off, kept in eval mode).
-        head: the trainable classifier ``nn.Linear(embed_dim, num_classes)``.
-        num_experts: how many experts (router targets / ensemble banks) exist in total.
-        current_expert: the expert trained now (``int``).
+    Subclasses set the class attributes and implement ``compute_query``, ``select``, ``expert_of`` and
+    ``forward_features``; everything else has a working default. Every instance has the frozen
+    ``backbone`` (kept in eval mode), the trainable ``head``, ``num_experts`` and ``current_expert``.
     """
 
+    #: registry name (``"dualprompt"``)
     name: ClassVar[str] = ""
+    #: consumes ground-truth session boundaries (L2P, HiDe-Prompt, NoRGa); the task-free methods start
+    #: experts on a sample budget instead
     session_aware: ClassVar[bool] = False
+    #: the reference protocol's learning rate for the method
     default_lr: ClassVar[float] = 0.005
+    #: ``"batch"``: the training logit mask covers the batch's classes; ``"seen"``: every exposed class
+    train_logit_mask: ClassVar[str] = "batch"
+    #: trains its own analytic router and temporal ensemble (its ``router`` and ``ensemble``, FlyPrompt):
+    #: a benchmark adds neither and runs it as one variant, ``full``
+    builtin_components: ClassVar[bool] = False
 
     backbone: nn.Module
     head: nn.Linear
     num_experts: int
     current_expert: int
-    #: ``"batch"``: the training logit mask covers the classes of the batch; ``"seen"``: every class
-    #: exposed so far (MVP's reference loss).
-    train_logit_mask: ClassVar[str] = "batch"
-    #: The method trains its own analytic router and temporal ensemble (its ``router`` and ``ensemble``
-    #: attributes, FlyPrompt): a benchmark adds neither and runs it as one variant, ``full``.
-    builtin_components: ClassVar[bool] = False
 
     # ----------------------------------------------------------------------------- set-up
     @classmethod

@@ -1,39 +1,6 @@
-"""MVP (Si-Blurry's method) on a frozen timm ViT, online / Si-Blurry style (reference-protocol 4.5).
-
-* G-prompt: ``g_prompt_length`` (5) tokens per layer at ``g_prompt_layers`` (0, 1), shared.
-  E-prompt pool: one prompt per expert (``num_experts`` = pool size = number of steps, default 5),
-  ``e_prompt_length`` (20) tokens per layer at ``e_prompt_layers`` (2, 3, 4). Prompts and keys
-  ~ N(0, 1); **no** positional embedding is added to MVP prompts. Concatenation prompting.
-* One frozen prompt-free pass gives both features: the query is the class token after all but the
-  last block **without** the final norm (ViT-B: block 11's output); the router features are the
-  final-norm class token after the last block (the same pass continued, not a second pass).
-* Selection (train and inference): ``(1 - cos(query, key)) * (count + 1)``, top-1 lowest, where
-  ``count[p]`` is how many training forwards selected prompt ``p`` (incremented after every training
-  forward, never at inference). ``select(..., expert=e)`` returns ``e`` (the expert *is* the prompt).
-  ``expert_of(selection) = selection``.
-* Instance-wise logit mask: a learnable ``(pool, C)`` mask initialised to -1; ``transform_logits``
-  multiplies the head outputs (``(B, C)`` or ``(B, H, C)``) by ``2 * sigmoid(mask[selection])``.
-* Losses (the reference's constants: alpha 0.5, gamma 2, margin 0.5):
-  - contrastive prompt term (``auxiliary_loss``) with mass ``count + 1`` of the selected prompt;
-  - AFS: inside the loss, each feature is divided by ``1 - cos(W_y, f) + margin`` (no gradient through
-    the divisor) before the head;
-  - MCR: ``ign = 1 - cos(g_i, gbar_{y_i})`` between the per-sample gradient of CE_i w.r.t. the true
-    class row of the head and the batch-mean gradient of that row; weight ``(1 - alpha) + alpha *
-    ign ** gamma``. The gradients come from the closed form ``dCE_i/dW_c = (p_ic - [c = y_i]) * m_ic *
-    f_i`` (``m`` = the instance mask, ``p`` = softmax of the masked logits), vectorised over the
-    batch: no per-sample backward and no head copy (the reference ran one backward per sample on a
-    deep copy of the head every step, 6.1.4). The weight carries no gradient.
-
-Decisions on the reference's quirks (reference-protocol 6.2.7):
-
-* The reference adds the *seen-class* mask (not the batch mask) to the logits inside MVP's loss while
-  its training accuracy uses the batch mask. ``MVP.loss`` adds whatever ``logit_mask`` the training
-  loop passes; ``MVP.train_logit_mask = "seen"`` tells a loop which one the reference used.
-* The reference multiplies the batch-mean CE by the per-sample focal weights and then averages, so
-  the weight is a batch-global factor ``mean_i((1 - alpha) + alpha * ign_i ** gamma)``; and its
-  contrastive term broadcasts the selected prompts' masses over all pairs of samples. Both are kept
-  only with ``reference_quirks=True``; by default the focal weight multiplies each sample's own CE,
-  and each sample's distances are divided by its own prompt's mass.
+"""MVP on a frozen timm ViT (docs/protocol.md §4.5): count-scaled prompt selection, instance-wise
+logit masks, and the AFS / MCR / contrastive losses, the MCR gradients in closed form (no per-sample
+backward). Decisions on the reference's quirks are in docs/methods.md, "MVP".
 """
 
 from __future__ import annotations
