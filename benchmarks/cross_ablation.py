@@ -33,16 +33,18 @@ from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_data
 from benchmarks.data.records import DatasetNotFoundError
 from benchmarks.methods import list_methods
 from benchmarks.presets import PRESETS
-from benchmarks.report import ABLATION_VARIANTS, plot_curves, plot_paper_deltas, summarize_results, write_tables
+from benchmarks.report import plot_curves, plot_paper_deltas, summarize_results, write_tables
 from benchmarks.results import (
     ProtocolMismatchError,
     check_resumable,
     load_results,
     plan,
     result_path,
+    trainings,
     write_json_atomic,
 )
-from benchmarks.runner import PAPER_METHODS, ROUTER_QUERIES, Protocol, RunSpec, run
+from benchmarks.runner import PAPER_METHODS, ROUTER_QUERIES, Protocol, RunSpec, run_training
+from benchmarks.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from fly_modules import AGGREGATION_RULES
 
 
@@ -194,8 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated methods (default: the preset's; registered: "
                              + ", ".join(list_methods()) + ")")
     parser.add_argument("--variants", type=_names, default=None,
-                        help="comma-separated variants, from " + ", ".join(ABLATION_VARIANTS)
-                             + " (default: all; FlyPrompt always runs as 'full')")
+                        help="comma-separated variants, from " + ", ".join((*ABLATION_VARIANTS, *ORACLE_VARIANTS))
+                             + " (default: all; FlyPrompt runs the first four as 'full'; one training per "
+                               "method and seed scores them all)")
     parser.add_argument("--datasets", type=_names, default=None,
                         help="comma-separated datasets, from " + ", ".join(DATASETS) + " (default: the preset's)")
     parser.add_argument("--seeds", type=_seeds, default=None, help="comma-separated seeds (default: the preset's)")
@@ -269,8 +272,8 @@ def resolve(args: argparse.Namespace) -> Sweep:
     bad = [name for name, value in protocol.method_kwargs.items() if not isinstance(value, dict)]
     if bad:
         raise UsageError(f"--method-kwargs: the value of {bad[0]!r} must be a JSON object of keyword arguments")
-    variants = args.variants or list(ABLATION_VARIANTS)
-    _check_names("variant", variants, list(ABLATION_VARIANTS))
+    variants = args.variants or [*ABLATION_VARIANTS, *ORACLE_VARIANTS]
+    _check_names("variant", variants, [*ABLATION_VARIANTS, *ORACLE_VARIANTS])
     datasets = [canonical_dataset_name(d) for d in (args.datasets or preset["datasets"])]
     _check_names("dataset", datasets, list(DATASETS))
     if args.device is not None:
@@ -389,25 +392,30 @@ def execute(sweep: Sweep, *, data_root: str, download: bool, resume: bool, show_
     progress = _progress(not show_progress or not lead)
     data_cache: Dict[str, Any] = {}
     outer = progress(total=len(todo), desc="runs") if progress else None
-    for spec in todo:
-        if spec.dataset not in data_cache:
-            data_cache = {spec.dataset: load_data(spec.dataset, sweep, data_root, download)}
-        train, test = data_cache[spec.dataset]
+    for group in trainings(todo):  # one training scores every missing variant of a (dataset, seed, method)
+        first = group[0]
+        if first.dataset not in data_cache:
+            data_cache = {first.dataset: load_data(first.dataset, sweep, data_root, download)}
+        train, test = data_cache[first.dataset]
         started = time.perf_counter()
-        result = run(spec, sweep.protocol, train, test, device=device, progress=progress)
-        result["wall_seconds"] = time.perf_counter() - started
-        result["world_size"] = world
-        result["setting"] = settings[spec.dataset]
-        if not lead:
-            continue
-        write_json_atomic(result_path(sweep.output, spec), result)
-        m = result["metrics"]
-        line = (f"{spec.key}: A_auc {100 * m['A_auc']:.2f}  A_last {100 * m['A_last']:.2f}  "
-                f"F_last {100 * m['F_last']:.2f}  {result['seconds_per_batch'] * 1000:.1f} ms/batch  "
-                f"peak {result['peak_memory_mb']:.0f} MB  ({result['wall_seconds']:.0f} s)")
-        (outer.write if outer else print)(line)
-        if outer:
-            outer.update(1)
+        records = run_training(first.method, first.dataset, first.seed, [spec.variant for spec in group],
+                               sweep.protocol, train, test, device=device, progress=progress)
+        wall = time.perf_counter() - started
+        for spec in group:
+            result = records[spec.variant]
+            result["wall_seconds"] = wall  # of the training shared by the group
+            result["world_size"] = world
+            result["setting"] = settings[spec.dataset]
+            if not lead:
+                continue
+            write_json_atomic(result_path(sweep.output, spec), result)
+            m = result["metrics"]
+            line = (f"{spec.key}: A_auc {100 * m['A_auc']:.2f}  A_last {100 * m['A_last']:.2f}  "
+                    f"F_last {100 * m['F_last']:.2f}  {result['seconds_per_batch'] * 1000:.1f} ms/batch  "
+                    f"peak {result['peak_memory_mb']:.0f} MB  ({wall:.0f} s, {len(group)} variants)")
+            (outer.write if outer else print)(line)
+            if outer:
+                outer.update(1)
     if outer:
         outer.close()
     if world > 1:

@@ -11,14 +11,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from .results import write_json_atomic
+from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 
 __all__ = [
     "ABLATION_VARIANTS", "METRICS", "PAPER_CIFAR100_A_AUC", "summarize_results", "format_markdown", "write_tables",
-    "plot_curves", "plot_paper_deltas",
+    "plot_curves", "plot_paper_deltas", "verdicts",
 ]
 
-ABLATION_VARIANTS = ("baseline", "router", "ensemble", "both")
-VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full"))}
+VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full", *ORACLE_VARIANTS))}
 #: Rows follow the paper's method order (its main table, then its cross-ablation), FlyPrompt last.
 METHOD_ORDER = {name: i for i, name in enumerate(("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt"))}
 METHOD_NAMES = {"l2p": "L2P", "dualprompt": "DualPrompt", "mvp": "MVP", "misa": "MISA", "hide": "HiDe-Prompt",
@@ -68,7 +68,12 @@ def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]
         row["peak_memory_mb"] = float(np.max([r["peak_memory_mb"] for r in runs]))
         row["paper_A_auc"] = PAPER_CIFAR100_A_AUC.get(method, {}).get(variant)
         row["paper_A_auc_delta"] = paper_delta(method, variant)
+        row.update(_diagnostics_means([r.get("diagnostics") for r in runs]))
         rows.append(row)
+    members = list(dict.fromkeys(key for row in rows for key in row if key.startswith("member_")))
+    for row in rows:  # every row has every column (None where it does not apply)
+        for key in members:
+            row.setdefault(key, None)
     baselines = {(r["dataset"], r["method"]): r for r in rows if r["variant"] == "baseline"}
     for row in rows:
         base = baselines.get((row["dataset"], row["method"]))
@@ -76,6 +81,95 @@ def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]
             own = row["variant"] != "baseline" and base is not None
             row[f"{metric}_delta"] = row[f"{metric}_mean"] - base[f"{metric}_mean"] if own else None
     return rows
+
+
+ROUTING_COLUMNS = [f"routing_{who}_{version}_{when}" for version in ("modal", "any") for when in ("last", "anytime_mean")
+                   for who in ("own", "rear", "chance")]
+
+
+def _mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return float(np.mean(finite)) if finite else None
+
+
+def _diagnostics_means(diagnostics: Sequence[Optional[Dict[str, Any]]]) -> Dict[str, Optional[float]]:
+    """Means over seeds (in %) of the run records' diagnostics (docs/diagnostics.md); None without any."""
+    found = [d for d in diagnostics if d]
+    out: Dict[str, Optional[float]] = {}
+    for column in ROUTING_COLUMNS:
+        _, who, version, when = column.split("_", 3)
+        out[column] = _mean_or_none([100 * d["routing"][who][version][when] for d in found])
+    out["expert_matrix_contrast"] = _mean_or_none(
+        [100 * d["expert_matrix"]["diagonal_minus_off_diagonal"] for d in found if d.get("expert_matrix")]
+    )
+    for name in dict.fromkeys(name for d in found for name in d.get("members", {})):
+        for metric in ("A_auc", "A_last"):
+            out[f"member_{name}_{metric}"] = _mean_or_none(
+                [100 * d["members"][name][metric] for d in found if name in d.get("members", {})]
+            )
+    return out
+
+
+def verdicts(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """One line per (dataset, method) with an oracle row: the oracle's A_auc gap over the method's own
+    selection, and the share of it REAR recovers (docs/diagnostics.md)."""
+    a_auc: Dict[tuple, Dict[str, float]] = {}
+    for r in rows:
+        a_auc.setdefault((r["dataset"], r["method"]), {})[r["variant"]] = r["A_auc_mean"]
+    lines = []
+    for (dataset, method), score in a_auc.items():
+        name = f"{METHOD_NAMES.get(method, method)} ({dataset})"
+        if "baseline" in score and "oracle" in score:
+            gap = score["oracle"] - score["baseline"]
+            if gap <= 0:
+                lines.append(f"{name}: no gap (oracle - baseline A_auc {gap:+.2f} points): no router can gain here")
+            elif "router" not in score:
+                lines.append(f"{name}: oracle gap {gap:.2f} points")
+            else:
+                recovered = 100 * (score["router"] - score["baseline"]) / gap
+                lines.append(f"{name}: oracle gap {gap:.2f} points; REAR recovers {recovered:.0f}% of it")
+        elif "full" in score and "oracle_both" in score:
+            gap = score["oracle_both"] - score["full"]
+            lines.append(f"{name}: its router is {gap:.2f} points of A_auc below the oracle (oracle_both - full)")
+    return lines
+
+
+def _percent(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def _diagnostics_markdown(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """Routing accuracy and forced-expert contrast per (dataset, method); ensemble members per variant."""
+    trainings = {}
+    for r in rows:
+        if r.get("routing_own_modal_last") is not None:
+            trainings.setdefault((r["dataset"], r["method"]), r)
+    if not trainings:
+        return []
+    lines = [
+        "",
+        "Routing accuracy (%) against the true expert at the end of the stream, modal / any (docs/diagnostics.md); "
+        "contrast: diagonal minus mean off-diagonal of the forced-expert matrix (points).",
+        "",
+        "| dataset | method | own selection | REAR | chance | anytime mean own / REAR (modal) | contrast |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (dataset, method), r in trainings.items():
+        pair = [f"{_percent(r[f'routing_{who}_modal_last'])} / {_percent(r[f'routing_{who}_any_last'])}"
+                for who in ("own", "rear", "chance")]
+        anytime = f"{_percent(r['routing_own_modal_anytime_mean'])} / {_percent(r['routing_rear_modal_anytime_mean'])}"
+        lines.append(f"| {dataset} | {METHOD_NAMES.get(method, method)} | {' | '.join(pair)} | {anytime} | "
+                     f"{_signed(r['expert_matrix_contrast'])} |")
+    members = [key[len("member_"):-len("_A_auc")] for key in rows[0] if key.startswith("member_") and key.endswith("_A_auc")]
+    ensemble_rows = [r for r in rows if r.get("member_ensemble_A_auc") is not None]
+    if members and ensemble_rows:
+        lines += ["", "A_auc (%) of each ensemble member alone, under the variant's selection.", "",
+                  "| dataset | method | variant | " + " | ".join(members) + " |",
+                  "|---|---|---|" + "---|" * len(members)]
+        for r in ensemble_rows:
+            cells = " | ".join(_percent(r[f"member_{m}_A_auc"]) for m in members)
+            lines.append(f"| {r['dataset']} | {METHOD_NAMES.get(r['method'], r['method'])} | {r['variant']} | {cells} |")
+    return lines
 
 
 def _cell(row: Dict[str, Any], metric: str) -> str:
@@ -108,6 +202,10 @@ def format_markdown(rows: Sequence[Dict[str, Any]], caption: str = "") -> str:
             f"{_cell(r, 'A_last')} | {_signed(r['A_last_delta'])} | {_cell(r, 'F_last')} | "
             f"{r['seconds_per_batch']:.3f} | {r['peak_memory_mb']:.0f} |"
         )
+    lines += _diagnostics_markdown(rows)
+    found = verdicts(rows)
+    if found:
+        lines += ["", *found]
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ def no_work(monkeypatch):
         raise AssertionError("data or model work started before the arguments were checked")
 
     monkeypatch.setattr(cross_ablation, "load_data", refuse)
-    monkeypatch.setattr(cross_ablation, "run", refuse)
+    monkeypatch.setattr(cross_ablation, "run_training", refuse)
 
 
 def one_line_error(capsys, argv, *, quiet: bool = True) -> str:

@@ -13,6 +13,7 @@ import torch
 from benchmarks import cross_ablation, report, results
 from benchmarks.presets import PRESETS
 from benchmarks.runner import PAPER_METHODS
+from benchmarks.variants import ORACLE_VARIANTS
 
 REDUCED = [
     "--synthetic-classes", "6", "--synthetic-train-per-class", "12", "--synthetic-test-per-class", "4",
@@ -28,19 +29,22 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     printed = captured.out
     assert "no --misa-prompts" in captured.err  # the 'misa' rows say what they are
     rows = json.loads((output / "table.json").read_text())
-    # six methods x four variants, plus FlyPrompt (router and ensemble built in) as its own row
-    assert len(rows) == 25
+    # six methods x (four ablation + two oracle variants), plus FlyPrompt (router and ensemble built in)
+    # as 'full' and its two oracle variants
+    variants = (*report.ABLATION_VARIANTS, *ORACLE_VARIANTS)
+    assert len(rows) == 39
     assert {(r["method"], r["variant"]) for r in rows} == {
-        (m, v) for m in PAPER_METHODS for v in report.ABLATION_VARIANTS
-    } | {("flyprompt", "full")}
+        (m, v) for m in PAPER_METHODS for v in variants
+    } | {("flyprompt", v) for v in ("full", *ORACLE_VARIANTS)}
     for row in rows:
         assert 0 <= row["A_auc_mean"] <= 100 and 0 <= row["A_last_mean"] <= 100
-        if row["variant"] in ("full", "baseline"):  # FlyPrompt has no baseline row to differ from
+        assert 0 <= row["routing_own_modal_last"] <= 100 and 0 < row["routing_chance_modal_last"] <= 100
+        if row["variant"] == "baseline" or row["method"] == "flyprompt":  # FlyPrompt has no baseline row
             assert row["A_auc_delta"] is None
         else:
             assert math.isfinite(row["A_auc_delta"])
-    assert printed.count("| synthetic |") == 25
-    assert [r["method"] for r in rows][::4][:6] == list(PAPER_METHODS) and rows[-1]["method"] == "flyprompt"
+        assert (row["member_ensemble_A_auc"] is None) == (row["variant"] in ("baseline", "router", "oracle"))
+    assert [r["method"] for r in rows][::6][:6] == list(PAPER_METHODS) and rows[-1]["method"] == "flyprompt"
     assert (output / "deltas.png").stat().st_size > 0
     assert all(path.stat().st_mode & 0o777 == 0o644 for path in (output / "runs").glob("**/*.json"))
     assert (output / "curves.png").stat().st_size > 0
@@ -50,17 +54,25 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         (r["method"], r["variant"], r["A_auc_mean"]) for r in rows
     ]
     markdown = (output / "table.md").read_text()
+    assert markdown.strip() in printed
     for row in rows:
         name = report.METHOD_NAMES[row["method"]]
         assert f"| {name} | {row['variant']} | 1 | {row['A_auc_mean']:.2f} ± n/a |" in markdown
     assert markdown.startswith("smoke-level numbers")
+    for method in PAPER_METHODS:  # the verdict under the table
+        assert re.search(rf"^{report.METHOD_NAMES[method]} \(synthetic\): (oracle gap|no gap)", markdown, re.MULTILINE)
 
     # A killed sweep loses only its missing runs: delete two results, rerun, only those are recomputed.
     (output / "runs" / "synthetic" / "mvp" / "router" / "seed1.json").unlink()
     (output / "runs" / "synthetic" / "hide" / "both" / "seed1.json").unlink()
     calls = []
-    original = cross_ablation.run
-    monkeypatch.setattr(cross_ablation, "run", lambda spec, *a, **k: calls.append(spec.key) or original(spec, *a, **k))
+    original = cross_ablation.run_training
+
+    def recording(method, dataset, seed, variants, *args, **kwargs):
+        calls.extend(f"{dataset}/{method}/{variant}/seed{seed}" for variant in variants)
+        return original(method, dataset, seed, variants, *args, **kwargs)
+
+    monkeypatch.setattr(cross_ablation, "run_training", recording)
     assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
     assert sorted(calls) == ["synthetic/hide/both/seed1", "synthetic/mvp/router/seed1"]
     def metrics_only(table):
