@@ -95,7 +95,7 @@ except ModuleNotFoundError as error:
 from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, class_mask
 
 from . import reference
-from ._core import Retrofit
+from ._handle import Retrofit
 
 __all__ = ["FlyPlugin"]
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 pytest.importorskip("timm")
-from fly_modules.adapters import SeamError, generic, retrofit  # noqa: E402
+from fly_modules.adapters import SeamError, _wiring, generic, retrofit  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule  # noqa: E402
@@ -815,17 +815,17 @@ def test_hide_router_needs_router_features():
 
 
 def test_set_instance_attribute_undo_puts_modules_parameters_and_attributes_back():
-    from fly_modules.adapters._core import Retrofit, set_instance_attribute
+    from fly_modules.adapters._handle import Retrofit
 
     owner = Bare()
     owner.scale = 2.0
     head, weight = owner.head, owner.head.weight
     handle = Retrofit(owner, router=None, ensemble=None, schedule=None, start_method_expert=lambda e: None,
                       banks_of_expert=lambda e: [e])
-    set_instance_attribute(handle, owner, "head", nn.Identity())
-    set_instance_attribute(handle, head, "weight", nn.Parameter(torch.zeros_like(weight)))
-    set_instance_attribute(handle, owner, "scale", 3.0)
-    set_instance_attribute(handle, owner, "forward", lambda x: x)
+    handle.install.set_attribute(owner, "head", nn.Identity())
+    handle.install.set_attribute(head, "weight", nn.Parameter(torch.zeros_like(weight)))
+    handle.install.set_attribute(owner, "scale", 3.0)
+    handle.install.set_attribute(owner, "forward", lambda x: x)
     assert isinstance(owner.head, nn.Identity) and owner.scale == 3.0 and "forward" in vars(owner)
     handle.remove()
     assert owner.head is head and owner._modules["head"] is head and "head" not in vars(owner)
@@ -877,7 +877,7 @@ def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("seam failed half way")
 
-    monkeypatch.setattr(generic.Wiring, "swap_head", broken)  # after the hooks are installed
+    monkeypatch.setattr(_wiring.Wiring, "swap_head", broken)  # after the hooks are installed
     with pytest.raises(RuntimeError, match="half way"):
         _tiny_retrofit(model)
     monkeypatch.undo()
