@@ -122,7 +122,7 @@ class Retrofit:
         self._warned_no_ema = False
         # What the hooks observed, for verify() and the one-time check that routing takes effect.
         self._forced_expert: Optional[int] = None
-        self._route_confirmed = False
+        self._confirmed_experts: set = set()
         self._verifying = False
         self.observed: Dict[str, Any] = {}
         # The parameters the model trains, as the retrofit found them (verify checks they are kept).
@@ -190,17 +190,19 @@ class Retrofit:
 
     @property
     def wants_observation(self) -> bool:
-        """Whether hooks should compute what the model used (until routing is confirmed, and in verify)."""
-        return self._verifying or not self._route_confirmed
+        """Whether hooks should compute what the model used: until every expert was seen taking effect
+        once, and during verify()."""
+        return self._verifying or len(self._confirmed_experts) < (self.num_experts or 1)
 
     def note_routed(self, routed: Tensor, used: Optional[Tensor], where: str) -> None:
         """The experts a routed inference call injected and those the model's output shows it used.
 
-        The first routed call whose use is observable is compared (one host synchronisation per
-        retrofit): a model that ignores the routed value raises instead of evaluating unrouted.
+        Routed calls whose use is observable are compared (a host synchronisation each) until every
+        expert was seen taking effect once: a model that ignores the routed value raises instead of
+        evaluating unrouted.
         """
         self.observed["routed"], self.observed["used"] = routed.detach(), None if used is None else used.detach()
-        if used is None or self._route_confirmed:
+        if used is None or not self.wants_observation:
             return
         if not torch.equal(used.reshape(-1).to(routed.device).long(), routed.reshape(-1).long()):
             raise RuntimeError(
@@ -208,7 +210,7 @@ class Retrofit:
                 f"{routed.reshape(-1).tolist()[:8]} but the model used {used.reshape(-1).tolist()[:8]}; the seam does "
                 f"not route this codebase (run handle.verify(batch) for details)"
             )
-        self._route_confirmed = True
+        self._confirmed_experts.update(routed.reshape(-1).unique().tolist())
 
     def note_trained(self, experts: Tensor) -> None:
         """The experts whose prompts a training forward used (verify compares them with the current one)."""
@@ -216,9 +218,15 @@ class Retrofit:
 
     # ------------------------------------------------------------------------ training calls
     def attach_optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
-        """Move the EMA copies of the banks the last forward trained after each ``optimizer.step()``."""
+        """Move the EMA copies of the banks the last forward trained after each ``optimizer.step()``.
+
+        Call it again with the new optimizer when your loop re-creates it (the JH-LEE and HiDe loops do
+        at every task with ``reinit_optimizer``): the hook moves from the old optimizer to the new one.
+        """
         if self.ensemble is None or optimizer is None:
             return
+        if self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
 
         def after_step(opt: Any, args: Any, kwargs: Any) -> None:
             if not self.removed:
@@ -267,13 +275,14 @@ class Retrofit:
         recorded = self._pending_size
         if batch_size is None:
             batch_size = features.shape[0] if features is not None else (recorded or 0)
-        if self.ensemble is not None and self._trained_banks is not None and self._ensemble_steps == 0 \
+        if self.ensemble is not None and recorded is not None and self._ensemble_steps == 0 \
                 and not self._warned_no_ema:
             self._warned_no_ema = True
             warnings.warn(
-                "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch; pass "
-                "optimizer=... to retrofit or call handle.update_ensemble() after each optimizer.step()",
-                RuntimeWarning, stacklevel=2,
+                "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch: pass "
+                "optimizer=... to retrofit, call handle.attach_optimizer(new_optimizer) when your loop re-creates "
+                "it, or call handle.update_ensemble() after each optimizer.step()",
+                RuntimeWarning, stacklevel=3,
             )
         if self.router is not None and features is not None:
             # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).

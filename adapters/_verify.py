@@ -3,20 +3,18 @@ claims, and reports them in plain words. Everything it touches is snapshotted an
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ._handle import _MARKER, Retrofit
+from ._snapshot import Snapshot
 
 __all__ = ["Check", "VerifyReport", "verify"]
 
-# A fresh module's own bookkeeping (hook dicts, ...); every other instance attribute is user state.
-_INTERNAL = frozenset(vars(nn.Module())) - {"training"}
 _SEED = 20260
 
 
@@ -61,70 +59,6 @@ class VerifyReport:
 
     def __repr__(self) -> str:
         return f"VerifyReport(ok={self.ok}, checks={len(self.checks)}, failures={[c.name for c in self.failures]})"
-
-
-# ------------------------------------------------------------------------------- snapshots
-class _Value:
-    """An attribute value put back by identity, its contents too when it is a tensor or a container."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        tracked = isinstance(value, Tensor) and not value.is_inference()
-        self.version = value._version if tracked else None
-        self.data = value.detach().clone() if isinstance(value, Tensor) else (
-            copy.copy(value) if isinstance(value, (list, dict, set)) else None
-        )
-
-    def restore(self) -> Any:
-        value = self.value
-        if self.version is not None and value._version != self.version:
-            with torch.no_grad():
-                value.copy_(self.data)
-        elif isinstance(value, list):
-            value[:] = self.data
-        elif isinstance(value, (dict, set)):
-            value.clear()
-            value.update(self.data)
-        return value
-
-
-class _Snapshot:
-    """Tensors, stores and plain attributes of some modules and objects, and the parameters' gradients."""
-
-    def __init__(self, modules: Iterable[nn.Module], objects: Iterable[Any]) -> None:
-        unique: Dict[int, nn.Module] = {}
-        for module in modules:
-            for sub in module.modules():
-                unique.setdefault(id(sub), sub)
-        self.modules = list(unique.values())
-        self.stores = [(store, dict(store)) for m in self.modules for store in (m._parameters, m._buffers, m._modules)]
-        tensors = {id(t): t for m in self.modules for t in (*m._parameters.values(), *m._buffers.values()) if t is not None}
-        self.tensors = [_Value(t) for t in tensors.values()]
-        self.attributes = [(obj, self._attributes(obj)) for obj in [*self.modules, *objects] if obj is not None]
-        self.grads = [(p, p.grad) for p in tensors.values() if isinstance(p, nn.Parameter)]
-        for parameter, _ in self.grads:
-            parameter.grad = None
-
-    @staticmethod
-    def _attributes(obj: Any) -> Dict[str, _Value]:
-        internal = _INTERNAL if isinstance(obj, nn.Module) else frozenset()
-        return {name: _Value(value) for name, value in vars(obj).items() if name not in internal}
-
-    def restore(self, *, final: bool = False) -> None:
-        for store, saved in self.stores:
-            store.clear()
-            store.update(saved)
-        for value in self.tensors:
-            value.restore()
-        for obj, saved in self.attributes:
-            internal = _INTERNAL if isinstance(obj, nn.Module) else frozenset()
-            live = vars(obj)
-            for name in [n for n in live if n not in internal and n not in saved]:
-                del live[name]
-            for name, value in saved.items():
-                live[name] = value.restore()
-        for parameter, grad in self.grads:
-            parameter.grad = grad if final else None
 
 
 # ----------------------------------------------------------------------------------- runs
@@ -190,7 +124,7 @@ def verify(
         return VerifyReport(title, [Check("retrofit installed", False, "remove() was called on this handle")])
     model, run = handle.model, _Runner(handle, batch, forward)
     modules = [model, *handle.install.modules, *(m for m in (handle.router, handle.ensemble) if m is not None)]
-    snapshot = _Snapshot(modules, [handle, handle.wiring, handle.schedule])
+    snapshot = Snapshot(modules, [handle, handle.wiring, handle.schedule])
     checks: List[Check] = []
     handle._verifying = True
     try:
@@ -206,7 +140,7 @@ def verify(
     return VerifyReport(title, checks)
 
 
-def _trial_removal(handle: Retrofit, run: _Runner, snapshot: _Snapshot, checks: List[Check]) -> Dict[str, Any]:
+def _trial_removal(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> Dict[str, Any]:
     """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly."""
     model = handle.model
     restore_install = handle.install.snapshot(extra=((model, _MARKER),))
@@ -218,7 +152,7 @@ def _trial_removal(handle: Retrofit, run: _Runner, snapshot: _Snapshot, checks: 
         checks.append(Check(
             "remove() restores the model", not leftovers,
             "; ".join(leftovers) if leftovers else
-            f"the real remove() took out all {hooks} hooks and put back all {swaps} replaced attributes",
+            f"the real remove() took out all {hooks} hook(s) and put back all {swaps} replaced attribute(s)",
         ))
         removed["parameters"] = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
         removed["keys"] = list(model.state_dict().keys())
@@ -229,7 +163,7 @@ def _trial_removal(handle: Retrofit, run: _Runner, snapshot: _Snapshot, checks: 
     return removed
 
 
-def _check_training(handle: Retrofit, run: _Runner, snapshot: _Snapshot, removed: Dict[str, Any],
+def _check_training(handle: Retrofit, run: _Runner, snapshot: Snapshot, removed: Dict[str, Any],
                     checks: List[Check]) -> None:
     model = handle.model
     now = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
@@ -283,7 +217,7 @@ def _check_training(handle: Retrofit, run: _Runner, snapshot: _Snapshot, removed
     _attempt("router receives queries", checks, router_query)
 
 
-def _check_experts_trained(handle: Retrofit, run: _Runner, snapshot: _Snapshot, checks: List[Check]) -> None:
+def _check_experts_trained(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
     """Starting an expert must make the model train that expert's prompts (the method's own counter)."""
     name = "training follows the current expert"
     current = handle.current_expert
@@ -317,7 +251,7 @@ def _check_experts_trained(handle: Retrofit, run: _Runner, snapshot: _Snapshot, 
     checks.append(Check(name, True, f"after start_expert(e) the model trains expert e's prompts (e = {', '.join(seen)})"))
 
 
-def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: _Snapshot, checks: List[Check],
+def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check],
                          loss: Optional[Callable[[Tensor, Tensor], Tensor]], targets: Optional[Tensor]) -> None:
     name = "ensemble banks move after an optimizer step"
     ensemble = handle.ensemble
@@ -356,7 +290,7 @@ def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: _Snapshot, ch
     _attempt(name, checks, step)
 
 
-def _check_routing(handle: Retrofit, run: _Runner, snapshot: _Snapshot, checks: List[Check]) -> None:
+def _check_routing(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
     router = handle.router
     if router is None:
         checks.append(Check("forcing each expert selects its prompts", None, "router=False"))
@@ -408,7 +342,7 @@ def _check_routing(handle: Retrofit, run: _Runner, snapshot: _Snapshot, checks: 
     )))
 
 
-def _check_ensemble_inference(handle: Retrofit, run: _Runner, snapshot: _Snapshot, checks: List[Check]) -> None:
+def _check_ensemble_inference(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
     name = "inference uses the ensemble"
     if handle.ensemble is None:
         checks.append(Check(name, None, "ensemble=False"))

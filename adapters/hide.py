@@ -68,6 +68,12 @@ def retrofit(
             f"{owner}: router=True needs the router features: pass original_model=... (its output['pre_logits']) "
             "or query_module=... and query_from_output=..."
         )
+    if options.router and getattr(prompt, "batchwise_prompt", False):
+        raise SeamError(
+            f"{owner}: e_prompt.batchwise_prompt replaces every sample's prompt_idx by the batch's most frequent one, "
+            "so a routed task per sample would be overruled; set e_prompt.batchwise_prompt = False (your "
+            "--batchwise_prompt) or retrofit with router=False"
+        )
     head_owner, head_name = find_head(model, "hide")
     wiring = Wiring.create(
         model, "hide", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
