@@ -125,8 +125,6 @@ class Retrofit:
         self._confirmed_experts: set = set()
         self._verifying = False
         self.observed: Dict[str, Any] = {}
-        # The parameters the model trains, as the retrofit found them (verify checks they are kept).
-        self._parameters_at_install = [(name, id(p), p.requires_grad) for name, p in model.named_parameters()]
         model.__dict__[_MARKER] = weakref.ref(self)
         self.install.add_undo(lambda: model.__dict__.pop(_MARKER, None))
 
@@ -220,12 +218,14 @@ class Retrofit:
     def attach_optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
         """Move the EMA copies of the banks the last forward trained after each ``optimizer.step()``.
 
-        Call it again with the new optimizer when your loop re-creates it (the JH-LEE and HiDe loops do
-        at every task with ``reinit_optimizer``): the hook moves from the old optimizer to the new one.
+        A loop that re-creates its optimizer (the JH-LEE and HiDe loops do at every task with
+        ``reinit_optimizer``) is followed: the first step of another optimizer that trains the same
+        classifier moves the hook to it (or call this method with the new optimizer yourself).
         """
         if self.ensemble is None or optimizer is None:
             return
-        if self._optimizer_hook is not None:
+        first = self._optimizer_hook is None
+        if not first:
             self._optimizer_hook.remove()
 
         def after_step(opt: Any, args: Any, kwargs: Any) -> None:
@@ -234,6 +234,16 @@ class Retrofit:
 
         self.optimizer = optimizer
         self._optimizer_hook = self.install.step_post_hook(optimizer, after_step)
+        if first:
+            self.install.global_step_post_hook(self._follow_optimizer)
+
+    def _follow_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.removed or self._verifying or optimizer is self.optimizer or self.ensemble is None:
+            return
+        weight = self.ensemble.online.weight
+        if any(p is weight for group in optimizer.param_groups for p in group["params"]):
+            self.attach_optimizer(optimizer)  # the loop re-created its optimizer
+            self.update_ensemble()
 
     def optimizer_hook_attached(self) -> bool:
         return self._optimizer_hook is not None and self.install.has_hook(self._optimizer_hook)

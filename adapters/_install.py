@@ -27,6 +27,22 @@ def _holder(obj: Any, name: str) -> Optional[dict]:
     return vars(obj) if name in vars(obj) else None
 
 
+def _put_back(obj: Any, name: str, store: Optional[dict], value: Any, order: List[str]) -> None:
+    """Make ``store[name]`` hold ``value`` (``store`` ``None``: no instance attribute), at its place in
+    ``order`` (the store's keys when it held it): ``_modules`` order is ``state_dict()`` order."""
+    current = _holder(obj, name)
+    if current is store and store is not None:
+        store[name] = value
+        return
+    if current is not None:
+        del current[name]
+    if store is not None:
+        store[name] = value
+        items = dict(store)
+        store.clear()
+        store.update((key, items[key]) for key in [*(k for k in order if k in items), *(k for k in items if k not in order)])
+
+
 def _hook_dicts(handle: RemovableHandle) -> List[dict]:
     refs = [getattr(handle, "hooks_dict_ref", None), *getattr(handle, "extra_dict_ref", ())]
     dicts = [ref() for ref in refs if ref is not None]
@@ -40,13 +56,10 @@ class _Swap:
         self.obj, self.name, self.value = obj, name, value
         self.store = _holder(obj, name)
         self.old = self.store[name] if self.store is not None else None
+        self.order = list(self.store) if self.store is not None else []
 
     def undo(self) -> None:
-        current = _holder(self.obj, self.name)
-        if current is not None:
-            del current[self.name]
-        if self.store is not None:
-            self.store[self.name] = self.old
+        _put_back(self.obj, self.name, self.store, self.old, self.order)
 
     def leftover(self) -> Optional[str]:
         current = _holder(self.obj, self.name)
@@ -83,6 +96,12 @@ class Installation:
         handle = optimizer.register_step_post_hook(hook)
         self._keep(handle, f"step hook on {type(optimizer).__name__}", None)
         return handle
+
+    def global_step_post_hook(self, hook: Callable[..., Any]) -> None:
+        """A hook run after every optimizer's step (``torch.optim.optimizer.register_optimizer_step_post_hook``)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._keep(register_optimizer_step_post_hook(hook), "step hook on every optimizer", None)
 
     def set_attribute(self, obj: Any, name: str, value: Any) -> None:
         """``setattr`` on an instance, undone by :meth:`remove` into the very dict that held the old
@@ -138,19 +157,16 @@ class Installation:
                 dicts.setdefault(id(hooks), (hooks, hooks.copy()))
         places = [(swap.obj, swap.name) for swap in self._swaps] + list(extra)
         values = [(obj, name, _holder(obj, name)) for obj, name in places]
-        values = [(obj, name, store, None if store is None else store[name]) for obj, name, store in values]
+        values = [(obj, name, store, None if store is None else store[name], list(store or ()))
+                  for obj, name, store in values]
         removed = self.removed
 
         def restore() -> None:
             for hooks, saved in dicts.values():
                 hooks.clear()
                 hooks.update(saved)
-            for obj, name, store, value in reversed(values):
-                current = _holder(obj, name)
-                if current is not None:
-                    del current[name]
-                if store is not None:
-                    store[name] = value
+            for obj, name, store, value, order in reversed(values):
+                _put_back(obj, name, store, value, order)
             self.removed = removed
 
         return restore

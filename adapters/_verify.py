@@ -124,9 +124,9 @@ def verify(
         return VerifyReport(title, [Check("retrofit installed", False, "remove() was called on this handle")])
     model, run = handle.model, _Runner(handle, batch, forward)
     modules = [model, *handle.install.modules, *(m for m in (handle.router, handle.ensemble) if m is not None)]
+    handle._verifying = True  # in the snapshot: every restore keeps it on until the end
     snapshot = Snapshot(modules, [handle, handle.wiring, handle.schedule])
     checks: List[Check] = []
-    handle._verifying = True
     try:
         handle.discard_batch()
         removed = _trial_removal(handle, run, snapshot, checks)
@@ -137,6 +137,7 @@ def verify(
         _check_ensemble_inference(handle, run, snapshot, checks)
     finally:
         snapshot.restore(final=True)
+        handle._verifying = False
     return VerifyReport(title, checks)
 
 
@@ -167,15 +168,18 @@ def _check_training(handle: Retrofit, run: _Runner, snapshot: Snapshot, removed:
                     checks: List[Check]) -> None:
     model = handle.model
     now = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
-    same = now == handle._parameters_at_install == removed.get("parameters")
-    keys = list(model.state_dict().keys()) == removed.get("keys")
+    before = removed.get("parameters", [])
+    keys, keys_before = list(model.state_dict().keys()), removed.get("keys", [])
+    differ = sorted({n for n, *_ in set(now) ^ set(before)} | set(keys).symmetric_difference(keys_before))
+    if not differ and (now != before or keys != keys_before):
+        differ = ["(their order)"]
     trainable = sum(1 for _, _, grad in now if grad)
     checks.append(Check(
-        "training parameters untouched", same and keys,
+        "training parameters untouched", not differ,
         f"the same {len(now)} parameter objects ({trainable} trainable) with the same requires_grad and state_dict "
-        f"keys as without the retrofit" if same and keys else
-        "the model's parameters or state_dict keys differ from the un-retrofitted model's: an optimizer built "
-        "before the retrofit would not train what the model uses",
+        f"keys as without the retrofit" if not differ else
+        f"parameters or state_dict keys differ from the un-retrofitted model's: {differ[:6]}; an optimizer or "
+        "checkpoint made without the retrofit would not match what the model uses",
     ))
 
     def training_outputs() -> Check:

@@ -291,30 +291,44 @@ def test_end_batch_without_a_query_names_the_fix():
     assert handle.router.num_samples == 8
 
 
-def test_a_recreated_optimizer_is_attached_again_and_a_forgotten_one_warns():
+def test_a_recreated_optimizer_is_followed_and_a_missing_one_warns():
     model, original = HDModel(), Original()
     first = torch.optim.SGD(trainable(model), lr=0.1)
     handle = retrofit(model, "hide", original_model=original, optimizer=first, schedule=SessionSchedule(E), **ROUTER)
-    second = torch.optim.SGD(trainable(model), lr=0.1)  # the JH-LEE / HiDe loops re-create it per task
+    unrelated = torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
 
     def step(optimizer):
         x, y = batch()
         model.train()
-        loss = torch.nn.functional.cross_entropy(model(x, task_id=0, prompt_id=torch.zeros(8, 1).long(),
-                                                       train=True)["logits"], y)
+        out = model(x, task_id=handle.current_expert, prompt_id=torch.zeros(8, 1).long(), train=True)
+        loss = torch.nn.functional.cross_entropy(out["logits"], y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
 
-    step(second)
-    with pytest.warns(RuntimeWarning, match="attach_optimizer"):
-        handle.end_batch()
-    handle.attach_optimizer(second)
-    updates = int(handle.ensemble.num_updates.sum())
+    step(first)
+    unrelated.step()  # an optimizer that does not train the classifier changes nothing
+    assert int(handle.ensemble.num_updates.sum()) == 1 and handle.optimizer is first
+    second = torch.optim.SGD(trainable(model), lr=0.1)  # the JH-LEE / HiDe loops re-create it per task
     step(second)
     handle.end_batch()
-    assert int(handle.ensemble.num_updates.sum()) == updates + 1 and not first._optimizer_step_post_hooks
+    assert int(handle.ensemble.num_updates.sum()) == 2 and handle.optimizer is second
+    assert not first._optimizer_step_post_hooks and len(second._optimizer_step_post_hooks) == 1
     task = handle.current_expert  # verify() starts experts: the task id must follow the handle, as in the loop
     report = handle.verify(batch()[0], forward=lambda x: model(x, task_id=handle.current_expert, train=model.training,
                                                                prompt_id=torch.full((len(x), 1), task)))
     assert report.ok, str(report)
+    assert handle.optimizer is second and len(second._optimizer_step_post_hooks) == 1
+    handle.remove()
+    assert not second._optimizer_step_post_hooks
+    step(second)
+    assert int(handle.ensemble.num_updates.sum()) == 2
+
+    bare = retrofit(HDModel(), "hide", router=False)  # no optimizer given and none called
+    step_model = bare.model
+    x, y = batch()
+    step_model.train()
+    torch.nn.functional.cross_entropy(step_model(x, task_id=0, prompt_id=torch.zeros(8, 1).long(), train=True)
+                                      ["logits"], y).backward()
+    with pytest.warns(RuntimeWarning, match=r"EMA copies did not move.*update_ensemble"):
+        bare.end_batch()

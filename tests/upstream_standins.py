@@ -140,8 +140,8 @@ class JLDualPrompt(nn.Module):
         torch.manual_seed(2)
         self.g_prompt_layer_idx, self.e_prompt_layer_idx = (0, 1), (2, 3)
         self.g_prompt = nn.Parameter(torch.empty(2, 2, D).uniform_(-1, 1))
+        self.head = nn.Linear(D, C)  # before e_prompt: remove() must keep the children's order
         self.e_prompt = JLPrompt(pool_size=4, length=2, top_k=1, layers=2)
-        self.head = nn.Linear(D, C)
         self.use_prompt_mask = True
 
     def forward(self, x: Tensor, task_id: int = -1, cls_features: Optional[Tensor] = None, train: bool = False):
