@@ -38,7 +38,7 @@ def retrofit(
     *,
     router: bool = True,
     ensemble: bool = True,
-    optimizer: Union[torch.optim.Optimizer, None] = None,
+    optimizer: Union[torch.optim.Optimizer, str, None] = None,
     schedule: Schedule = None,
     expansion_dim: int = 10_000,
     ridge: Union[float, str] = 1e4,

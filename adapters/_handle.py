@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -111,6 +111,7 @@ class Retrofit:
         self._banks_of_expert = banks_of_expert
         self._step_counter = step_counter
         self._optimizer_hook: Any = None
+        self._following = False
         #: what produces the router's query, for error messages ("the forward of original_model").
         self.query_source = "the query module"
         # Per stream batch: the first training query, the batch size, the banks the last forward
@@ -215,17 +216,22 @@ class Retrofit:
         self.observed["trained"] = experts.detach()
 
     # ------------------------------------------------------------------------ training calls
-    def attach_optimizer(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
+    def attach_optimizer(self, optimizer: Union[torch.optim.Optimizer, str, None]) -> None:
         """Move the EMA copies of the banks the last forward trained after each ``optimizer.step()``.
 
         A loop that re-creates its optimizer (the JH-LEE and HiDe loops do at every task with
         ``reinit_optimizer``) is followed: the first step of another optimizer that trains the same
         classifier moves the hook to it (or call this method with the new optimizer yourself).
+        ``"auto"``: no optimizer yet; the first one that steps the classifier is attached.
         """
         if self.ensemble is None or optimizer is None:
             return
-        first = self._optimizer_hook is None
-        if not first:
+        if not self._following:
+            self.install.global_step_post_hook(self._follow_optimizer)
+            self._following = True
+        if optimizer == "auto":
+            return
+        if self._optimizer_hook is not None:
             self._optimizer_hook.remove()
 
         def after_step(opt: Any, args: Any, kwargs: Any) -> None:
@@ -234,8 +240,6 @@ class Retrofit:
 
         self.optimizer = optimizer
         self._optimizer_hook = self.install.step_post_hook(optimizer, after_step)
-        if first:
-            self.install.global_step_post_hook(self._follow_optimizer)
 
     def _follow_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.removed or self._verifying or optimizer is self.optimizer or self.ensemble is None:

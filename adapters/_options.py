@@ -29,7 +29,10 @@ class RetrofitOptions:
     Attributes:
         router, ensemble: add the analytic router / the temporal ensemble (both ``False``: only the
             schedule is driven, the model is untouched).
-        optimizer: the EMA copies move after each of its steps (else call ``handle.update_ensemble()``).
+        optimizer: the EMA copies move after each of its steps, and after those of an optimizer that
+            later takes over the classifier (a loop that re-creates it); ``"auto"``: after each step of
+            any optimizer that trains the classifier (frameworks that build it internally); ``None``:
+            call ``handle.update_ensemble()`` after each step yourself.
         schedule: ``SampleBudgetSchedule`` (driven by ``end_batch``), ``SessionSchedule``
             (``start_session``) or ``None`` (experts start only through ``handle.start_expert``).
         expansion_dim, ridge, seed: the router's (paper: 10,000, 1e4).
@@ -38,7 +41,7 @@ class RetrofitOptions:
 
     router: bool = True
     ensemble: bool = True
-    optimizer: Optional[torch.optim.Optimizer] = None
+    optimizer: Union[torch.optim.Optimizer, str, None] = None
     schedule: Schedule = None
     expansion_dim: int = 10_000
     ridge: Union[float, str] = 1e4
@@ -49,9 +52,9 @@ class RetrofitOptions:
     def __post_init__(self) -> None:
         check_choice(self.router, "router", (True, False), owner=_OWNER)
         check_choice(self.ensemble, "ensemble", (True, False), owner=_OWNER)
-        if self.optimizer is not None and not isinstance(self.optimizer, torch.optim.Optimizer):
+        if not (self.optimizer is None or self.optimizer == "auto" or isinstance(self.optimizer, torch.optim.Optimizer)):
             raise InvalidParameterError(
-                f"{_OWNER}: optimizer must be a torch.optim.Optimizer or None, got {type(self.optimizer).__name__}"
+                f"{_OWNER}: optimizer must be a torch.optim.Optimizer, 'auto' or None, got {self.optimizer!r}"
             )
         if self.schedule is not None and not isinstance(self.schedule, (SampleBudgetSchedule, SessionSchedule)):
             raise InvalidParameterError(

@@ -282,6 +282,8 @@ def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: Snapshot, che
             hooked = handle.optimizer_hook_attached()
             how = (f"after each step of your {type(handle.optimizer).__name__} (its hook is attached)" if hooked else
                    f"but the hook on your {type(handle.optimizer).__name__} is gone")
+        elif handle._following:
+            hooked, how = True, "after each step of the first optimizer that trains the classifier (optimizer='auto')"
         else:
             hooked, how = True, "when you call handle.update_ensemble() after each optimizer.step() (no optimizer given)"
         if not head_moved:

@@ -332,3 +332,32 @@ def test_a_recreated_optimizer_is_followed_and_a_missing_one_warns():
                                       ["logits"], y).backward()
     with pytest.warns(RuntimeWarning, match=r"EMA copies did not move.*update_ensemble"):
         bare.end_batch()
+
+
+def test_optimizer_auto_follows_an_optimizer_built_inside_the_framework():
+    model, original = HDModel(), Original()
+    handle = retrofit(model, "hide", original_model=original, optimizer="auto", **ROUTER)
+    built_later = torch.optim.SGD(trainable(model), lr=0.1)  # PILOT builds it inside its _train()
+    x, y = batch()
+    model.train()
+    out = model(x, task_id=0, prompt_id=torch.zeros(8, 1).long(), train=True)
+    torch.nn.functional.cross_entropy(out["logits"], y).backward()
+    built_later.step()
+    assert handle.optimizer is built_later and int(handle.ensemble.num_updates.sum()) == 1
+    built_later.step()
+    assert int(handle.ensemble.num_updates.sum()) == 2
+
+
+class _Framework(nn.Module):
+    """Mammoth's ``L2PModel`` / PILOT's ``PromptVitNet``: the prompted ViT one level down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from upstream_standins import JLL2P
+
+        self.original_model, self.model = Original(), JLL2P()
+
+
+def test_a_seam_one_level_down_is_named_in_the_error():
+    with pytest.raises(SeamError, match=r"submodule `model` has it: retrofit that one \(model\.model\)"):
+        retrofit(_Framework(), "l2p", num_experts=E)
