@@ -6,7 +6,6 @@ import dataclasses
 import inspect
 
 import pytest
-import torch
 from fly_modules.adapters import (
     Retrofit,
     RetrofitOptions,
@@ -22,14 +21,8 @@ from torch import nn
 
 from fly_modules import InvalidParameterError, SampleBudgetSchedule
 
-
-class _Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.query, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.query(x))
+pytest.importorskip("timm")  # the stand-in module builds timm ViTs
+from upstream_standins import Tiny  # noqa: E402
 
 
 def test_retrofit_signature_lists_every_common_option_with_its_default():
@@ -68,7 +61,7 @@ def test_family_functions_show_common_then_family_options():
     ],
 )
 def test_invalid_common_options_raise_before_anything_changes(options, match):
-    model = _Tiny()
+    model = Tiny()
     head = model.head
     with pytest.raises(InvalidParameterError, match=match):
         retrofit(model, "generic", num_experts=2, **{"router": False, **options})
@@ -78,9 +71,9 @@ def test_invalid_common_options_raise_before_anything_changes(options, match):
 
 def test_unknown_method_and_unknown_family_option_name_what_is_accepted():
     with pytest.raises(InvalidParameterError, match="method must be one of"):
-        retrofit(_Tiny(), "coda")
+        retrofit(Tiny(), "coda")
     with pytest.raises(InvalidParameterError, match=r"\['slots'\] are not options of method 'generic'.*route_kwarg"):
-        retrofit(_Tiny(), "generic", num_experts=2, router=False, slots=3)
+        retrofit(Tiny(), "generic", num_experts=2, router=False, slots=3)
     assert set(list_families()) >= {"l2p", "dualprompt", "misa", "mvp", "hide", "norga", "generic", "reference"}
 
 
@@ -96,7 +89,7 @@ def test_register_family_adds_a_method_with_the_common_options():
     public = register_family("custom-test", seam_contract=False)(wire)
     try:
         schedule = SampleBudgetSchedule(4, 3)
-        handle = retrofit(_Tiny(), "custom-test", num_experts=3, expansion_dim=8, schedule=schedule)
+        handle = retrofit(Tiny(), "custom-test", num_experts=3, expansion_dim=8, schedule=schedule)
         assert calls[0][0].expansion_dim == 8 and calls[0][0].schedule is schedule and calls[0][1] == 3
         assert handle.router.expansion_dim == 8 and handle.ensemble.num_experts == 3
         assert "num_experts" in inspect.signature(public).parameters

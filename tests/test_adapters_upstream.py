@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import pytest
 import torch
@@ -13,7 +13,7 @@ from torch import Tensor, nn
 pytest.importorskip("timm")
 from fly_modules.adapters import SeamError, _wiring, generic, retrofit  # noqa: E402
 from upstream_cases import CASES, Case, HiDeCase, adapt, batch, hook_counts, trainable  # noqa: E402
-from upstream_standins import C, D, E  # noqa: E402
+from upstream_standins import C, D, E, Tiny  # noqa: E402
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule  # noqa: E402
 
@@ -277,28 +277,14 @@ def test_set_instance_attribute_undo_puts_modules_parameters_and_attributes_back
 
 
 # ------------------------------------------------------------------ handle safety (generic adapter)
-class _Route(nn.Module):
-    def forward(self, x: Tensor, expert: Optional[Tensor] = None) -> Tensor:
-        return x
-
-
-class _Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.query, self.route, self.head = nn.Linear(4, 4), _Route(), nn.Linear(4, 3)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.route(self.query(x)))
-
-
-def _tiny_retrofit(model: _Tiny, **kwargs: Any):
+def _tiny_retrofit(model: Tiny, **kwargs: Any):
     options = dict(num_experts=2, query_module=model.query, route_module=model.route, route_kwarg="expert",
                    expansion_dim=16, ridge=1.0)
     return generic.retrofit(model, **{**options, **kwargs})
 
 
 def test_a_model_is_retrofitted_at_most_once_at_a_time():
-    model = _Tiny()
+    model = Tiny()
     head = model.head
     first = _tiny_retrofit(model)
     with pytest.raises(RuntimeError, match="already retrofitted"):
@@ -312,7 +298,7 @@ def test_a_model_is_retrofitted_at_most_once_at_a_time():
 
 
 def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
-    model = _Tiny()
+    model = Tiny()
     head = model.head
 
     def broken(*args: Any, **kwargs: Any) -> None:
@@ -327,7 +313,7 @@ def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
 
 
 def test_expert_ids_are_checked_before_anything_changes():
-    model = _Tiny()
+    model = Tiny()
     with pytest.raises(ValueError, match="schedule starts 4 experts but only 2"):
         _tiny_retrofit(model, schedule=SampleBudgetSchedule(4, 4))
     handle = _tiny_retrofit(model)
@@ -340,7 +326,7 @@ def test_expert_ids_are_checked_before_anything_changes():
 
 
 def test_a_rejected_router_update_keeps_the_batch():
-    model = _Tiny().train()
+    model = Tiny().train()
     handle = _tiny_retrofit(model, ensemble=False)
     model(torch.full((4, 4), float("nan")))  # NaN query features
     with pytest.raises(ValueError, match="NaN"):

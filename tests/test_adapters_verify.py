@@ -19,6 +19,8 @@ from upstream_standins import (  # noqa: E402
     MISADualPrompt,
     Original,
     SiBlurryDualPrompt,
+    Tiny,
+    UnnamedRoute,
     norga_train_forward,
 )
 
@@ -256,23 +258,9 @@ def test_hide_batchwise_prompt_is_refused_for_routing():
 
 
 # ------------------------------------------------------------------------------- never silent
-class _Route(nn.Module):
-    def forward(self, x: Tensor) -> Tensor:
-        return x
-
-
-class _Tiny(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.query, self.route, self.head = nn.Linear(4, 4), _Route(), nn.Linear(4, 3)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.route(self.query(x)))
-
-
 def test_a_route_keyword_the_module_does_not_name_is_refused():
-    model = _Tiny()
-    with pytest.raises(SeamError, match=r"`expert=` to _Route\.forward\(x.*\).*does not take it"):
+    model = Tiny(UnnamedRoute())
+    with pytest.raises(SeamError, match=r"`expert=` to UnnamedRoute\.forward\(x.*\).*does not take it"):
         generic.retrofit(model, num_experts=2, query_module=model.query, route_module=model.route, route_kwarg="expert")
     assert not model.route._forward_pre_hooks and not model.query._forward_hooks
 

@@ -125,6 +125,16 @@ def _used_slots(pool: torch.Tensor, used: Tensor) -> Tensor:
     return (used[:, 0].flatten(1).unsqueeze(1) == pool.detach().flatten(1).unsqueeze(0)).all(-1).float().argmax(1)
 
 
+def _with_query(model: nn.Module, x: Tensor, query: Optional[Tensor]) -> Tensor:
+    """``model(x)`` with its frozen query replaced by ``query`` (the router's features too)."""
+    if query is not None:
+        model.query = lambda inputs: query
+    try:
+        return model(x)
+    finally:
+        vars(model).pop("query", None)
+
+
 class KeyPoolCase(Case):
     """FlyGCL DualPrompt, or a MISA DualPrompt whose gather was patched (``prompts[i + s]``)."""
 
@@ -144,13 +154,7 @@ class KeyPoolCase(Case):
         return model.backbone, "fc"
 
     def forward(self, model, original, x, *, task=0, query=None):
-        if query is not None:
-            model.query = lambda inputs: query
-        try:
-            logits = model(x)
-        finally:
-            vars(model).pop("query", None)
-        return logits, _used_slots(model.e_prompt.prompts, model.used_prompts)
+        return _with_query(model, x, query), _used_slots(model.e_prompt.prompts, model.used_prompts)
 
     def expert_of(self, selection):
         return selection // 2
@@ -177,13 +181,7 @@ class FlyGCLL2PCase(KeyPoolCase):
         return {"num_experts": E}
 
     def forward(self, model, original, x, *, task=0, query=None):
-        if query is not None:
-            model.query = lambda inputs: query
-        try:
-            logits = model(x)
-        finally:
-            vars(model).pop("query", None)
-        return logits, model.prompt.last_selected_indices
+        return _with_query(model, x, query), model.prompt.last_selected_indices
 
     def expert_of(self, selection):
         return selection[:, 0] // 3

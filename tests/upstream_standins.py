@@ -476,3 +476,29 @@ def norga_train_forward(model: nn.Module, x: Tensor, task_id: int) -> Dict[str, 
 def hide_eval_forward(model: nn.Module, original: nn.Module, x: Tensor, task_id: int) -> Dict[str, Tensor]:
     """The HiDe / NoRGa evaluation call: TII through ``original_model``, then the model."""
     return model(x, task_id=task_id, prompt_id=tii_prompt_id(original, x))
+
+
+# ------------------------------------------------------------------------- generic-adapter models
+class TinyRoute(nn.Module):
+    """A route module whose ``forward(x, expert=None)`` names the routed keyword."""
+
+    def forward(self, x: Tensor, expert: Optional[Tensor] = None) -> Tensor:
+        return x
+
+
+class UnnamedRoute(nn.Module):
+    """A route module whose ``forward(x)`` takes no routed keyword."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class Tiny(nn.Module):
+    """``query`` -> ``route`` -> ``head`` on 4 features: the smallest model the generic adapter wires."""
+
+    def __init__(self, route: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        self.query, self.route, self.head = nn.Linear(4, 4), route or TinyRoute(), nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.route(self.query(x)))
