@@ -28,7 +28,6 @@ if str(_ROOT) not in sys.path:  # benchmarks/ is run from a checkout, never inst
     sys.path.insert(0, str(_ROOT))
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import gc  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
@@ -36,13 +35,12 @@ import os  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple  # noqa: E402
+from typing import Dict, Optional, Sequence, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-import fly_modules.router as router_module  # noqa: E402
 from benchmarks._timing import (  # noqa: E402
     Report,
     best_ratio,
@@ -52,7 +50,8 @@ from benchmarks._timing import (  # noqa: E402
     print_header,
     time_side_by_side,
 )
-from fly_modules.router import AnalyticRouter, _accumulate_block_lower_gram  # noqa: E402
+from fly_modules import _ridge  # noqa: E402  (private but supported: the kernels and solvers)
+from fly_modules.router import AnalyticRouter  # noqa: E402
 
 STATS_DTYPE = torch.float64
 TARGET_UPDATE = 1.6
@@ -151,30 +150,6 @@ def max_relative_difference(value: Tensor, reference: Tensor) -> float:
     return float((value - reference).abs().max() / reference.abs().max())
 
 
-@contextlib.contextmanager
-def count_refinement_steps() -> Iterator[List[int]]:
-    """Counts the float64 residual products of the mixed-precision solver (one per refinement step).
-
-    Wraps ``fly_modules.router._symmetric_matmul`` for the duration of one diagnostic solve (outside
-    every timed region) and restores it afterwards.
-    """
-    original = getattr(router_module, "_symmetric_matmul", None)
-    calls = [0]
-    if original is None:  # the solver changed: report the count as unknown (-1)
-        yield [-1]
-        return
-
-    def counted(gram: Tensor, x: Tensor) -> Tensor:
-        calls[0] += 1
-        return original(gram, x)
-
-    router_module._symmetric_matmul = counted
-    try:
-        yield calls
-    finally:
-        router_module._symmetric_matmul = original
-
-
 # ================================================================================ peak memory
 _STATUS_FIELD = re.compile(r"^(VmRSS|VmHWM):\s+(\d+)\s+kB", re.MULTILINE)
 
@@ -257,7 +232,7 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
         {
             "ours: AnalyticRouter.update": lambda: router.update(features, expert_ids),
             "reference: relu(hR) + dense addmm": lambda: dense.update(features, expert_ids),
-            "kernel: block-lower": lambda: _accumulate_block_lower_gram(kernel_gram, phi),
+            "kernel: block-lower": lambda: _ridge.accumulate_lower_gram(kernel_gram, phi, _ridge.PANEL_ROWS),
             "kernel: dense addmm_": lambda: kernel_dense.addmm_(phi.t(), phi),
         },
         repeats=args.repeats,
@@ -285,7 +260,7 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
         torch.set_num_threads(1)
         try:
             single = time_side_by_side(
-                {"block": lambda: _accumulate_block_lower_gram(kernel_gram, phi),
+                {"block": lambda: _ridge.accumulate_lower_gram(kernel_gram, phi, _ridge.PANEL_ROWS),
                  "dense": lambda: kernel_dense.addmm_(phi.t(), phi)},
                 repeats=max(3, args.repeats // 2), warmup=1,
             )
@@ -321,11 +296,12 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
     bound = "exact: lambda_min(G) = 0 since samples < M" if args.samples < m else "upper bound: lambda_min(G) >= 0"
     report.info(f"cond(G + lambda I) ~ {(top + ridge) / ridge:.2e} (lambda_max(G) = {top:.3e} by power "
                 f"iteration; {bound}); max diag(G) = {float(gram.diagonal().max()):.3e}")
-    with count_refinement_steps() as steps:
-        router.solve()
-    products = "unknown" if steps[0] < 0 else steps[0]
-    report.info(f"our solver path: solver_={router.solver_!r}, {products} float64 residual products "
-                f"(refinement steps){'  <- float64 fallback taken' if router.solver_ == 'cholesky' else ''}")
+    mixed = _ridge.solve_mixed(router.gram, router.cross, ridge, panel_rows=_ridge.PANEL_ROWS)
+    if mixed is None:
+        report.info("our solver path: mixed precision did not converge  <- float64 fallback taken")
+    else:
+        report.info(f"our solver path: 'mixed', {mixed.refinement_steps} float64 residual products (refinement "
+                    f"steps); condition estimate from the float32 factor {mixed.condition:.2e}")
 
     queries, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 3)
     # Warm-up on a small system (LAPACK initialisation) so no full-size round has to be discarded.

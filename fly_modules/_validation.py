@@ -68,8 +68,10 @@ class NotFittedError(ValueError, AttributeError):
     """
 
 
-def check_features(features: Tensor, in_features: int, *, owner: str, device: torch.device) -> Tensor:
-    """Validate a ``(N, in_features)`` floating-point, finite, non-empty batch on ``device``."""
+def check_features(
+    features: Tensor, in_features: int, *, owner: str, device: torch.device, allow_empty: bool = False
+) -> Tensor:
+    """Validate a ``(N, in_features)`` floating-point, finite batch on ``device`` (non-empty unless allowed)."""
     if not isinstance(features, Tensor):
         raise TypeError(f"{owner}: features must be a torch.Tensor, got {type(features).__name__}")
     if features.ndim != 2:
@@ -88,7 +90,7 @@ def check_features(features: Tensor, in_features: int, *, owner: str, device: to
             f"{owner}: features have {features.shape[1]} columns but the module was built with "
             f"in_features={in_features}"
         )
-    if features.shape[0] == 0:
+    if features.shape[0] == 0 and not allow_empty:
         raise ValueError(f"{owner}: features hold an empty batch (shape {tuple(features.shape)})")
     if features.device != device:
         raise ValueError(

@@ -9,7 +9,7 @@ all-reduce across processes gives the same ``W`` as one batch fit on all the dat
 Implementation notes (why the code looks the way it does):
 
 * ``G`` is symmetric, so only its lower triangle is meaningful. ``update`` adds ``phi^T phi`` in row
-  panels of ``_PANEL_ROWS`` rows, each panel only as far right as its own diagonal block: 53% of the
+  panels of ``_ridge.PANEL_ROWS`` rows, each panel only as far right as its own diagonal block: 53% of the
   flops of a dense ``addmm`` at M = 10,000 (a batch of 64 makes the GEMM compute-bound on a CPU, so
   flops are the cost). Whatever the panels leave above the diagonal is never read: Cholesky
   (``torch.linalg.cholesky_ex``), ``eigh`` and the refinement's products use the lower triangle only,
@@ -30,28 +30,27 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import _collectives, _ridge
+from ._ridge import RouterSolveError
 from ._validation import NotFittedError, check_expert_ids, check_features
 
-__all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError"]
+__all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError", "RouterConditioningWarning"]
 
 _ACTIVATIONS = ("relu", "identity")
 _SOLVERS = ("auto", "mixed", "cholesky", "eigh")
-# G is updated in row panels of _PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], so of the blocks
-# above the diagonal only the panels' own diagonal blocks are computed, a fraction 1/2 + rows/(2M) of the
-# dense flops (53% at M = 10,000). Shorter panels waste fewer flops but each GEMM is smaller and is a
-# synchronisation point of the BLAS threads; 512 rows measured best on 2-core AVX-512 CPUs
-# (benchmarks/bench_router.py prints the kernel ratio).
-_PANEL_ROWS = 512
+# A solution whose a-priori relative error bound, cond(G + ridge I) * unit roundoff, exceeds this is
+# reported with a RouterConditioningWarning (the weights may have fewer than two correct digits).
+_UNRELIABLE_ERROR_BOUND = 1e-2
 
 
-class RouterSolveError(RuntimeError):
-    """The ridge system could not be factorised (not positive definite in floating point)."""
+class RouterConditioningWarning(RuntimeWarning):
+    """The ridge system is so ill-conditioned that the routing weights may be inaccurate."""
 
 
 class RandomExpansion(nn.Module):
@@ -270,17 +269,24 @@ class AnalyticRouter(nn.Module):
         first, so all processes add the same global batch and keep identical statistics.
         """
         if self.process_group is not None:
-            from .distributed import all_gather_update
-
             all_gather_update(self, features, expert_ids, self.process_group)
             return
-        self._update_local(features, expert_ids)
+        features, ids = self._check_batch(features, expert_ids, owner="AnalyticRouter.update")
+        self._accumulate(features, ids)
 
-    def _update_local(self, features: Tensor, expert_ids: Union[int, Tensor]) -> None:
-        features = check_features(features, self.in_features, owner="AnalyticRouter.update", device=self.gram.device)
-        ids = check_expert_ids(
-            expert_ids, features.shape[0], self.num_experts, owner="AnalyticRouter.update", device=self.gram.device
-        )
+    def _check_batch(
+        self, features: Tensor, expert_ids: Union[int, Tensor], *, owner: str, allow_empty: bool = False
+    ) -> Tuple[Tensor, Tensor]:
+        """The validated batch: features in the statistics dtype, ``(N,)`` long expert ids."""
+        device = self.gram.device
+        features = check_features(features, self.in_features, owner=owner, device=device, allow_empty=allow_empty)
+        ids = check_expert_ids(expert_ids, features.shape[0], self.num_experts, owner=owner, device=device)
+        return features.to(self.stats_dtype), ids
+
+    def _accumulate(self, features: Tensor, ids: Tensor) -> None:
+        """Add a validated batch to the statistics (or reject it, unchanged, when it would overflow)."""
+        if features.shape[0] == 0:
+            return
         phi = self.expansion(features)
         # Finite features can still overflow the statistics once cast and expanded; reject the batch
         # before anything is added (each entry of G grows by at most N * max|phi|^2 here).
@@ -291,7 +297,7 @@ class AnalyticRouter(nn.Module):
                 f"for a batch of {phi.shape[0]}); scale the features down"
                 + (" or use stats_dtype=torch.float64" if phi.dtype != torch.float64 else "")
             )
-        _accumulate_block_lower_gram(self.gram, phi)
+        _ridge.accumulate_lower_gram(self.gram, phi, _ridge.PANEL_ROWS)
         # One-hot GEMM rather than index_add_: half the time on CPU, deterministic on CUDA (no atomics).
         self.cross.addmm_(phi.t(), F.one_hot(ids, self.num_experts).to(phi.dtype))
         self.counts += torch.bincount(ids, minlength=self.num_experts)
@@ -325,7 +331,7 @@ class AnalyticRouter(nn.Module):
 
     def gram_matrix(self) -> Tensor:
         """The full symmetric ``G`` (a new tensor; only the lower triangle of the ``gram`` buffer is meaningful)."""
-        return _symmetrize_lower(self.gram)
+        return _ridge.symmetrize_lower(self.gram)
 
     def _mark_stale(self) -> None:
         self._stats_version += 1
@@ -361,15 +367,31 @@ class AnalyticRouter(nn.Module):
             raise NotFittedError(
                 "AnalyticRouter has no statistics yet: call update(features, expert_ids) before routing"
             )
-        if self.ridge == "auto" or self.solver == "eigh":
-            solution, ridge, solver = _solve_eigh(self.gram, self.cross, self.ridge, self.ridge_grid, self.num_samples)
-        else:
-            solution, solver = _solve_cholesky(self.gram, self.cross, float(self.ridge), self.solver)
-            ridge = float(self.ridge)
-        self._solution = solution
+        result = self._solve_system()
+        if _ridge.error_bound(result) > _UNRELIABLE_ERROR_BOUND:
+            warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
+                          RouterConditioningWarning, stacklevel=2)
+        self._solution = result.weights
         self._solution_key = self._statistics_key()
-        self.ridge_, self.solver_ = ridge, solver
-        return solution
+        self.ridge_, self.solver_ = result.ridge, result.solver
+        return result.weights
+
+    def _solve_system(self) -> _ridge.RidgeSolution:
+        if self.ridge == "auto" or self.solver == "eigh":
+            ridge = None if self.ridge == "auto" else self.ridge
+            return _ridge.solve_eigh(self.gram, self.cross, ridge, grid=self.ridge_grid, num_samples=self.num_samples)
+        if self.solver in ("auto", "mixed") and self.stats_dtype == torch.float64:
+            result = _ridge.solve_mixed(self.gram, self.cross, self.ridge, panel_rows=_ridge.PANEL_ROWS)
+            if result is not None:
+                return result
+            if self.solver == "mixed":
+                warnings.warn(
+                    "AnalyticRouter: mixed-precision refinement did not converge (G + ridge*I is too "
+                    "ill-conditioned for a float32 factor); solved with a float64 Cholesky instead",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
 
     def _solve_if_stale(self) -> Tensor:
         if self._solution is None or self._solution_key != self._statistics_key():
@@ -427,7 +449,7 @@ class AnalyticRouter(nn.Module):
         )
 
 
-# ====================================================================================== kernels
+# ====================================================================================== helpers
 def _version_counter(tensor: Tensor) -> int:
     """The tensor's in-place version counter (-1 for inference tensors, which have none)."""
     try:
@@ -459,158 +481,53 @@ def _check_ridge(ridge: Union[float, str]) -> Union[float, str]:
     return float(ridge)
 
 
-def _blocks(m: int) -> List[Tuple[int, int]]:
-    return [(start, min(start + _PANEL_ROWS, m)) for start in range(0, m, _PANEL_ROWS)]
-
-
-def _accumulate_block_lower_gram(gram: Tensor, phi: Tensor) -> None:
-    """Add ``phi^T phi`` to the lower triangle of ``gram`` (plus, harmlessly, the panels' diagonal blocks)."""
-    for start, stop in _blocks(gram.shape[0]):
-        gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
-
-
-def _symmetrize_lower(block: Tensor) -> Tensor:
-    """The symmetric matrix whose lower triangle is ``block``'s (the upper triangle is never read)."""
-    return torch.tril(block) + torch.tril(block, -1).mT
-
-
-def _symmetric_matmul(gram: Tensor, x: Tensor) -> Tensor:
-    """``G @ x`` from the lower triangle of ``gram`` without materialising the full matrix."""
-    out = torch.zeros_like(x)
-    for start, stop in _blocks(gram.shape[0]):
-        out[start:stop] += _symmetrize_lower(gram[start:stop, start:stop]) @ x[start:stop]
-        if start:
-            # Strictly below the diagonal: stored once for both triangles.
-            left = gram[start:stop, :start]
-            out[start:stop] += left @ x[:start]
-            out[:start] += left.t() @ x[start:stop]
-    return out
-
-
-def _factor_error(info: int, dtype: torch.dtype, ridge: float, gram: Tensor) -> RouterSolveError:
-    largest = float(gram.diagonal().max())
-    return RouterSolveError(
-        f"AnalyticRouter: the Cholesky factorisation of (G + ridge*I) failed at column {info} in {dtype}: "
-        f"the system is not positive definite to working precision (ridge={ridge:g}, largest diagonal entry "
-        f"of G={largest:.3g}). Increase `ridge` (e.g. to {max(ridge * 100, largest * 1e-8):.3g}) or pass "
-        f"ridge='auto'" + (", or accumulate in float64 (stats_dtype=torch.float64)." if dtype != torch.float64 else ".")
+def _conditioning_message(result: _ridge.RidgeSolution, largest_diagonal: float) -> str:
+    eps = torch.finfo(result.precision).eps
+    # The ridge that would bring the condition number, about max diag(G) / ridge, under the bound.
+    suggested = max(result.ridge * 100, largest_diagonal * eps / _UNRELIABLE_ERROR_BOUND)
+    return (
+        f"AnalyticRouter: (G + ridge*I) is ill-conditioned (condition number ~{result.condition:.2g} with "
+        f"ridge={result.ridge:g}, solver {result.solver!r} in {result.precision}): the routing weights may be "
+        f"off by up to {_ridge.error_bound(result):.2g} relative. Increase `ridge` (e.g. to {suggested:.3g}) "
+        f"or pass ridge='auto'"
+        + (", or accumulate in float64 (stats_dtype=torch.float64)." if result.precision != torch.float64 else ".")
     )
 
 
-def _cholesky_factor(gram: Tensor, ridge: float, dtype: torch.dtype) -> Tuple[Tensor, int]:
-    """Lower Cholesky factor of ``G + ridge I`` in ``dtype``, in one copy of G (the factor's lower triangle).
+# ================================================================================ data parallel
+@torch.no_grad()
+def all_reduce_statistics(router: AnalyticRouter, group: Optional[Any] = None) -> AnalyticRouter:
+    """Sum ``G``, ``Q`` and the counts over all processes, in place; returns ``router``.
 
-    LAPACK factorises column-major matrices in place; the transposed view of a row-major copy is one,
-    so factorising it as *upper* (its upper triangle is the copy's lower triangle, the only meaningful
-    part of the statistics) needs no second M x M buffer (``cholesky_ex(system, out=system)`` on the
-    row-major copy would make one internally).
+    Processes may hold different numbers of experts; every router first grows to the largest.
     """
-    system = gram.to(dtype=dtype, copy=True)
-    system.diagonal().add_(ridge)
-    column_major = system.mT
-    info = torch.empty((), dtype=torch.int32, device=gram.device)
-    torch.linalg.cholesky_ex(column_major, upper=True, out=(column_major, info))
-    return system, int(info)
+    _collectives.require_initialized("all_reduce_statistics")
+    router._grow_to(_collectives.all_reduce_max(router.num_experts, router.gram.device, group))
+    _collectives.all_reduce_sum_((router.gram, router.cross, router.counts), group)
+    router._mark_stale()
+    return router
 
 
-def _cholesky_solve(factor: Tensor, rhs: Tensor) -> Tensor:
-    """Solve ``L L^T x = rhs`` with two triangular solves on views of ``factor`` (lower triangle = L).
+@torch.no_grad()
+def all_gather_update(
+    router: AnalyticRouter, features: Tensor, expert_ids: Union[int, Tensor], group: Optional[Any] = None
+) -> None:
+    """``router.update`` with the concatenation (in rank order) of every process's batch.
 
-    ``torch.cholesky_solve`` would copy the whole M x M factor on every call.
+    Batches may differ in size between processes (the last batch of a shard, or an empty share).
+    Setting ``router.process_group`` makes every ``router.update`` do this.
     """
-    return torch.linalg.solve_triangular(factor.mT, torch.linalg.solve_triangular(factor, rhs, upper=False), upper=True)
-
-
-def _solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, solver: str) -> Tuple[Tensor, str]:
-    dtype = gram.dtype
-    if solver in ("auto", "mixed") and dtype == torch.float64:
-        solution = _solve_mixed_precision(gram, cross, ridge)
-        if solution is not None:
-            return solution, "mixed"
-        if solver == "mixed":
-            warnings.warn(
-                "AnalyticRouter: mixed-precision refinement did not converge (G + ridge*I is too "
-                "ill-conditioned for a float32 factor); solved with a float64 Cholesky instead",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-    factor, info = _cholesky_factor(gram, ridge, dtype)
-    if info:
-        raise _factor_error(info, dtype, ridge, gram)
-    return _cholesky_solve(factor, cross), "cholesky"
-
-
-def _symmetric_abs_row_sums(gram: Tensor) -> Tensor:
-    """Row sums of ``|G|`` (the infinity norm's ingredients) from the lower triangle of ``gram``."""
-    sums = gram.new_zeros(gram.shape[0])
-    for start, stop in _blocks(gram.shape[0]):
-        sums[start:stop] += _symmetrize_lower(gram[start:stop, start:stop]).abs().sum(dim=1)
-        if start:
-            left = gram[start:stop, :start].abs()
-            sums[start:stop] += left.sum(dim=1)
-            sums[:start] += left.sum(dim=0)
-    return sums
-
-
-def _solve_mixed_precision(gram: Tensor, cross: Tensor, ridge: float, max_iter: int = 30) -> Optional[Tensor]:
-    """Float32 Cholesky factor + float64 iterative refinement; ``None`` when it does not converge.
-
-    Each step solves the float64 residual ``Q - (G + lambda I) x`` with the float32 factor; the error
-    contracts by about ``cond(G + lambda I) * 2^-24`` per step. It stops once the residual is at the
-    float64 rounding level of the product, ``||r|| <= eps64 * ||A|| * ||x||`` (infinity norms), where
-    the answer is as accurate as a float64 Cholesky or LU solve. When a step fails to halve the
-    correction, it accepts the solution if the residual meets LAPACK ``dsposv``'s looser
-    ``sqrt(M)`` criterion (refinement has stalled at rounding noise) and gives up otherwise
-    (``cond * 2^-24`` near 1 or above).
-    """
-    factor, info = _cholesky_factor(gram, ridge, torch.float32)
-    if info:
-        return None
-    eps = torch.finfo(torch.float64).eps
-    norm = float(_symmetric_abs_row_sums(gram).max()) + ridge
-    solution = _cholesky_solve(factor, cross.float()).double()
-    previous = math.inf
-    for _ in range(max_iter):
-        residual = cross - _symmetric_matmul(gram, solution) - ridge * solution
-        size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
-        if size_r <= eps * norm * size_x:
-            return solution
-        correction = _cholesky_solve(factor, residual.float()).double()
-        size = float(correction.abs().max())
-        if size > 0.5 * previous:
-            return solution if size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x else None
-        solution += correction
-        previous = size
-    return None
-
-
-def _solve_eigh(
-    gram: Tensor, cross: Tensor, ridge: Union[float, str], grid: Optional[Sequence[float]], num_samples: int
-) -> Tuple[Tensor, float, str]:
-    """Solve through ``G = V diag(s) V^T``; with ``ridge="auto"`` choose lambda by GCV first.
-
-    Generalised cross-validation needs only the statistics: with ``q = V^T Q`` and ``n`` samples whose
-    targets are one-hot (so ``sum ||y||^2 = n``),
-    ``RSS(l) = n - sum_i ||q_i||^2 (s_i + 2 l) / (s_i + l)^2`` and ``tr H(l) = sum_i s_i / (s_i + l)``,
-    and ``GCV(l) = n * RSS(l) / (n - tr H(l))^2``.
-    """
-    eigenvalues, eigenvectors = torch.linalg.eigh(gram)  # reads the lower triangle only
-    eigenvalues = eigenvalues.clamp_min(0)
-    rotated = eigenvectors.t() @ cross
-    if ridge == "auto":
-        if grid is None:
-            mean = float(eigenvalues.mean()) or 1.0
-            grid = [mean * 10.0 ** (k / 4) for k in range(-24, 25)]
-        candidates = torch.tensor(list(grid), dtype=gram.dtype, device=gram.device)
-        energy = rotated.pow(2).sum(dim=1)
-        s = eigenvalues.unsqueeze(0)
-        lam = candidates.unsqueeze(1)
-        rss = num_samples - (energy * (s + 2 * lam) / (s + lam) ** 2).sum(dim=1)
-        dof = (s / (s + lam)).sum(dim=1)
-        gcv = num_samples * rss.clamp_min(0) / (num_samples - dof).pow(2)
-        gcv = torch.where(dof < num_samples - 1e-9, gcv, torch.full_like(gcv, math.inf))
-        chosen = float(candidates[int(torch.argmin(gcv))])
-    else:
-        chosen = float(ridge)
-    solution = eigenvectors @ (rotated / (eigenvalues + chosen).unsqueeze(1))
-    return solution, chosen, "eigh"
+    _collectives.require_initialized("all_gather_update")
+    # Every process validates its own share and they agree before gathering: a bad batch on one
+    # process raises on all of them (instead of leaving the others blocked in the gather).
+    error: Optional[Exception] = None
+    try:
+        features, ids = router._check_batch(features, expert_ids, owner="all_gather_update", allow_empty=True)
+    except (TypeError, ValueError) as caught:
+        error = caught
+    agreed = _collectives.all_agree(error is None, router.gram.device, group)
+    if error is not None:
+        raise error
+    if not agreed:
+        raise RuntimeError("all_gather_update: another process rejected its batch (see its error); nothing was added")
+    router._accumulate(_collectives.gather_rows(features, group), _collectives.gather_rows(ids, group))

@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fly_modules import AnalyticRouter, NotFittedError, RandomExpansion, RouterSolveError
-from fly_modules import router as router_module
+from fly_modules import AnalyticRouter, NotFittedError, RandomExpansion, RouterSolveError, _ridge
 
 
 def reference_solution(router: AnalyticRouter, features: torch.Tensor, ids: torch.Tensor, ridge: float) -> np.ndarray:
@@ -51,7 +50,7 @@ def clustered(n: int, d: int, experts: int, seed: int = 0):
     panel_rows=st.sampled_from([512, 64, 5]),
 )
 def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, per_sample, solver, panel_rows):
-    with mock.patch.object(router_module, "_PANEL_ROWS", panel_rows):
+    with mock.patch.object(_ridge, "PANEL_ROWS", panel_rows):
         check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver)
 
 
@@ -77,7 +76,7 @@ def check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver):
 
 
 def test_panelled_update_crosses_panel_boundaries(monkeypatch):
-    monkeypatch.setattr(router_module, "_PANEL_ROWS", 5)  # 23 rows -> panels of 5
+    monkeypatch.setattr(_ridge, "PANEL_ROWS", 5)  # 23 rows -> panels of 5
     features, ids = clustered(40, 6, 3)
     router = AnalyticRouter(6, 3, expansion_dim=23, ridge=0.5)
     router.update(features[:17], ids[:17])
@@ -98,10 +97,10 @@ def test_only_the_lower_triangle_of_the_statistics_is_read(monkeypatch):
     features, ids = clustered(60, 6, 3)
     reference = AnalyticRouter(6, 3, expansion_dim=40, ridge=0.5)
     reference.update(features, ids)
-    monkeypatch.setattr(router_module, "_PANEL_ROWS", 7)
+    monkeypatch.setattr(_ridge, "PANEL_ROWS", 7)
     router = AnalyticRouter(6, 3, expansion_dim=40, ridge=0.5)
     router.update(features[:30], ids[:30])
-    monkeypatch.setattr(router_module, "_PANEL_ROWS", 3)
+    monkeypatch.setattr(_ridge, "PANEL_ROWS", 3)
     router.load_state_dict(router.state_dict())
     router.update(features[30:], ids[30:])
     with torch.no_grad():
@@ -151,8 +150,8 @@ def test_solution_is_cached_until_statistics_change(monkeypatch):
     router = AnalyticRouter(5, 2, expansion_dim=32, ridge=1.0)
     router.update(features, ids)
     calls = []
-    original = router_module._solve_cholesky
-    monkeypatch.setattr(router_module, "_solve_cholesky", lambda *a: calls.append(1) or original(*a))
+    original = router.solve
+    monkeypatch.setattr(router, "solve", lambda: calls.append(1) or original())
     router(features)
     router.route(features)
     _ = router.weight
