@@ -9,15 +9,26 @@ which are ensembled with the online head after the logit mask.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from ._validation import check_expert_ids, check_features
+from ._validation import (
+    InvalidParameterError,
+    NotFittedError,
+    check_choice,
+    check_expert_ids,
+    check_features,
+    check_float,
+    check_int,
+)
 
-__all__ = ["TemporalEnsembleHead", "aggregate_logits", "AGGREGATION_RULES", "find_classifier"]
+__all__ = [
+    "TemporalEnsembleHead", "aggregate_logits", "AGGREGATION_RULES", "ClassifierNotFoundError", "find_classifier",
+    "locate_classifier",
+]
 
 AGGREGATION_RULES = ("mean", "max_prob", "min_entropy", "softmax_mean", "softmax_max", "softmax_min_entropy")
 
@@ -37,10 +48,11 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
     A row whose classes are *all* masked has no prediction: the softmax rules give NaN there and
     ``mean`` / ``max_prob`` give ``-inf``.
     """
-    if member_logits.ndim != 3:
-        raise ValueError(f"aggregate_logits: expected member logits of shape (N, H, C), got {tuple(member_logits.shape)}")
-    if rule not in AGGREGATION_RULES:
-        raise ValueError(f"aggregate_logits: rule must be one of {AGGREGATION_RULES}, got {rule!r}")
+    if not isinstance(member_logits, Tensor) or member_logits.ndim != 3:
+        raise InvalidParameterError(
+            f"aggregate_logits: expected member logits of shape (N, H, C), got {tuple(getattr(member_logits, 'shape', ()))}"
+        )
+    check_choice(rule, "rule", AGGREGATION_RULES, owner="aggregate_logits")
     if rule == "mean":
         return member_logits.mean(dim=1)
     if rule == "max_prob":
@@ -57,22 +69,53 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
     return chosen[rows, best]
 
 
+class ClassifierNotFoundError(LookupError, TypeError):
+    """A module has no classifier where :func:`locate_classifier` looks.
+
+    Also a ``TypeError``: what :func:`find_classifier` raised for such modules before it existed.
+    """
+
+
+def locate_classifier(module: nn.Module) -> Tuple[str, nn.Module]:
+    """``(name, classifier)`` of ``module``'s classifier: what ``get_classifier()`` (timm) returns, else
+    the child ``head``, else ``fc``.
+
+    ``name`` is the attribute path from ``module`` (``"head"``; dotted when ``get_classifier()``
+    returns a grandchild, e.g. ``"head.fc"``), so ``module.get_submodule(name)`` is the classifier.
+    Raises :class:`ClassifierNotFoundError` naming ``module``'s children when there is none.
+    """
+    getter = getattr(module, "get_classifier", None)
+    classifier = getter() if callable(getter) else None
+    if isinstance(classifier, nn.Module):
+        for name, child in module.named_modules():
+            if child is classifier and name:
+                return name, child
+    for name in ("head", "fc"):
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return name, child
+    children = [f"{name} ({type(child).__name__})" for name, child in module.named_children()]
+    raise ClassifierNotFoundError(
+        f"{type(module).__name__} has no classifier: no get_classifier() submodule, `head` or `fc` "
+        f"(its children are {children or 'none'})"
+    )
+
+
 def find_classifier(module: nn.Module) -> nn.Linear:
-    """The ``nn.Linear`` classifier of ``module``: itself, ``get_classifier()`` (timm), ``head`` or ``fc``."""
+    """The ``nn.Linear`` classifier of ``module``: itself, or the one :func:`locate_classifier` finds."""
     if isinstance(module, nn.Linear):
         return module
-    getter = getattr(module, "get_classifier", None)
-    candidates = [("get_classifier()", getter())] if callable(getter) else []
-    candidates += [(name, getattr(module, name)) for name in ("head", "fc") if isinstance(getattr(module, name, None), nn.Module)]
-    for _, candidate in candidates:
-        if isinstance(candidate, nn.Linear):
-            return candidate
-    found = ", ".join(f"{name} -> {type(c).__name__}" for name, c in candidates) or "no get_classifier(), head or fc"
-    raise TypeError(
-        f"TemporalEnsembleHead needs an nn.Linear classifier; {type(module).__name__} has {found}. "
-        f"Pass the nn.Linear itself (timm models built with num_classes=0 have no classifier: build them with "
-        f"num_classes=C or pass a fresh nn.Linear)."
-    )
+    try:
+        name, classifier = locate_classifier(module)
+    except ClassifierNotFoundError as error:
+        raise ClassifierNotFoundError(f"TemporalEnsembleHead needs an nn.Linear classifier; {error}") from None
+    if not isinstance(classifier, nn.Linear):
+        raise InvalidParameterError(
+            f"TemporalEnsembleHead needs an nn.Linear classifier; {type(module).__name__}'s classifier `{name}` is a "
+            f"{type(classifier).__name__}. Pass the nn.Linear itself (timm models built with num_classes=0 have no "
+            f"classifier: build them with num_classes=C or pass a fresh nn.Linear)."
+        )
+    return classifier
 
 
 class TemporalEnsembleHead(nn.Module):
@@ -129,20 +172,15 @@ class TemporalEnsembleHead(nn.Module):
         aggregate: str = "softmax_max",
     ) -> None:
         super().__init__()
-        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 0:
-            raise ValueError(f"TemporalEnsembleHead: num_experts must be an int >= 0, got {num_experts!r}")
-        decays = tuple(float(d) for d in decays)
+        owner = "TemporalEnsembleHead"
+        num_experts = check_int(num_experts, "num_experts", owner=owner, minimum=0)
+        decays = tuple(check_float(d, f"decays[{i}]", owner=owner, above=0, below=1) for i, d in enumerate(decays))
         if not decays:
-            raise ValueError("TemporalEnsembleHead: decays must hold at least one value")
-        bad = [d for d in decays if not 0.0 < d < 1.0]
-        if bad:
-            raise ValueError(f"TemporalEnsembleHead: decays must lie in (0, 1), got {bad}")
+            raise InvalidParameterError(f"{owner}: decays must hold at least one value, got an empty sequence")
         if len(set(decays)) != len(decays):
-            raise ValueError(f"TemporalEnsembleHead: decays must be distinct, got {decays}")
-        if aggregate not in AGGREGATION_RULES:
-            raise ValueError(f"TemporalEnsembleHead: aggregate must be one of {AGGREGATION_RULES}, got {aggregate!r}")
+            raise InvalidParameterError(f"{owner}: decays must be distinct, got {decays}")
+        self.aggregate = check_choice(aggregate, "aggregate", AGGREGATION_RULES, owner=owner)
         self.online = find_classifier(head)
-        self.aggregate = aggregate
         weight = self.online.weight.detach()
         self.register_buffer("decays", torch.tensor(decays, dtype=torch.float64, device=weight.device))
         bank = weight.unsqueeze(0).unsqueeze(0).expand(num_experts, len(decays), *weight.shape)
@@ -176,8 +214,7 @@ class TemporalEnsembleHead(nn.Module):
     @torch.no_grad()
     def add_expert(self, count: int = 1) -> int:
         """Append ``count`` experts whose copies are clones of the current online head; returns the last id."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"TemporalEnsembleHead.add_expert: count must be an int >= 1, got {count!r}")
+        count = check_int(count, "count", owner="TemporalEnsembleHead.add_expert", minimum=1)
         weight = self.online.weight.detach().to(self.ema_weight.dtype)
         new = weight.expand(count, self.num_decays, *weight.shape)
         self.ema_weight = torch.cat([self.ema_weight, new])
@@ -193,10 +230,7 @@ class TemporalEnsembleHead(nn.Module):
 
         ``expert`` may be an existing id or ``num_experts`` (the next one, created here).
         """
-        if isinstance(expert, bool) or not isinstance(expert, int) or not 0 <= expert <= self.num_experts:
-            raise ValueError(
-                f"TemporalEnsembleHead.start_expert: expert must be an int in [0, {self.num_experts}], got {expert!r}"
-            )
+        expert = check_int(expert, "expert", owner="TemporalEnsembleHead.start_expert", minimum=0, maximum=self.num_experts)
         if expert == self.num_experts:
             self.add_expert()
         else:
@@ -215,7 +249,7 @@ class TemporalEnsembleHead(nn.Module):
         moved once) when given. Call it after every optimizer step, or use :meth:`attach`.
         """
         if self.num_experts == 0:
-            raise ValueError("TemporalEnsembleHead.update: no experts; call start_expert(0) first")
+            raise NotFittedError("TemporalEnsembleHead.update: no experts; call start_expert(0) first")
         # lerp(copy, online, 1 - decay) is the EMA step; one weight per decay, broadcast over (C, D).
         rate = (1.0 - self.decays).to(self.ema_weight.dtype)
         weight = self.online.weight.detach().to(self.ema_weight.dtype)

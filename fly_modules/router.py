@@ -28,9 +28,8 @@ Implementation notes (why the code looks the way it does):
 
 from __future__ import annotations
 
-import math
 import warnings
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +37,15 @@ from torch import Tensor, nn
 
 from . import _collectives, _ridge
 from ._ridge import RouterSolveError
-from ._validation import NotFittedError, check_expert_ids, check_features
+from ._validation import (
+    InvalidParameterError,
+    NotFittedError,
+    check_choice,
+    check_expert_ids,
+    check_features,
+    check_float,
+    check_int,
+)
 
 __all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError", "RouterConditioningWarning"]
 
@@ -84,14 +91,10 @@ class RandomExpansion(nn.Module):
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        _check_positive_int("in_features", in_features, owner="RandomExpansion")
-        _check_positive_int("out_features", out_features, owner="RandomExpansion", allow_zero=True)
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"RandomExpansion: activation must be one of {_ACTIVATIONS}, got {activation!r}")
-        self.in_features = in_features
-        self.out_features = out_features
-        self.activation = activation
-        self.seed = int(seed)
+        self.in_features = check_int(in_features, "in_features", owner="RandomExpansion", minimum=1)
+        self.out_features = check_int(out_features, "out_features", owner="RandomExpansion", minimum=0)
+        self.activation = check_choice(activation, "activation", _ACTIVATIONS, owner="RandomExpansion")
+        self.seed = check_int(seed, "seed", owner="RandomExpansion")
         generator = torch.Generator(device="cpu").manual_seed(self.seed)
         weight = torch.randn(out_features, in_features, generator=generator, dtype=torch.float32)
         self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
@@ -184,16 +187,11 @@ class AnalyticRouter(nn.Module):
         device: Optional[torch.device] = None,
     ) -> None:
         super().__init__()
-        _check_positive_int("num_experts", num_experts, owner="AnalyticRouter", allow_zero=True)
-        if stats_dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"AnalyticRouter: stats_dtype must be torch.float32 or torch.float64, got {stats_dtype}")
-        if solver not in _SOLVERS:
-            raise ValueError(f"AnalyticRouter: solver must be one of {_SOLVERS}, got {solver!r}")
+        num_experts = check_int(num_experts, "num_experts", owner="AnalyticRouter", minimum=0)
+        check_choice(stats_dtype, "stats_dtype", (torch.float32, torch.float64), owner="AnalyticRouter")
         self.ridge = _check_ridge(ridge)
-        self.ridge_grid = None if ridge_grid is None else [_check_ridge(float(r)) for r in ridge_grid]
-        if self.ridge_grid is not None and not self.ridge_grid:
-            raise ValueError("AnalyticRouter: ridge_grid must hold at least one value")
-        self.solver = solver
+        self.ridge_grid = _check_ridge_grid(ridge_grid)
+        self.solver = check_choice(solver, "solver", _SOLVERS, owner="AnalyticRouter")
         self.expansion = RandomExpansion(
             in_features, expansion_dim, activation=activation, seed=seed, device=device, dtype=stats_dtype
         )
@@ -243,7 +241,7 @@ class AnalyticRouter(nn.Module):
         A cached solution is extended with zero columns instead of being recomputed: a new expert has
         no samples, so its ridge weights are exactly zero.
         """
-        _check_positive_int("count", count, owner="AnalyticRouter.add_expert")
+        count = check_int(count, "count", owner="AnalyticRouter.add_expert", minimum=1)
         fresh = self._solution is not None and self._solution_key == self._statistics_key()
         self.cross = torch.cat([self.cross, self.cross.new_zeros(self.cross.shape[0], count)], dim=1)
         self.counts = torch.cat([self.counts, self.counts.new_zeros(count)])
@@ -292,7 +290,7 @@ class AnalyticRouter(nn.Module):
         # before anything is added (each entry of G grows by at most N * max|phi|^2 here).
         peak = float(phi.abs().amax())
         if not peak * peak * phi.shape[0] < torch.finfo(phi.dtype).max:
-            raise ValueError(
+            raise InvalidParameterError(
                 f"AnalyticRouter.update: the expanded features overflow {phi.dtype} (largest |phi| = {peak:.3g} "
                 f"for a batch of {phi.shape[0]}); scale the features down"
                 + (" or use stats_dtype=torch.float64" if phi.dtype != torch.float64 else "")
@@ -311,7 +309,7 @@ class AnalyticRouter(nn.Module):
         activation and seed). The merged router equals one router fed both routers' data.
         """
         if not isinstance(other, AnalyticRouter):
-            raise TypeError(f"AnalyticRouter.merge_: expected an AnalyticRouter, got {type(other).__name__}")
+            raise InvalidParameterError(f"AnalyticRouter.merge_: expected an AnalyticRouter, got {type(other).__name__}")
         self._check_same_expansion(other)
         self._grow_to(other.num_experts)
         target = dict(device=self.gram.device, dtype=self.stats_dtype)
@@ -349,12 +347,12 @@ class AnalyticRouter(nn.Module):
         layout = (mine.in_features, mine.out_features, mine.activation)
         other_layout = (theirs.in_features, theirs.out_features, theirs.activation)
         if layout != other_layout:
-            raise ValueError(
+            raise InvalidParameterError(
                 f"AnalyticRouter.merge_: routers differ in (in_features, expansion_dim, activation): "
                 f"{layout} vs {other_layout}"
             )
         if not torch.equal(mine.weight, theirs.weight.to(device=mine.weight.device, dtype=mine.weight.dtype)):
-            raise ValueError(
+            raise InvalidParameterError(
                 f"AnalyticRouter.merge_: the routers use different random expansions (seeds {mine.seed} and "
                 f"{theirs.seed}); statistics are only additive over the same expansion"
             )
@@ -458,27 +456,22 @@ def _version_counter(tensor: Tensor) -> int:
         return -1
 
 
-def _check_positive_int(name: str, value: Any, *, owner: str, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__}")
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{owner}: {name} must be {bound}, got {value}")
-
-
 def _check_ridge(ridge: Union[float, str]) -> Union[float, str]:
     if isinstance(ridge, str):
         if ridge != "auto":
-            raise ValueError(f"AnalyticRouter: ridge must be a positive number or 'auto', got {ridge!r}")
+            raise InvalidParameterError(f"AnalyticRouter: ridge must be a finite number > 0 or 'auto', got {ridge!r}")
         return ridge
-    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)):
-        raise TypeError(f"AnalyticRouter: ridge must be a positive number or 'auto', got {type(ridge).__name__}")
-    if not math.isfinite(ridge) or ridge <= 0:
-        raise ValueError(
-            f"AnalyticRouter: ridge must be finite and > 0 (the system G + ridge*I must be positive "
-            f"definite), got {ridge}"
-        )
-    return float(ridge)
+    # > 0: the system G + ridge*I must be positive definite.
+    return check_float(ridge, "ridge", owner="AnalyticRouter", above=0)
+
+
+def _check_ridge_grid(grid: Optional[Sequence[float]]) -> Optional[List[float]]:
+    if grid is None:
+        return None
+    values = [check_float(value, f"ridge_grid[{i}]", owner="AnalyticRouter", above=0) for i, value in enumerate(grid)]
+    if not values:
+        raise InvalidParameterError("AnalyticRouter: ridge_grid must hold at least one value, got an empty sequence")
+    return values
 
 
 def _conditioning_message(result: _ridge.RidgeSolution, largest_diagonal: float) -> str:

@@ -45,8 +45,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         try:
             all_gather_update(gathered, bad, 0)
             rejected = None
-        except (RuntimeError, ValueError) as error:
-            rejected = type(error).__name__
+        except (RuntimeError, ValueError) as error:  # the bad batch's InvalidParameterError is a ValueError
+            rejected = "ValueError" if isinstance(error, ValueError) else type(error).__name__
         torch.save(
             {"reduced": reduced.state_dict(), "gathered": gathered.state_dict(), "ids": local_ids,
              "rejected": rejected},

@@ -5,11 +5,21 @@ from __future__ import annotations
 import copy
 import io
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from fly_modules import AGGREGATION_RULES, TemporalEnsembleHead, aggregate_logits, seen_class_mask
+from fly_modules import (
+    AGGREGATION_RULES,
+    ClassifierNotFoundError,
+    InvalidParameterError,
+    TemporalEnsembleHead,
+    aggregate_logits,
+    find_classifier,
+    locate_classifier,
+    seen_class_mask,
+)
 from fly_modules import ensemble as ensemble_module
 
 
@@ -250,3 +260,53 @@ def test_checkpoint_with_an_active_expert_out_of_range_is_refused():
     state["_extra_state"] = {"active_expert": 2}
     with pytest.raises(ValueError, match="active_expert 2 is not one of its 2 experts"):
         TemporalEnsembleHead(make_head(), 2).load_state_dict(state)
+
+
+def test_locate_classifier_names_the_child_or_lists_the_children():
+    class Timm(nn.Module):  # get_classifier() returns a grandchild, as in timm's ConvNeXt
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Sequential()
+            self.head.add_module("fc", nn.Linear(4, 3))
+
+        def get_classifier(self):
+            return self.head.fc
+
+    model = Timm()
+    assert locate_classifier(model) == ("head.fc", model.head.fc)
+    assert find_classifier(model) is model.head.fc
+    plain = nn.Module()
+    plain.fc = nn.Linear(4, 2)
+    assert locate_classifier(plain) == ("fc", plain.fc)
+    plain.head = nn.Identity()  # `head` comes before `fc`
+    assert locate_classifier(plain) == ("head", plain.head)
+    with pytest.raises(InvalidParameterError, match="classifier `head` is a Identity"):
+        find_classifier(plain)
+    with pytest.raises(LookupError, match=r"children are \['0 \(Linear\)', '1 \(ReLU\)'\]") as caught:
+        locate_classifier(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    assert isinstance(caught.value, ClassifierNotFoundError) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: TemporalEnsembleHead(make_head(), True),
+        lambda: TemporalEnsembleHead(make_head(), -1),
+        lambda: TemporalEnsembleHead(make_head(), 1, decays=(0.9, "0.99")),
+        lambda: TemporalEnsembleHead(make_head(), 1, decays=(float("nan"),)),
+        lambda: TemporalEnsembleHead(make_head(), 1, aggregate=None),
+        lambda: TemporalEnsembleHead(make_head(), 1).add_expert(0),
+        lambda: TemporalEnsembleHead(make_head(), 1).start_expert(1.0),
+        lambda: aggregate_logits(torch.zeros(2, 3), "mean"),
+        lambda: aggregate_logits(torch.zeros(2, 1, 3), "vote"),
+    ],
+)
+def test_every_parameter_error_is_an_invalid_parameter_error(build):
+    with pytest.raises(InvalidParameterError):
+        build()
+
+
+def test_integer_parameters_accept_numpy_integers():
+    ensemble = TemporalEnsembleHead(make_head(), np.int64(2))
+    ensemble.start_expert(np.int32(2))
+    assert ensemble.num_experts == 3 and ensemble.active_expert == 2 and type(ensemble.active_expert) is int

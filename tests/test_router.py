@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fly_modules import AnalyticRouter, NotFittedError, RandomExpansion, RouterSolveError, _ridge
+from fly_modules import AnalyticRouter, InvalidParameterError, NotFittedError, RandomExpansion, RouterSolveError, _ridge
 
 
 def reference_solution(router: AnalyticRouter, features: torch.Tensor, ids: torch.Tensor, ridge: float) -> np.ndarray:
@@ -345,3 +345,35 @@ def test_wrong_device_is_a_clear_error():
     router = AnalyticRouter(3, 1, expansion_dim=4)
     with pytest.raises(ValueError, match="are on meta but the module's state is on cpu"):
         router.update(torch.zeros(2, 3, device="meta"), 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"in_features": 0},
+        {"in_features": 3.0},
+        {"num_experts": True},
+        {"num_experts": -1},
+        {"expansion_dim": -1},
+        {"ridge": True},
+        {"ridge": float("inf")},
+        {"ridge_grid": []},
+        {"ridge_grid": [1.0, -1.0]},
+        {"solver": None},
+        {"stats_dtype": "float64"},
+        {"seed": 1.5},
+        {"activation": "tanh"},
+    ],
+)
+def test_every_parameter_error_is_an_invalid_parameter_error(kwargs):
+    arguments = {"in_features": 3, **kwargs}
+    with pytest.raises(InvalidParameterError):
+        AnalyticRouter(**arguments)
+
+
+def test_integer_parameters_accept_numpy_integers():
+    router = AnalyticRouter(np.int64(3), np.int32(1), expansion_dim=np.int64(8), seed=np.int64(2))
+    assert router.add_expert(np.int16(2)) == 2
+    assert router.in_features == 3 and router.expansion.seed == 2 and type(router.expansion.seed) is int
+    with pytest.raises(InvalidParameterError, match="count must be an int >= 1"):
+        router.add_expert(0)
