@@ -17,6 +17,7 @@ from .masks import class_mask as class_mask
 from .masks import seen_class_mask as seen_class_mask
 from .router import AnalyticRouter as AnalyticRouter
 from .router import RandomExpansion as RandomExpansion
+from .router import RouterConditioningWarning as RouterConditioningWarning
 from .router import RouterSolveError as RouterSolveError
 from .schedule import SampleBudgetSchedule as SampleBudgetSchedule
 from .schedule import SessionSchedule as SessionSchedule
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidParameterError",
     "NotFittedError",
     "RandomExpansion",
+    "RouterConditioningWarning",
     "RouterSolveError",
     "SampleBudgetSchedule",
     "SessionSchedule",

@@ -115,7 +115,7 @@ def cholesky_solve(factor: Tensor, rhs: Tensor) -> Tensor:
 
 def diagonal_ratio_squared(factor: Tensor) -> float:
     """``(max L_ii / min L_ii)^2``: a free lower bound on cond_2 of the factorised matrix."""
-    diagonal = factor.diagonal().abs()
+    diagonal = factor.diagonal().abs().double()
     return float((diagonal.max() / diagonal.min()) ** 2)
 
 
@@ -125,12 +125,19 @@ def inverse_iteration_probe(size: int, like: Tensor) -> Tensor:
     return torch.randn(size, 1, generator=generator, dtype=torch.float64).to(device=like.device, dtype=like.dtype)
 
 
+def suggested_ridge(ridge: float, largest_diagonal: float, dtype: torch.dtype) -> float:
+    """A ridge worth trying instead: 100x larger, and at least 1e-8 max diag(G) in float64 (scaled by
+    the precision's epsilon), which keeps cond(G + ridge I) <= M * 1e8 * eps64 / eps."""
+    scale = torch.finfo(dtype).eps / torch.finfo(torch.float64).eps
+    return max(ridge * 100, largest_diagonal * 1e-8 * scale)
+
+
 def factorisation_failure(info: int, dtype: torch.dtype, ridge: float, gram: Tensor) -> RouterSolveError:
     largest = float(gram.diagonal().max())
     return RouterSolveError(
         f"AnalyticRouter: the Cholesky factorisation of (G + ridge*I) failed at column {info} in {dtype}: "
         f"the system is not positive definite to working precision (ridge={ridge:g}, largest diagonal entry "
-        f"of G={largest:.3g}). Increase `ridge` (e.g. to {max(ridge * 100, largest * 1e-8):.3g}) or pass "
+        f"of G={largest:.3g}). Increase `ridge` (e.g. to {suggested_ridge(ridge, largest, dtype):.3g}) or pass "
         f"ridge='auto'" + (", or accumulate in float64 (stats_dtype=torch.float64)." if dtype != torch.float64 else ".")
     )
 
@@ -151,7 +158,8 @@ def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float) -> RidgeSolution:
     weights, first = solved[:, :-1], solved[:, -1:]
     second = cholesky_solve(factor, first)
     largest_diagonal = float(gram.diagonal().max()) + ridge
-    condition = max(diagonal_ratio_squared(factor), largest_diagonal * float(second.norm() / first.norm()))
+    growth = float(second.double().norm() / first.double().norm())  # in float64: float32 would overflow
+    condition = max(diagonal_ratio_squared(factor), largest_diagonal * growth)
     return RidgeSolution(weights.contiguous(), ridge, "cholesky", condition, gram.dtype)
 
 

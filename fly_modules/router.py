@@ -28,6 +28,8 @@ Implementation notes (why the code looks the way it does):
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -54,6 +56,9 @@ _SOLVERS = ("auto", "mixed", "cholesky", "eigh")
 # A solution whose a-priori relative error bound, cond(G + ridge I) * unit roundoff, exceeds this is
 # reported with a RouterConditioningWarning (the weights may have fewer than two correct digits).
 _UNRELIABLE_ERROR_BOUND = 1e-2
+
+
+_INTERNAL_DIRECTORIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
 
 
 class RouterConditioningWarning(RuntimeWarning):
@@ -368,7 +373,7 @@ class AnalyticRouter(nn.Module):
         result = self._solve_system()
         if _ridge.error_bound(result) > _UNRELIABLE_ERROR_BOUND:
             warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
-                          RouterConditioningWarning, stacklevel=2)
+                          RouterConditioningWarning, stacklevel=_user_stacklevel())
         self._solution = result.weights
         self._solution_key = self._statistics_key()
         self.ridge_, self.solver_ = result.ridge, result.solver
@@ -387,7 +392,7 @@ class AnalyticRouter(nn.Module):
                     "AnalyticRouter: mixed-precision refinement did not converge (G + ridge*I is too "
                     "ill-conditioned for a float32 factor); solved with a float64 Cholesky instead",
                     RuntimeWarning,
-                    stacklevel=3,
+                    stacklevel=_user_stacklevel(),
                 )
         return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
 
@@ -456,6 +461,14 @@ def _version_counter(tensor: Tensor) -> int:
         return -1
 
 
+def _user_stacklevel() -> int:
+    """``stacklevel`` for a warning raised here that points at the first caller outside fly_modules and torch."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRECTORIES):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def _check_ridge(ridge: Union[float, str]) -> Union[float, str]:
     if isinstance(ridge, str):
         if ridge != "auto":
@@ -475,9 +488,7 @@ def _check_ridge_grid(grid: Optional[Sequence[float]]) -> Optional[List[float]]:
 
 
 def _conditioning_message(result: _ridge.RidgeSolution, largest_diagonal: float) -> str:
-    eps = torch.finfo(result.precision).eps
-    # The ridge that would bring the condition number, about max diag(G) / ridge, under the bound.
-    suggested = max(result.ridge * 100, largest_diagonal * eps / _UNRELIABLE_ERROR_BOUND)
+    suggested = _ridge.suggested_ridge(result.ridge, largest_diagonal, result.precision)
     return (
         f"AnalyticRouter: (G + ridge*I) is ill-conditioned (condition number ~{result.condition:.2g} with "
         f"ridge={result.ridge:g}, solver {result.solver!r} in {result.precision}): the routing weights may be "

@@ -15,7 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fly_modules import AnalyticRouter, InvalidParameterError, NotFittedError, RandomExpansion, RouterSolveError, _ridge
+from fly_modules import (
+    AnalyticRouter,
+    InvalidParameterError,
+    NotFittedError,
+    RandomExpansion,
+    RouterConditioningWarning,
+    RouterSolveError,
+    _ridge,
+)
 
 
 def reference_solution(router: AnalyticRouter, features: torch.Tensor, ids: torch.Tensor, ridge: float) -> np.ndarray:
@@ -131,12 +139,14 @@ def test_mixed_precision_solver_reaches_float64_accuracy():
 
 
 def test_mixed_precision_falls_back_on_ill_conditioned_system():
-    features, ids = clustered(500, 8, 2)
-    # cond(G + ridge I) ~ 1e11: beyond a float32 factor (2^24), well within float64.
+    # 250 samples < M = 300: G is singular, so cond(G + ridge I) = (lambda_max(G) + ridge) / ridge ~ 2e8 on
+    # any CPU: beyond a float32 factor (cond * 2^-24 ~ 12), well within float64 (cond * 2^-53 ~ 2e-8).
+    features, ids = clustered(250, 8, 2)
     router = AnalyticRouter(8, 2, expansion_dim=300, ridge=1e-2, solver="mixed")
     router.update(features, ids)
-    with pytest.warns(RuntimeWarning, match="float64 Cholesky"):
+    with pytest.warns(RuntimeWarning, match="float64 Cholesky") as caught:
         router.solve()
+    assert not [w for w in caught if issubclass(w.category, RouterConditioningWarning)]
     assert router.solver_ == "cholesky"
     router.solver = "auto"
     router._mark_stale()
@@ -334,11 +344,70 @@ def test_constructor_validation():
         AnalyticRouter(3, activation="tanh")
 
 
-def test_failed_factorisation_says_what_to_do():
-    router = AnalyticRouter(3, 1, expansion_dim=0, ridge=1e-30, solver="cholesky", stats_dtype=torch.float32)
-    router.update(torch.tensor([[1e6, 1e6, 1e6], [1e6, 1e6, 1.000001e6]]), 0)
-    with pytest.raises(RouterSolveError, match="Increase `ridge`"):
+@pytest.mark.parametrize("stats_dtype, solver", [(torch.float32, "cholesky"), (torch.float64, "auto"), (torch.float64, "cholesky")])
+def test_failed_factorisation_says_what_to_do(stats_dtype, solver):
+    router = AnalyticRouter(2, 1, expansion_dim=0, ridge=0.5, solver=solver, stats_dtype=stats_dtype)
+    router.update(torch.ones(1, 2), 0)
+    with torch.no_grad():  # statistics no stream can produce: G + 0.5 I has eigenvalues 3.5 and -0.5
+        router.gram.copy_(torch.tensor([[1.0, 2.0], [2.0, 1.0]]))
+    # Its Cholesky fails in any rounding: the second pivot is 1.5 - 2^2 / 1.5 < 0 with an O(1) margin.
+    with pytest.raises(RouterSolveError, match=r"failed at column 2 .* Increase `ridge`"):
         router.solve()
+
+
+def ill_conditioned_router(solver: str, stats_dtype: torch.dtype = torch.float64) -> AnalyticRouter:
+    """G = diag(2^40, 2^-40) exactly, on every CPU: the features' products are powers of two, each entry of G
+    has one non-zero term, and a diagonal G needs no rotation in eigh. With ridge 2^-40, cond(G + ridge I)
+    = (2^40 + 2^-40) / 2^-39 ~ 2^79 ~ 6e23, beyond any precision."""
+    router = AnalyticRouter(2, 1, expansion_dim=0, ridge=2.0**-40, solver=solver, stats_dtype=stats_dtype)
+    router.update(torch.tensor([[2.0**20, 0.0], [0.0, 2.0**-20]], dtype=torch.float64), 0)
+    assert torch.equal(router.gram_matrix(), torch.diag(torch.tensor([2.0**40, 2.0**-40], dtype=stats_dtype)))
+    return router
+
+
+@pytest.mark.parametrize(
+    "solver, stats_dtype",
+    [("eigh", torch.float64), ("auto", torch.float64), ("cholesky", torch.float64), ("cholesky", torch.float32),
+     ("auto", torch.float32)],
+)
+def test_ill_conditioned_solution_warns_with_the_fix(solver, stats_dtype):
+    router = ill_conditioned_router(solver, stats_dtype)
+    with pytest.warns(RouterConditioningWarning, match=r"condition number ~.*e\+2\d.*Increase `ridge`.*ridge='auto'"):
+        router.solve()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        router(torch.ones(1, 2))  # the cached solution does not warn again
+    router.ridge = "auto"
+    router._mark_stale()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # GCV never picks an unreliable ridge here
+        router.solve()
+
+
+def test_rank_deficient_statistics_with_a_tiny_ridge_warn_in_eigh():
+    """The reported case: near-singular data and a tiny ridge gave weights of 1e19 without a word.
+
+    Two samples (2^20, 2^20) and (2^-20, -2^-20): each entry of G is 2^40 +- 2^-40, which rounds to 2^40 in
+    float64 whatever the order or fusion of the operations, so the computed G is 2^40 [[1, 1], [1, 1]],
+    exactly singular. A backward-stable eigh returns its zero eigenvalue within a few ulps of 2^41
+    (|s_min| <= 2^-9), so cond >= 2^41 / (2^-9 + 2^-30) = 2^50: far beyond the warning bound (1e-2 / eps =
+    4.5e13 < 2^50 = 1.1e15).
+    """
+    router = AnalyticRouter(2, 2, expansion_dim=0, ridge=2.0**-30, solver="eigh")
+    router.update(torch.tensor([[2.0**20, 2.0**20], [2.0**-20, -(2.0**-20)]], dtype=torch.float64), torch.tensor([0, 1]))
+    assert torch.equal(router.gram_matrix(), torch.full((2, 2), 2.0**40, dtype=torch.float64))
+    with pytest.warns(RouterConditioningWarning, match="ill-conditioned"):
+        router.solve()
+
+
+def test_cholesky_condition_estimate_is_a_tight_lower_bound():
+    """Two inverse-iteration steps with the factor find the cluster of small eigenvalues of a rank-deficient G."""
+    features, ids = clustered(40, 6, 2)
+    router = AnalyticRouter(6, 2, expansion_dim=64, ridge=1e-3, solver="cholesky")
+    router.update(features, ids)  # 40 samples < 64 = M: lambda_min(G) = 0, cond = (lambda_max + ridge) / ridge
+    exact = (float(torch.linalg.eigvalsh(router.gram_matrix()).max()) + 1e-3) / 1e-3
+    estimate = _ridge.solve_cholesky(router.gram, router.cross, 1e-3).condition
+    assert exact / 10 <= estimate <= exact * (1 + 1e-6)
 
 
 def test_wrong_device_is_a_clear_error():
