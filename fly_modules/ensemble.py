@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._validation import (
     InvalidParameterError,
     NotFittedError,
@@ -129,6 +130,10 @@ class TemporalEnsembleHead(nn.Module):
             More can be added with ``add_expert()`` / ``start_expert()``.
         decays: EMA decay of each copy, distinct values in ``(0, 1)``; default ``(0.9, 0.99)``.
         aggregate: one of :data:`AGGREGATION_RULES`; default ``"softmax_max"`` (the paper's).
+        check_values: whether ``forward`` checks the inputs' *values* (finite features, expert ids in
+            range), which reads them on the host. ``None`` (default): for CPU tensors only, so the
+            accelerator path never synchronises; ``True``: always; ``False``: never. Shapes, dtypes,
+            widths and devices are always checked (metadata only).
 
     Shape:
         - features: ``(N, in_features)``
@@ -170,6 +175,7 @@ class TemporalEnsembleHead(nn.Module):
         *,
         decays: Sequence[float] = (0.9, 0.99),
         aggregate: str = "softmax_max",
+        check_values: Optional[bool] = None,
     ) -> None:
         super().__init__()
         owner = "TemporalEnsembleHead"
@@ -180,6 +186,7 @@ class TemporalEnsembleHead(nn.Module):
         if len(set(decays)) != len(decays):
             raise InvalidParameterError(f"{owner}: decays must be distinct, got {decays}")
         self.aggregate = check_choice(aggregate, "aggregate", AGGREGATION_RULES, owner=owner)
+        self.check_values = check_choice(check_values, "check_values", (None, True, False), owner=owner)
         self.online = find_classifier(head)
         weight = self.online.weight.detach()
         self.register_buffer("decays", torch.tensor(decays, dtype=torch.float64, device=weight.device))
@@ -286,9 +293,10 @@ class TemporalEnsembleHead(nn.Module):
     # ------------------------------------------------------------------------------ inference
     def member_logits(self, features: Tensor, expert_ids: Union[int, Tensor]) -> Tensor:
         """Raw logits ``(N, 1 + num_decays, C)`` of ``[online, copies of each sample's expert]``."""
-        features = check_features(features, self.in_features, owner="TemporalEnsembleHead", device=self.ema_weight.device)
+        features = self._check_features(features)
         ids = check_expert_ids(
-            expert_ids, features.shape[0], self.num_experts, owner="TemporalEnsembleHead", device=features.device
+            expert_ids, features.shape[0], self.num_experts, owner="TemporalEnsembleHead", device=features.device,
+            check_range=self._checks_values(features),
         )
         online = self.online(features)
         bank = self.ema_weight.to(features.dtype)
@@ -304,6 +312,15 @@ class TemporalEnsembleHead(nn.Module):
             copies = copies + self.ema_bias.to(features.dtype)[ids]
         return torch.cat([online.unsqueeze(1), copies.to(online.dtype)], dim=1)
 
+    def _checks_values(self, features: Tensor) -> bool:
+        return features.device.type == "cpu" if self.check_values is None else self.check_values
+
+    def _check_features(self, features: Tensor) -> Tensor:
+        return check_features(
+            features, self.in_features, owner="TemporalEnsembleHead", device=self.online.weight.device,
+            check_finite=isinstance(features, Tensor) and self._checks_values(features),
+        )
+
     def aggregate_members(self, member_logits: Tensor) -> Tensor:
         """Aggregate (already masked) member logits ``(N, H, C)`` with this head's rule."""
         return aggregate_logits(member_logits, self.aggregate)
@@ -313,7 +330,7 @@ class TemporalEnsembleHead(nn.Module):
     ) -> Tensor:
         """Online logits (``expert_ids`` is ``None``) or the ensemble's scores over each sample's expert."""
         if expert_ids is None:
-            logits = self.online(features)
+            logits = self.online(self._check_features(features))
             return logits if logit_mask is None else logits + logit_mask
         members = self.member_logits(features, expert_ids)
         if logit_mask is not None:
@@ -339,24 +356,58 @@ class TemporalEnsembleHead(nn.Module):
 
     def set_extra_state(self, state: Dict[str, int]) -> None:
         # Called after the banks were loaded (and resized), so the checkpoint's expert count is known.
-        active = int(state["active_expert"])
-        if not 0 <= active < max(1, self.num_experts):
-            raise ValueError(
-                f"TemporalEnsembleHead: the checkpoint's active_expert {active} is not one of its {self.num_experts} experts"
+        self.active_expert = self._check_saved_state(state, self.num_experts)
+
+    def _check_saved_state(self, state: Any, num_experts: int) -> int:
+        saved = check_settings(state, {}, owner="TemporalEnsembleHead.load_state_dict", adopted=("active_expert",), fixes={})
+        active = saved["active_expert"]
+        if isinstance(active, bool) or not isinstance(active, int) or not 0 <= active < max(1, num_experts):
+            raise InvalidParameterError(
+                f"TemporalEnsembleHead: the checkpoint's active_expert {active!r} is not one of its {num_experts} experts"
             )
-        self.active_expert = active
+        return active
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        # The banks grow with the experts: resize to the checkpoint's expert count first.
-        bank = state_dict.get(prefix + "ema_weight")
-        if isinstance(bank, Tensor) and bank.ndim == 4 and bank.shape[1:] == self.ema_weight.shape[1:]:
-            experts = bank.shape[0]
-            if experts != self.num_experts:
-                self.ema_weight = self.ema_weight.new_zeros(bank.shape)
-                if self.ema_bias is not None:
-                    self.ema_bias = self.ema_bias.new_zeros(experts, *self.ema_bias.shape[1:])
-                self.num_updates = self.num_updates.new_zeros(experts)
+        # All or nothing: every entry this head and its online classifier will read is checked first.
+        names = ["online.weight", "ema_weight", "decays", "num_updates"]
+        names += ["online.bias", "ema_bias"] if self.ema_bias is not None else []
+        if not holds_any(state_dict, prefix, (*names, "_extra_state")):
+            # Not in the checkpoint: the default loader only lists the missing keys (an error if strict).
+            return super()._load_from_state_dict(
+                state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+            )
+        entries = checkpoint_entries(state_dict, prefix, names, owner="TemporalEnsembleHead.load_state_dict")
+        if self.ema_bias is None and holds_any(state_dict, prefix, ("online.bias", "ema_bias")):
+            raise InvalidParameterError(
+                "TemporalEnsembleHead.load_state_dict: the checkpoint's classifier has a bias but this head's has "
+                "none; wrap an nn.Linear with bias=True"
+            )
+        experts = self._check_banks(entries, prefix)
+        if prefix + "_extra_state" in state_dict:
+            self._check_saved_state(state_dict[prefix + "_extra_state"], experts)
+        # The banks grow with the experts: take the checkpoint's expert count.
+        if experts != self.num_experts:
+            self.ema_weight = self.ema_weight.new_zeros(experts, *self.ema_weight.shape[1:])
+            if self.ema_bias is not None:
+                self.ema_bias = self.ema_bias.new_zeros(experts, *self.ema_bias.shape[1:])
+            self.num_updates = self.num_updates.new_zeros(experts)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def _check_banks(self, entries: Dict[str, Tensor], prefix: str) -> int:
+        """Checks the checkpoint's tensors against this head's layout; returns its expert count."""
+        owner = "TemporalEnsembleHead.load_state_dict"
+        classes, width = self.num_classes, self.in_features
+        decays = self.num_decays
+        fix = "build the head with the checkpoint's classifier shape and number of decays"
+        check_entry(entries["online.weight"], prefix + "online.weight", (classes, width), owner=owner, fix=fix)
+        check_entry(entries["decays"], prefix + "decays", (decays,), owner=owner, fix=fix)
+        check_entry(entries["ema_weight"], prefix + "ema_weight", (None, decays, classes, width), owner=owner, fix=fix)
+        experts = entries["ema_weight"].shape[0]
+        check_entry(entries["num_updates"], prefix + "num_updates", (experts,), owner=owner, integer=True)
+        if self.ema_bias is not None:
+            check_entry(entries["online.bias"], prefix + "online.bias", (classes,), owner=owner, fix=fix)
+            check_entry(entries["ema_bias"], prefix + "ema_bias", (experts, decays, classes), owner=owner, fix=fix)
+        return experts
 
     def extra_repr(self) -> str:
         decays = tuple(round(float(d), 6) for d in self.decays)

@@ -31,13 +31,14 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import _collectives, _ridge
+from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._ridge import RouterSolveError
 from ._validation import (
     InvalidParameterError,
@@ -156,12 +157,13 @@ class AnalyticRouter(nn.Module):
         solver_: the solver actually used by the last solve.
 
     .. note::
-        The cached solution is a non-persistent buffer: it follows ``.to()`` but is not saved; a
-        loaded router solves again on first use. ``ridge``, ``solver`` and ``ridge_grid`` are
-        constructor arguments and are not saved either. ``.to(float16/bfloat16)`` (e.g. a parent
-        model's ``.half()``) leaves the statistics in float32/float64: no solver works below float32.
-        Any in-place write to ``gram``, ``cross`` or ``counts`` (say, your own ``all_reduce``)
-        invalidates the cached solution.
+        The checkpoint holds the statistics, the expansion and the settings (``ridge``, ``ridge_grid``,
+        ``solver``, ``activation``, ``seed``); loading one saved with other settings raises
+        :class:`InvalidParameterError` and changes nothing (``docs/router.md``, "Checkpoints"). The
+        cached solution is not saved: a loaded router solves again on first use. ``.half()`` leaves
+        the statistics in float32/float64. An in-place torch op on ``gram``, ``cross`` or ``counts``
+        invalidates the cached solution; ``torch.distributed`` collectives do not bump the version
+        counter it watches, so sum routers with :func:`fly_modules.distributed.all_reduce_statistics`.
 
     Examples::
 
@@ -175,7 +177,8 @@ class AnalyticRouter(nn.Module):
         tensor([0, 0, 0])
     """
 
-    _version = 1
+    # 2: the settings (ridge, ridge_grid, solver, activation, seed) are saved as extra state.
+    _version = 2
 
     def __init__(
         self,
@@ -432,18 +435,67 @@ class AnalyticRouter(nn.Module):
 
         return super()._apply(keep_solvable_precision, *args, **kwargs)
 
+    def get_extra_state(self) -> Dict[str, Any]:
+        """The settings that decide the numbers and are not buffers (plain Python: ``weights_only=True`` loads them)."""
+        return {
+            "ridge": self.ridge, "ridge_grid": self.ridge_grid, "solver": self.solver,
+            "activation": self.expansion.activation, "seed": self.expansion.seed,
+        }
+
+    def set_extra_state(self, state: Dict[str, Any]) -> None:
+        saved = self._check_saved_settings(state)
+        self.expansion.seed = saved["seed"]  # the seed of the expansion weight loaded with it
+
+    def _check_saved_settings(self, state: Any) -> Dict[str, Any]:
+        fix = "build the router with the checkpoint's value (set router.{0} after loading to change it)"
+        return check_settings(
+            state,
+            {"ridge": self.ridge, "ridge_grid": self.ridge_grid, "solver": self.solver,
+             "activation": self.expansion.activation},
+            owner="AnalyticRouter.load_state_dict",
+            adopted=("seed",),
+            fixes={"ridge": fix.format("ridge"), "ridge_grid": fix.format("ridge_grid"),
+                   "solver": fix.format("solver"), "activation": "build the router with the checkpoint's activation"},
+        )
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        # Q and the counts grow with the experts: resize to the checkpoint's expert count before the
-        # default loader compares shapes, so a fresh router can resume any checkpoint.
-        cross = state_dict.get(prefix + "cross")
-        if isinstance(cross, Tensor) and cross.ndim == 2 and cross.shape[0] == self.cross.shape[0]:
-            experts = cross.shape[1]
-            if experts != self.num_experts:
-                self.cross = self.cross.new_zeros(self.cross.shape[0], experts)
-                self.counts = self.counts.new_zeros(experts)
+        # All or nothing: every entry this router and its expansion will read is checked first. (torch
+        # passes strict=True here whatever the caller asked; it applies strictness to the keys at the end.)
+        names = ("expansion.weight", "gram", "cross", "counts")
+        extra_key = prefix + "_extra_state"
+        if not holds_any(state_dict, prefix, (*names, "_extra_state")):
+            # Not in the checkpoint: the default loader only lists the missing keys (an error if strict).
+            return super()._load_from_state_dict(
+                state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+            )
+        entries = checkpoint_entries(state_dict, prefix, names, owner="AnalyticRouter.load_state_dict")
+        # Checkpoints of version 1 have no settings, nor can a safetensors file hold them: the router
+        # then keeps its own (documented); otherwise they must match.
+        has_settings = extra_key in state_dict
+        if has_settings:
+            self._check_saved_settings(state_dict[extra_key])
+        self._check_statistics(entries, prefix)
+        # Q and the counts grow with the experts: take the checkpoint's expert count.
+        experts = entries["cross"].shape[1]
+        if experts != self.num_experts:
+            self.cross = self.cross.new_zeros(self.cross.shape[0], experts)
+            self.counts = self.counts.new_zeros(experts)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        if not has_settings and extra_key in missing_keys:
+            missing_keys.remove(extra_key)
         self._solution = None
         self._mark_stale()
+
+    def _check_statistics(self, entries: Dict[str, Tensor], prefix: str) -> None:
+        owner = "AnalyticRouter.load_state_dict"
+        width, dim = self.expansion.weight.shape
+        layout = "build the router with in_features and expansion_dim of the checkpoint's router"
+        check_entry(entries["expansion.weight"], prefix + "expansion.weight", (width, dim), owner=owner, fix=layout)
+        m = self.expansion_dim
+        check_entry(entries["gram"], prefix + "gram", (m, m), owner=owner, fix=layout)
+        check_entry(entries["cross"], prefix + "cross", (m, None), owner=owner, fix=layout)
+        experts = entries["cross"].shape[1]
+        check_entry(entries["counts"], prefix + "counts", (experts,), owner=owner, integer=True)
 
     def extra_repr(self) -> str:
         return (

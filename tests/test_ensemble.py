@@ -310,3 +310,63 @@ def test_integer_parameters_accept_numpy_integers():
     ensemble = TemporalEnsembleHead(make_head(), np.int64(2))
     ensemble.start_expert(np.int32(2))
     assert ensemble.num_experts == 3 and ensemble.active_expert == 2 and type(ensemble.active_expert) is int
+
+
+def trained_ensemble(head=None, experts=3):
+    ensemble = TemporalEnsembleHead(head or make_head(), experts)
+    with torch.no_grad():
+        ensemble.online.weight.add_(0.5)
+    ensemble.update()
+    return ensemble
+
+
+@pytest.mark.parametrize(
+    "target, match",
+    [
+        (lambda: TemporalEnsembleHead(make_head(c=4), 1), r"online.weight has shape \(5, 6\) but this module expects \(4, 6\)"),
+        (lambda: TemporalEnsembleHead(make_head(), 1, decays=(0.9,)), r"decays has shape \(2,\) but this module expects \(1,\)"),
+        (lambda: TemporalEnsembleHead(make_head(bias=False), 1), "has a bias but this head's has none"),
+    ],
+)
+def test_mismatched_checkpoint_is_refused_and_changes_nothing(target, match):
+    state = trained_ensemble().state_dict()
+    ensemble = target()
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in ensemble.state_dict().items()}
+    with pytest.raises(InvalidParameterError, match=match):
+        ensemble.load_state_dict(state)
+    after = ensemble.state_dict()
+    assert after.keys() == before.keys() and ensemble.num_experts == 1
+    assert all(torch.equal(v, before[k]) if isinstance(v, torch.Tensor) else v == before[k] for k, v in after.items())
+
+
+def test_checkpoint_with_a_bad_active_expert_changes_nothing():
+    state = trained_ensemble().state_dict()
+    state["_extra_state"] = {"active_expert": 3}
+    ensemble = TemporalEnsembleHead(make_head(seed=1), 1)
+    weight = ensemble.online.weight.clone()
+    with pytest.raises(InvalidParameterError, match="active_expert 3 is not one of its 3 experts"):
+        ensemble.load_state_dict(state)
+    assert ensemble.num_experts == 1 and torch.equal(ensemble.online.weight, weight)  # the online head too
+
+
+@pytest.mark.parametrize("expert_ids", [None, 0])
+def test_feature_checks_on_the_training_and_inference_paths(expert_ids):
+    ensemble = TemporalEnsembleHead(make_head(), 2)
+    with pytest.raises(InvalidParameterError, match="features have 7 columns but the module was built with in_features=6"):
+        ensemble(torch.randn(3, 7), expert_ids)
+    with pytest.raises(InvalidParameterError, match="1 NaN and 1 infinite"):
+        ensemble(torch.tensor([[float("nan"), float("inf"), 0, 0, 0, 0]]), expert_ids)
+    unchecked = TemporalEnsembleHead(make_head(), 2, check_values=False)
+    assert torch.isnan(unchecked(torch.full((1, 6), float("nan")), expert_ids)).all()  # asked for: no check
+
+
+def test_accelerator_path_reads_no_values_on_the_host():
+    """Meta tensors have no values: any host read (bool(), int(), .tolist()) of them raises."""
+    ensemble = TemporalEnsembleHead(make_head(), 3, decays=(0.9, 0.99)).to("meta")
+    features = torch.empty(8, 6, device="meta")
+    for rule in AGGREGATION_RULES:
+        ensemble.aggregate = rule
+        assert ensemble(features, torch.zeros(8, dtype=torch.long, device="meta")).shape == (8, 5)
+    assert ensemble(features).shape == (8, 5)
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):  # value checks read the features
+        TemporalEnsembleHead(make_head(), 3, check_values=True).to("meta")(features, 0)

@@ -38,6 +38,12 @@ def reference_solution(router: AnalyticRouter, features: torch.Tensor, ids: torc
     return scipy.linalg.solve(system, phi.T @ targets, assume_a="pos")
 
 
+def assert_same_state(state: dict, before: dict) -> None:
+    assert state.keys() == before.keys()
+    for key, value in state.items():
+        assert torch.equal(value, before[key]) if isinstance(value, torch.Tensor) else value == before[key], key
+
+
 def clustered(n: int, d: int, experts: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     centers = 3 * torch.randn(experts, d, generator=g)
@@ -291,11 +297,10 @@ def test_half_precision_casts_keep_the_statistics_solvable(cast):
 def test_features_that_overflow_the_statistics_are_rejected(stats_dtype, scale):
     router = AnalyticRouter(3, 2, expansion_dim=10, ridge=1.0, stats_dtype=stats_dtype)
     router.update(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
-    before = {k: v.clone() for k, v in router.state_dict().items()}
+    before = copy.deepcopy(router.state_dict())
     with pytest.raises(ValueError, match="overflow"):
         router.update(torch.full((2, 3), scale, dtype=torch.float64), 0)  # finite as given
-    for key, value in router.state_dict().items():
-        assert torch.equal(value, before[key]), key
+    assert_same_state(router.state_dict(), before)
 
 
 def test_same_seed_same_expansion_and_other_seed_differs():
@@ -324,11 +329,10 @@ def test_same_seed_same_expansion_and_other_seed_differs():
 def test_bad_input_is_rejected_and_leaves_statistics_unchanged(features, ids, error, match):
     router = AnalyticRouter(3, 2, expansion_dim=10, ridge=1.0)
     router.update(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
-    before = {k: v.clone() for k, v in router.state_dict().items()}
+    before = copy.deepcopy(router.state_dict())
     with pytest.raises(error, match=match):
         router.update(features, ids)
-    for key, value in router.state_dict().items():
-        assert torch.equal(value, before[key]), key
+    assert_same_state(router.state_dict(), before)
 
 
 def test_constructor_validation():
@@ -446,3 +450,76 @@ def test_integer_parameters_accept_numpy_integers():
     assert router.in_features == 3 and router.expansion.seed == 2 and type(router.expansion.seed) is int
     with pytest.raises(InvalidParameterError, match="count must be an int >= 1"):
         router.add_expert(0)
+
+
+def fitted_router(**kwargs) -> AnalyticRouter:
+    features, ids = clustered(32, 6, 3)
+    router = AnalyticRouter(6, 3, **{"expansion_dim": 40, "ridge": 1e4, **kwargs})
+    router.update(features, ids)
+    return router
+
+
+@pytest.mark.parametrize(
+    "target, match",
+    [
+        (dict(expansion_dim=30), r"checkpoint entry expansion.weight has shape \(40, 6\) but this module expects \(30, 6\)"),
+        (dict(ridge=5.0), r"saved with ridge=10000.0 but this module has ridge=5.0; build the router with the checkpoint"),
+        (dict(ridge="auto"), r"saved with ridge=10000.0 but this module has ridge='auto'"),
+        (dict(solver="eigh"), r"saved with solver='auto' but this module has solver='eigh'"),
+        (dict(activation="identity"), r"saved with activation='relu' but this module has activation='identity'"),
+    ],
+)
+def test_mismatched_checkpoint_is_refused_and_changes_nothing(target, match):
+    state = fitted_router().state_dict()
+    router = AnalyticRouter(6, 1, **{"expansion_dim": 40, "ridge": 1e4, **target})
+    before = copy.deepcopy(router.state_dict())
+    with pytest.raises(InvalidParameterError, match=match) as caught:
+        router.load_state_dict(state)
+    assert "\n" not in str(caught.value)
+    assert_same_state(router.state_dict(), before)
+    assert router.num_samples == 0 and router.num_experts == 1
+    with pytest.raises(NotFittedError):
+        router(torch.randn(2, 6))
+
+
+def test_settings_travel_with_the_checkpoint_and_the_seed_is_adopted():
+    source = fitted_router(ridge="auto", ridge_grid=[1.0, 10.0], solver="eigh", seed=7)
+    buffer = io.BytesIO()
+    torch.save(source.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert state["_extra_state"] == {
+        "ridge": "auto", "ridge_grid": [1.0, 10.0], "solver": "eigh", "activation": "relu", "seed": 7
+    }
+    router = AnalyticRouter(6, 0, expansion_dim=40, ridge="auto", ridge_grid=[1.0, 10.0], solver="eigh", seed=0)
+    router.load_state_dict(state)
+    assert router.expansion.seed == 7
+    features = torch.randn(5, 6)
+    torch.testing.assert_close(router(features), source(features))
+    with pytest.raises(InvalidParameterError, match=r"ridge_grid=\[1.0, 10.0\] but this module has ridge_grid=None"):
+        AnalyticRouter(6, 0, expansion_dim=40, ridge="auto", solver="eigh").load_state_dict(state)
+
+
+@pytest.mark.parametrize("version", [1, None])  # None: no metadata, as from a safetensors file
+def test_checkpoints_without_settings_load_with_the_routers_own(version):
+    state = fitted_router().state_dict()
+    del state["_extra_state"]
+    if version is None:
+        del state._metadata
+    else:
+        state._metadata[""]["version"] = version
+    router = AnalyticRouter(6, 0, expansion_dim=40, ridge=5.0)  # such a checkpoint cannot say its ridge: ours stays
+    assert router.load_state_dict(state).missing_keys == []
+    assert router.ridge == 5.0 and router.num_samples == 32
+
+
+def test_partial_checkpoint_is_refused_and_an_absent_router_is_skipped_without_strict():
+    state = fitted_router().state_dict()
+    router = AnalyticRouter(6, 3, expansion_dim=40, ridge=1e4)
+    with pytest.raises(InvalidParameterError, match=r"lacks \['counts'\]"):
+        router.load_state_dict({k: v for k, v in state.items() if k != "counts"}, strict=False)
+    parent = nn.Sequential(nn.Linear(6, 6), router)
+    result = parent.load_state_dict(nn.Sequential(nn.Linear(6, 6)).state_dict(), strict=False)
+    assert router.num_samples == 0 and "1.gram" in result.missing_keys
+    parent.load_state_dict({**{f"1.{k}": v for k, v in state.items()}, **nn.Linear(6, 6).state_dict(prefix="0.")})
+    assert router.num_samples == 32
