@@ -61,6 +61,8 @@ TARGET_W_RELATIVE_DIFF = 1e-6  # float64-level agreement (a float32 solve differ
 TARGET_RESIDUAL_FACTOR = 10.0  # our relative residual within this factor of LU's
 TARGET_CACHED_ROUTING = 100.0
 TARGET_PEAK_MEMORY = 1.5  # peak extra memory of one solve, in units of the size of G
+TARGET_ROUTE_AGREEMENT = 0.999  # float32 expansion: routes of held-out queries equal to float64's
+TARGET_SCORE_ERROR = 1.0  # float32 expansion: max score error below the smallest top-2 margin
 
 
 # =================================================================================== inputs
@@ -275,6 +277,62 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
     print(flush=True)
 
 
+def bench_expansion_precision(args: argparse.Namespace, report: Report) -> None:
+    """The expansion of float32 features computed in float32 (widened to float64) against float64.
+
+    Two routers with the same expansion follow the same stream: one is fed the features upcast to
+    float64 (exact; the float64 product), the other the float32 features themselves (the float32
+    product). Their statistics, weights and routing of held-out queries are compared, then the
+    three operations that expand are timed side by side.
+    """
+    n, m = args.stream_samples, args.expansion_dim
+    print(f"-- expansion precision: float32 vs float64 product, stream of {n} samples, d={args.dim}, M={m} --",
+          flush=True)
+    settings = dict(expansion_dim=m, ridge=args.ridge, seed=args.seed)
+    exact = AnalyticRouter(args.dim, args.experts, **settings)
+    fast = AnalyticRouter(args.dim, args.experts, **settings)
+    features, expert_ids = clustered_features(n, args.dim, args.experts, seed=args.seed + 4)
+    chunk = 512
+    for start in range(0, n, chunk):
+        batch, ids = features[start:start + chunk], expert_ids[start:start + chunk]
+        exact.update(batch.double(), ids)
+        fast.update(batch, ids)
+    gram_error = max_relative_difference(torch.tril(fast.gram), torch.tril(exact.gram))
+    cross_error = max_relative_difference(fast.cross, exact.cross)
+    queries, _ = clustered_features(args.queries, args.dim, args.experts, seed=args.seed + 5)
+    reference = exact(queries.double())
+    scores = fast(queries)
+    stats_only = fast(queries.double())  # float32 statistics, float64 query expansion
+    weight_error = max_relative_difference(fast.weight, exact.weight)
+    top2 = reference.topk(2, dim=1).values
+    margin = float((top2[:, 0] - top2[:, 1]).min())
+    agree = float((scores.argmax(1) == reference.argmax(1)).double().mean())
+    score_error = float((scores - reference).abs().max())
+    report.info(f"statistics: max |G_32 - G_64| / max |G_64| = {gram_error:.1e}, Q: {cross_error:.1e}")
+    report.info(f"weights: max |W_32 - W_64| / max |W_64| = {weight_error:.1e} "
+                f"(solver {exact.solver_!r}; float32 rounding of phi amplified by cond(G + lambda I))")
+    report.info(f"scores of {args.queries} queries: max |s_32 - s_64| = {score_error:.1e} "
+                f"({score_error / float(reference.abs().max()):.1e} of max |s|; statistics alone "
+                f"{float((stats_only - reference).abs().max()):.1e}); smallest top-2 margin {margin:.1e}")
+    report.check("router.float32_expansion_route_agreement", agree, ">=", TARGET_ROUTE_AGREEMENT, fmt=".4f",
+                 detail=f"routes equal to the float64 expansion's on {agree:.2%} of {args.queries} queries")
+    report.check("router.float32_expansion_score_error_vs_margin", score_error / margin, "<=", TARGET_SCORE_ERROR,
+                 fmt=".1e", detail="max score error over the smallest top-2 margin: < 1 means no route can flip")
+    batch, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 6)
+    wide = batch.double()
+    times = time_side_by_side(
+        {"expand64": lambda: exact.expansion(wide), "expand32": lambda: fast.expansion(batch),
+         "route64": lambda: exact(wide), "route32": lambda: fast(batch)},
+        repeats=args.repeats, warmup=2, inner={"expand64": 3, "expand32": 3, "route64": 3, "route32": 3},
+    )
+    expand64, expand32 = median(times["expand64"]), median(times["expand32"])
+    route64, route32 = median(times["route64"]), median(times["route32"])
+    report.info(f"time, batch {args.batch}: expansion float64 {format_seconds(expand64)} vs float32 "
+                f"{format_seconds(expand32)} -> {expand64 / expand32:.2f}x; cached routing {format_seconds(route64)} "
+                f"vs {format_seconds(route32)} -> {route64 / route32:.2f}x")
+    print(flush=True)
+
+
 def build_statistics(args: argparse.Namespace) -> AnalyticRouter:
     router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge,
                             seed=args.seed, solver="auto")
@@ -389,6 +447,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--solve-repeats", type=int, default=3, help="measured rounds of the solve benchmark")
     parser.add_argument("--samples", type=int, default=4000, help="samples accumulated before the solve")
     parser.add_argument("--experts", type=int, default=5, help="experts T")
+    parser.add_argument("--stream-samples", type=int, default=20_000,
+                        help="stream length of the expansion-precision comparison")
+    parser.add_argument("--queries", type=int, default=2000, help="held-out queries of the precision comparison")
     parser.add_argument("--ridge", type=float, default=1e4, help="ridge lambda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
@@ -401,6 +462,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.quick:
         args.expansion_dim, args.dim, args.batch = 512, 64, 16
         args.repeats, args.solve_repeats, args.samples = 5, 3, 400
+        args.stream_samples, args.queries = 2000, 200
     return args
 
 
@@ -419,6 +481,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     })
     report = Report()
     bench_update(args, report)
+    gc.collect()
+    bench_expansion_precision(args, report)
     gc.collect()
     with tempfile.TemporaryDirectory(prefix="bench_router_") as folder:
         stats_file = None if args.no_memory else os.path.join(folder, "router.pt")

@@ -6,13 +6,13 @@ Every function requires an initialised process group and is called by every proc
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["require_initialized", "gather_rows", "all_agree", "all_reduce_max", "all_reduce_sum_"]
+__all__ = ["require_initialized", "gather_rows", "all_reduce_min", "all_reduce_max", "all_reduce_sum_"]
 
 
 def require_initialized(owner: str) -> None:
@@ -35,11 +35,11 @@ def gather_rows(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     return torch.cat([g[:n] for g, n in zip(gathered, counts)])
 
 
-def all_agree(ok: bool, device: torch.device, group: Optional[Any] = None) -> bool:
-    """``True`` on every process when ``ok`` is true on all of them."""
-    verdict = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=group)
-    return bool(verdict)
+def all_reduce_min(values: List[int], device: torch.device, group: Optional[Any] = None) -> List[int]:
+    """The element-wise minimum of the processes' ``values`` (one collective for several verdicts)."""
+    smallest = torch.tensor(values, device=device)
+    dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
+    return smallest.tolist()
 
 
 def all_reduce_max(value: int, device: torch.device, group: Optional[Any] = None) -> int:

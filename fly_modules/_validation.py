@@ -16,7 +16,7 @@ from torch import Tensor
 
 __all__ = [
     "InvalidParameterError", "NotFittedError", "check_int", "check_float", "check_choice", "check_features",
-    "check_expert_ids",
+    "check_expert_ids", "finite_peak",
 ]
 
 
@@ -136,13 +136,23 @@ def check_features(
             f"{owner}: features are on {features.device} but the module's state is on {device}; "
             f"move one of them (module.to({features.device}) or features.to({device}))"
         )
-    if check_finite:
-        finite = torch.isfinite(features)
-        if not bool(finite.all()):
-            n_nan = int(torch.isnan(features).sum())
-            n_inf = int((~finite).sum()) - n_nan
-            raise InvalidParameterError(f"{owner}: features contain {n_nan} NaN and {n_inf} infinite values")
+    if check_finite and not bool(torch.isfinite(features).all()):
+        raise _not_finite(features, owner)
     return features
+
+
+def finite_peak(features: Tensor, *, owner: str) -> float:
+    """``max |features|`` (one reduction, one host read); raises when the features are not all finite."""
+    peak = float(features.abs().amax()) if features.numel() else 0.0
+    if not math.isfinite(peak):
+        raise _not_finite(features, owner)
+    return peak
+
+
+def _not_finite(features: Tensor, owner: str) -> InvalidParameterError:
+    n_nan = int(torch.isnan(features).sum())
+    n_inf = int(torch.isinf(features).sum())
+    return InvalidParameterError(f"{owner}: features contain {n_nan} NaN and {n_inf} infinite values")
 
 
 def check_expert_ids(

@@ -48,6 +48,7 @@ from ._validation import (
     check_features,
     check_float,
     check_int,
+    finite_peak,
 )
 
 __all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError", "RouterConditioningWarning"]
@@ -57,6 +58,9 @@ _SOLVERS = ("auto", "mixed", "cholesky", "eigh")
 # A solution whose a-priori relative error bound, cond(G + ridge I) * unit roundoff, exceeds this is
 # reported with a RouterConditioningWarning (the weights may have fewer than two correct digits).
 _UNRELIABLE_ERROR_BOUND = 1e-2
+# Features whose largest magnitude lies in this range are expanded with a float32 product when they
+# are not float64 themselves: |phi| <= max|h| * d * max|R| stays far inside float32's normal range.
+_FLOAT32_PRODUCT_RANGE = (1e-20, 1e20)
 
 
 _INTERNAL_DIRECTORIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
@@ -102,8 +106,10 @@ class RandomExpansion(nn.Module):
         self.activation = check_choice(activation, "activation", _ACTIVATIONS, owner="RandomExpansion")
         self.seed = check_int(seed, "seed", owner="RandomExpansion")
         generator = torch.Generator(device="cpu").manual_seed(self.seed)
-        weight = torch.randn(out_features, in_features, generator=generator, dtype=torch.float32)
+        weight = torch.randn(self.out_features, self.in_features, generator=generator, dtype=torch.float32)
         self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
+        self._weight32: Optional[Tensor] = None  # float32 copy of a float64 weight, and what it was copied from
+        self._weight32_source: Tuple[int, int] = (0, 0)
 
     @property
     def output_dim(self) -> int:
@@ -111,10 +117,25 @@ class RandomExpansion(nn.Module):
         return self.out_features or self.in_features
 
     def forward(self, features: Tensor) -> Tensor:
+        """``phi`` in the weight's dtype. A float64 weight and features of lower precision are
+        multiplied in float32 and widened (the weight is float32-exact, drawn in float32), which
+        ``docs/router.md`` ("Precision") shows to be as exact as the float64 product; float64
+        features are multiplied in float64."""
         if self.out_features == 0:
             return features.to(self.weight.dtype)
-        projected = F.linear(features.to(self.weight.dtype), self.weight)
-        return torch.relu_(projected) if self.activation == "relu" else projected
+        if self.weight.dtype == torch.float64 and features.dtype != torch.float64:
+            projected = F.linear(features.float(), self._float32_weight())
+        else:
+            projected = F.linear(features.to(self.weight.dtype), self.weight)
+        if self.activation == "relu":
+            projected = torch.relu_(projected)
+        return projected.to(self.weight.dtype)
+
+    def _float32_weight(self) -> Tensor:
+        source = (id(self.weight), _version_counter(self.weight))  # a new or edited weight is copied again
+        if self._weight32 is None or self._weight32_source != source or self._weight32.device != self.weight.device:
+            self._weight32, self._weight32_source = self.weight.float(), source
+        return self._weight32
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation}, seed={self.seed}"
@@ -283,17 +304,24 @@ class AnalyticRouter(nn.Module):
     def _check_batch(
         self, features: Tensor, expert_ids: Union[int, Tensor], *, owner: str, allow_empty: bool = False
     ) -> Tuple[Tensor, Tensor]:
-        """The validated batch: features in the statistics dtype, ``(N,)`` long expert ids."""
+        """The validated batch: the features as given, ``(N,)`` long expert ids."""
         device = self.gram.device
         features = check_features(features, self.in_features, owner=owner, device=device, allow_empty=allow_empty)
         ids = check_expert_ids(expert_ids, features.shape[0], self.num_experts, owner=owner, device=device)
-        return features.to(self.stats_dtype), ids
+        return features, ids
+
+    def _expand(self, features: Tensor, peak: float) -> Tensor:
+        """``phi`` in the statistics dtype. Features of lower precision are multiplied in float32 unless
+        their largest magnitude ``peak`` lies outside the range where the float32 product is as exact."""
+        if features.dtype != torch.float64 and peak and not _FLOAT32_PRODUCT_RANGE[0] <= peak <= _FLOAT32_PRODUCT_RANGE[1]:
+            features = features.double()
+        return self.expansion(features)
 
     def _accumulate(self, features: Tensor, ids: Tensor) -> None:
         """Add a validated batch to the statistics (or reject it, unchanged, when it would overflow)."""
         if features.shape[0] == 0:
             return
-        phi = self.expansion(features)
+        phi = self._expand(features, float(features.abs().amax()))
         # Finite features can still overflow the statistics once cast and expanded; reject the batch
         # before anything is added (each entry of G grows by at most N * max|phi|^2 here).
         peak = float(phi.abs().amax())
@@ -408,11 +436,14 @@ class AnalyticRouter(nn.Module):
     @torch.no_grad()
     def forward(self, features: Tensor) -> Tensor:
         """Routing scores ``(N, num_experts)`` of the experts created so far."""
-        features = check_features(features, self.in_features, owner="AnalyticRouter", device=self.gram.device)
+        features = check_features(
+            features, self.in_features, owner="AnalyticRouter", device=self.gram.device, check_finite=False
+        )
+        peak = finite_peak(features, owner="AnalyticRouter")
         if self.num_experts == 0:
             raise NotFittedError("AnalyticRouter has no experts: pass num_experts or call add_expert()")
         solution = self._solve_if_stale()
-        return self.expansion(features) @ solution
+        return self._expand(features, peak) @ solution
 
     @torch.no_grad()
     def route(self, features: Tensor) -> Tensor:
@@ -581,9 +612,13 @@ def all_gather_update(
         features, ids = router._check_batch(features, expert_ids, owner="all_gather_update", allow_empty=True)
     except (TypeError, ValueError) as caught:
         error = caught
-    agreed = _collectives.all_agree(error is None, router.gram.device, group)
+    # One verdict for both questions: did every process accept its batch, and is any batch float64
+    # (then all gather float64; otherwise float32, which holds float16/bfloat16 exactly).
+    single = error is None and features.dtype != torch.float64
+    accepted, all_single = _collectives.all_reduce_min([int(error is None), int(single)], router.gram.device, group)
     if error is not None:
         raise error
-    if not agreed:
+    if not accepted:
         raise RuntimeError("all_gather_update: another process rejected its batch (see its error); nothing was added")
+    features = features.to(torch.float32 if all_single else torch.float64)
     router._accumulate(_collectives.gather_rows(features, group), _collectives.gather_rows(ids, group))

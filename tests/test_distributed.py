@@ -18,8 +18,11 @@ WORLD = 2
 
 
 def _data():
+    """float64 features (with float32 values, so a rank may send them as float32 exactly): the routers
+    expand float64 features with a float64 product, so any split of the batches gives the same
+    statistics up to float64 rounding."""
     g = torch.Generator().manual_seed(0)
-    features = torch.randn(50, 6, generator=g)
+    features = torch.randn(50, 6, generator=g).double()
     ids = torch.randint(0, 3, (50,), generator=g)
     return features, ids
 
@@ -39,7 +42,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         gathered = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
         for start in range(0, 50, 10):
             own = slice(start, start + 6) if rank == 0 else slice(start + 6, start + 10)
-            all_gather_update(gathered, features[own], ids[own])
+            # Rank 1 sends float32 in the last steps: a float64 batch anywhere makes every rank gather float64.
+            share = features[own].float() if rank == 1 and start >= 30 else features[own]
+            all_gather_update(gathered, share, ids[own])
         # 3) One rank's bad batch: every rank raises (no one blocks in the gather), nothing is added.
         bad = torch.full((2, 6), float("nan")) if rank == 1 else features[:2]
         try:

@@ -44,11 +44,14 @@ def assert_same_state(state: dict, before: dict) -> None:
         assert torch.equal(value, before[key]) if isinstance(value, torch.Tensor) else value == before[key], key
 
 
-def clustered(n: int, d: int, experts: int, seed: int = 0):
+def clustered(n: int, d: int, experts: int, seed: int = 0, dtype: torch.dtype = torch.float64):
+    """Clustered features, float64 by default: the router expands float64 features with a float64
+    product, so the exactness tests compare the statistics and solvers alone (the float32 product
+    of float32 features has its own test)."""
     g = torch.Generator().manual_seed(seed)
     centers = 3 * torch.randn(experts, d, generator=g)
     ids = torch.randint(0, experts, (n,), generator=g)
-    return centers[ids] + torch.randn(n, d, generator=g), ids
+    return (centers[ids] + torch.randn(n, d, generator=g)).to(dtype), ids
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -523,3 +526,45 @@ def test_partial_checkpoint_is_refused_and_an_absent_router_is_skipped_without_s
     assert router.num_samples == 0 and "1.gram" in result.missing_keys
     parent.load_state_dict({**{f"1.{k}": v for k, v in state.items()}, **nn.Linear(6, 6).state_dict(prefix="0.")})
     assert router.num_samples == 32
+
+
+def test_float32_features_are_expanded_in_float32_within_the_rounding_bound():
+    """The float32 product against the float64 product of the same numbers, with worst-case bounds that
+    hold for any summation order (so on any CPU): a length-d dot product in float32 is within
+    gamma = d u / (1 - d u), u = 2^-24, of the exact one relative to sum_k |h_k||R_jk|; G and Q inherit it."""
+    d, m, n = 48, 200, 300
+    features, ids = clustered(n, d, 3, dtype=torch.float32)
+    wide = AnalyticRouter(d, 3, expansion_dim=m, ridge=1.0)
+    narrow = AnalyticRouter(d, 3, expansion_dim=m, ridge=1.0)
+    wide.update(features.double(), ids)  # exactly the same numbers, float64 product
+    narrow.update(features, ids)
+    u = 2.0**-24
+    gamma = d * u / (1 - d * u)
+    accumulation = 2 * n * torch.finfo(torch.float64).eps  # both sums run in float64
+    magnitude = features.double().abs() @ wide.expansion.weight.abs().t()  # (n, m): bounds |phi| and its error
+    phi_error = (narrow.expansion(features) - wide.expansion(features.double())).abs()
+    assert bool((phi_error <= gamma * magnitude).all())
+    gram_bound = (2 * gamma + gamma**2 + accumulation) * (magnitude.t() @ magnitude)
+    assert bool((torch.tril(narrow.gram - wide.gram).abs() <= torch.tril(gram_bound)).all())
+    onehot = torch.nn.functional.one_hot(ids, 3).double()
+    assert bool(((narrow.cross - wide.cross).abs() <= (gamma + accumulation) * (magnitude.t() @ onehot)).all())
+    assert narrow.expansion(features).dtype == torch.float64
+    # Routing: the smallest top-2 margin of these queries is ~9e-4 and the score errors are ~4e-6 (a
+    # float32 rounding amplified by cond(G + ridge I)), 200x apart: no route can flip on any CPU.
+    queries, _ = clustered(200, d, 3, seed=1, dtype=torch.float32)
+    reference = wide(queries.double())
+    top2 = reference.topk(2, dim=1).values
+    assert float((narrow(queries) - reference).abs().max()) <= 0.1 * float((top2[:, 0] - top2[:, 1]).min())
+    assert torch.equal(narrow.route(queries), wide.route(queries.double()))
+
+
+@pytest.mark.parametrize("scale", [1e25, 1e-25])
+def test_features_beyond_the_float32_range_are_expanded_in_float64(scale):
+    features, ids = clustered(20, 4, 2, dtype=torch.float32)
+    features = features * scale  # finite float32 numbers whose float32 product would overflow / underflow
+    wide = AnalyticRouter(4, 2, expansion_dim=16, ridge=scale**2)
+    narrow = AnalyticRouter(4, 2, expansion_dim=16, ridge=scale**2)
+    wide.update(features.double(), ids)
+    narrow.update(features, ids)
+    assert torch.equal(narrow.gram, wide.gram) and bool(torch.isfinite(narrow.gram).all())
+    assert torch.equal(narrow(features), wide(features.double()))
