@@ -84,6 +84,13 @@ def locate_classifier(module: nn.Module) -> Tuple[str, nn.Module]:
     ``name`` is the attribute path from ``module`` (``"head"``; dotted when ``get_classifier()``
     returns a grandchild, e.g. ``"head.fc"``), so ``module.get_submodule(name)`` is the classifier.
     Raises :class:`ClassifierNotFoundError` naming ``module``'s children when there is none.
+
+    Examples::
+
+        >>> model = nn.Module()
+        >>> model.head = nn.Linear(8, 3)
+        >>> locate_classifier(model)
+        ('head', Linear(in_features=8, out_features=3, bias=True))
     """
     getter = getattr(module, "get_classifier", None)
     classifier = getter() if callable(getter) else None

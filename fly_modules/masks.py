@@ -48,7 +48,13 @@ def batch_seen_class_mask(
 def seen_class_mask(
     num_seen: int, num_classes: int, *, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None
 ) -> Tensor:
-    """Evaluation mask: the first ``num_seen`` (exposed) classes."""
+    """Evaluation mask: the first ``num_seen`` (exposed) classes.
+
+    Examples::
+
+        >>> seen_class_mask(2, 4)
+        tensor([0., 0., -inf, -inf])
+    """
     num_classes = check_int(num_classes, "num_classes", owner="seen_class_mask", minimum=0)
     num_seen = check_int(num_seen, "num_seen", owner="seen_class_mask", minimum=0, maximum=num_classes)
     mask = torch.full((num_classes,), float("-inf"), dtype=dtype, device=device)

@@ -189,7 +189,7 @@ class AnalyticRouter(nn.Module):
     Examples::
 
         >>> router = AnalyticRouter(16, num_experts=2, expansion_dim=64, ridge=1.0)
-        >>> h = torch.randn(32, 16)
+        >>> h = torch.randn(32, 16, generator=torch.Generator().manual_seed(0))
         >>> router.update(h[:16] + 2, 0)
         >>> router.update(h[16:] - 2, torch.ones(16, dtype=torch.long))
         >>> router(h).shape

@@ -25,6 +25,12 @@ class SampleBudgetSchedule:
     Args:
         samples_per_expert: the budget ``w`` (the reference uses ``floor(N_train / num_experts)``).
         num_experts: total number of experts; the last one trains until the stream ends.
+
+    Examples::
+
+        >>> schedule = SampleBudgetSchedule(100, num_experts=3)
+        >>> [schedule.step(64) for _ in range(4)]
+        [[], [1], [], [2]]
     """
 
     def __init__(self, samples_per_expert: int, num_experts: int) -> None:

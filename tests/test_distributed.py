@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from fly_modules.distributed import all_gather_update, all_reduce_statistics
 pytestmark = pytest.mark.distributed
 
 WORLD = 2
+TIMEOUT = timedelta(seconds=60)
 
 
 def _data():
@@ -29,7 +31,8 @@ def _data():
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    # A broken collective fails after the timeout instead of hanging the suite.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=TIMEOUT)
     try:
         features, ids = _data()
         # 1) Disjoint shards, merged once by an all-reduce. Rank 1 declares fewer experts.

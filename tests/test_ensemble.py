@@ -370,3 +370,18 @@ def test_accelerator_path_reads_no_values_on_the_host():
     assert ensemble(features).shape == (8, 5)
     with pytest.raises((RuntimeError, NotImplementedError), match="meta"):  # value checks read the features
         TemporalEnsembleHead(make_head(), 3, check_values=True).to("meta")(features, 0)
+
+
+def test_restarting_an_expert_resets_its_copies_and_update_count():
+    ensemble = TemporalEnsembleHead(make_head(), 2)
+    ensemble.start_expert(1)
+    for _ in range(3):
+        with torch.no_grad():
+            ensemble.online.weight.add_(0.1)
+        ensemble.update()
+    assert ensemble.num_updates.tolist() == [0, 3]
+    ensemble.start_expert(1)  # restart: the copies start again from the online head, with no steps taken
+    assert ensemble.num_updates.tolist() == [0, 0]
+    assert torch.equal(ensemble.ema_weight[1], ensemble.online.weight.detach().expand_as(ensemble.ema_weight[1]))
+    ensemble.update()
+    assert ensemble.num_updates.tolist() == [0, 1]
