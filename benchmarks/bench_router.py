@@ -16,6 +16,7 @@ Run from the repository root::
 
     python benchmarks/bench_router.py            # the issue's sizes (several minutes on 2 cores)
     python benchmarks/bench_router.py --quick    # small smoke test (seconds)
+    python benchmarks/bench_router.py --device cuda   # on a GPU (timings synchronise the device)
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ from benchmarks._timing import (  # noqa: E402
     Report,
     best_ratio,
     configure_threads,
+    describe_device,
     format_seconds,
     median,
     print_header,
+    resolve_device,
+    synchronizer,
     time_side_by_side,
 )
 from fly_modules import _ridge  # noqa: E402  (private but supported: the kernels and solvers)
@@ -67,7 +71,7 @@ TARGET_SCORE_ERROR = 1.0  # float32 expansion: max score error below the smalles
 
 # =================================================================================== inputs
 def clustered_features(
-    n: int, dim: int, experts: int, *, seed: int, classes_per_expert: int = 4
+    n: int, dim: int, experts: int, *, seed: int, classes_per_expert: int = 4, device: str = "cpu"
 ) -> Tuple[Tensor, Tensor]:
     """ViT-like query features: a clustered Gaussian mixture passed through a final LayerNorm.
 
@@ -75,7 +79,8 @@ def clustered_features(
     each expert (task) has a centre, each class a sub-centre around it, plus isotropic noise; the
     final ``layer_norm`` gives every sample zero mean and unit variance over its ``dim`` entries
     (``||h|| = sqrt(dim)``, about 27.7 at ``dim=768``), the scale a ViT's final LayerNorm produces.
-    Returns float32 features ``(n, dim)`` and the expert id of each sample ``(n,)``.
+    Returns float32 features ``(n, dim)`` and the expert id of each sample ``(n,)``, on ``device``
+    (drawn on the CPU: the same numbers on every device).
     """
     generator = torch.Generator().manual_seed(seed)
     shared = torch.randn(dim, generator=generator)
@@ -84,7 +89,7 @@ def clustered_features(
     class_centres = class_centres + 0.6 * torch.randn(class_centres.shape, generator=generator)
     labels = torch.randint(experts * classes_per_expert, (n,), generator=generator)
     features = shared + class_centres[labels] + 0.7 * torch.randn(n, dim, generator=generator)
-    return F.layer_norm(features, (dim,)), labels // classes_per_expert
+    return F.layer_norm(features, (dim,)).to(device), (labels // classes_per_expert).to(device)
 
 
 # ============================================================ the reference approach, re-implemented
@@ -94,8 +99,8 @@ class DenseStatistics:
     def __init__(self, projection: Tensor, experts: int) -> None:
         self.projection = projection  # (dim, M), phi = relu(h @ projection)
         width = projection.shape[1]
-        self.gram = torch.zeros(width, width, dtype=projection.dtype)
-        self.cross = torch.zeros(width, experts, dtype=projection.dtype)
+        self.gram = torch.zeros(width, width, dtype=projection.dtype, device=projection.device)
+        self.cross = torch.zeros(width, experts, dtype=projection.dtype, device=projection.device)
         self.experts = experts
 
     def update(self, features: Tensor, expert_ids: Tensor) -> None:
@@ -133,7 +138,7 @@ def reference_inv_solve(gram: Tensor, cross: Tensor, ridge: float) -> Tensor:
 def largest_eigenvalue(gram: Tensor, *, iterations: int = 60, seed: int = 0) -> float:
     """Largest eigenvalue of a symmetric PSD matrix by power iteration (Rayleigh quotient)."""
     generator = torch.Generator().manual_seed(seed)
-    vector = torch.rand(gram.shape[0], 1, generator=generator, dtype=gram.dtype)
+    vector = torch.rand(gram.shape[0], 1, generator=generator, dtype=gram.dtype).to(gram.device)
     value = 0.0
     for _ in range(iterations):
         product = gram @ vector
@@ -224,9 +229,10 @@ def measure_peak_memory(method: str, stats_file: str, ridge: float, threads: int
 # ==================================================================================== benches
 def bench_update(args: argparse.Namespace, report: Report) -> None:
     print(f"-- statistics update: batch {args.batch}, d={args.dim}, M={args.expansion_dim}, float64 --", flush=True)
-    router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge, seed=args.seed)
+    router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge, seed=args.seed,
+                            device=args.device)
     dense = DenseStatistics(router.expansion.weight.t(), args.experts)
-    features, expert_ids = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 1)
+    features, expert_ids = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 1, device=args.device)
     phi = router.expansion(features)
     kernel_gram = torch.zeros_like(router.gram)
     kernel_dense = torch.zeros_like(router.gram)
@@ -239,6 +245,7 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
         },
         repeats=args.repeats,
         warmup=2,
+        synchronize=args.synchronize,
     )
     times["ours"] = times.pop("ours: AnalyticRouter.update")
     times["reference"] = times.pop("reference: relu(hR) + dense addmm")
@@ -258,13 +265,13 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
     # The block-lower kernel issues one smaller GEMM per row panel; with every CPU busy elsewhere their thread
     # barriers cost more than the one big dense GEMM's, so show the single-threaded kernel ratio as well.
     threads = torch.get_num_threads()
-    if threads > 1:
+    if threads > 1 and args.device.type == "cpu":
         torch.set_num_threads(1)
         try:
             single = time_side_by_side(
                 {"block": lambda: _ridge.accumulate_lower_gram(kernel_gram, phi, _ridge.PANEL_ROWS),
                  "dense": lambda: kernel_dense.addmm_(phi.t(), phi)},
-                repeats=max(3, args.repeats // 2), warmup=1,
+                repeats=max(3, args.repeats // 2), warmup=1, synchronize=args.synchronize,
             )
         finally:
             torch.set_num_threads(threads)
@@ -288,10 +295,10 @@ def bench_expansion_precision(args: argparse.Namespace, report: Report) -> None:
     n, m = args.stream_samples, args.expansion_dim
     print(f"-- expansion precision: float32 vs float64 product, stream of {n} samples, d={args.dim}, M={m} --",
           flush=True)
-    settings = dict(expansion_dim=m, ridge=args.ridge, seed=args.seed)
+    settings = dict(expansion_dim=m, ridge=args.ridge, seed=args.seed, device=args.device)
     exact = AnalyticRouter(args.dim, args.experts, **settings)
     fast = AnalyticRouter(args.dim, args.experts, **settings)
-    features, expert_ids = clustered_features(n, args.dim, args.experts, seed=args.seed + 4)
+    features, expert_ids = clustered_features(n, args.dim, args.experts, seed=args.seed + 4, device=args.device)
     chunk = 512
     for start in range(0, n, chunk):
         batch, ids = features[start:start + chunk], expert_ids[start:start + chunk]
@@ -299,7 +306,7 @@ def bench_expansion_precision(args: argparse.Namespace, report: Report) -> None:
         fast.update(batch, ids)
     gram_error = max_relative_difference(torch.tril(fast.gram), torch.tril(exact.gram))
     cross_error = max_relative_difference(fast.cross, exact.cross)
-    queries, _ = clustered_features(args.queries, args.dim, args.experts, seed=args.seed + 5)
+    queries, _ = clustered_features(args.queries, args.dim, args.experts, seed=args.seed + 5, device=args.device)
     reference = exact(queries.double())
     scores = fast(queries)
     stats_only = fast(queries.double())  # float32 statistics, float64 query expansion
@@ -318,12 +325,13 @@ def bench_expansion_precision(args: argparse.Namespace, report: Report) -> None:
                  detail=f"routes equal to the float64 expansion's on {agree:.2%} of {args.queries} queries")
     report.check("router.float32_expansion_score_error_vs_margin", score_error / margin, "<=", TARGET_SCORE_ERROR,
                  fmt=".1e", detail="max score error over the smallest top-2 margin: < 1 means no route can flip")
-    batch, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 6)
+    batch, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 6, device=args.device)
     wide = batch.double()
     times = time_side_by_side(
         {"expand64": lambda: exact.expansion(wide), "expand32": lambda: fast.expansion(batch),
          "route64": lambda: exact(wide), "route32": lambda: fast(batch)},
         repeats=args.repeats, warmup=2, inner={"expand64": 3, "expand32": 3, "route64": 3, "route32": 3},
+        synchronize=args.synchronize,
     )
     expand64, expand32 = median(times["expand64"]), median(times["expand32"])
     route64, route32 = median(times["route64"]), median(times["route32"])
@@ -335,8 +343,8 @@ def bench_expansion_precision(args: argparse.Namespace, report: Report) -> None:
 
 def build_statistics(args: argparse.Namespace) -> AnalyticRouter:
     router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge,
-                            seed=args.seed, solver="auto")
-    features, expert_ids = clustered_features(args.samples, args.dim, args.experts, seed=args.seed + 2)
+                            seed=args.seed, solver="auto", device=args.device)
+    features, expert_ids = clustered_features(args.samples, args.dim, args.experts, seed=args.seed + 2, device=args.device)
     chunk = 512
     for start in range(0, args.samples, chunk):
         router.update(features[start:start + chunk], expert_ids[start:start + chunk])
@@ -361,7 +369,7 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
         report.info(f"our solver path: 'mixed', {mixed.refinement_steps} float64 residual products (refinement "
                     f"steps); condition estimate from the float32 factor {mixed.condition:.2e}")
 
-    queries, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 3)
+    queries, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 3, device=args.device)
     # Warm-up on a small system (LAPACK initialisation) so no full-size round has to be discarded.
     small_g, small_q = gram[:256, :256].clone(), cross[:256].clone()
     reference_lu_solve(small_g, small_q, ridge), reference_inv_solve(small_g, small_q, ridge)
@@ -385,7 +393,7 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
 
     times = time_side_by_side(
         {"ours": ours, "lu": lu, "inv": inv, "cached": cached_route},
-        repeats=args.solve_repeats, warmup=0, inner={"cached": 10},
+        repeats=args.solve_repeats, warmup=0, inner={"cached": 10}, synchronize=args.synchronize,
     )
     t_ours, t_lu, t_inv, t_cached = (median(times[k]) for k in ("ours", "lu", "inv", "cached"))
     report.check("router.solve_vs_lu", t_lu / t_ours, ">=", TARGET_SOLVE_VS_LU, unit="x",
@@ -411,7 +419,33 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
                  f"{(t_lu + t_cached) / t_cached:.0f}x")
     if stats_file is not None:  # the statistics for the peak-memory subprocesses
         torch.save(router.state_dict(), stats_file)
+    if args.device.type == "cuda" and not args.no_memory:
+        bench_memory_cuda(report, router, gram, cross, ridge)
     print(flush=True)
+
+
+def peak_cuda_memory(run) -> int:  # noqa: ANN001 - a zero-argument callable
+    """Bytes allocated on the GPU at the peak of ``run()`` beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def bench_memory_cuda(report: Report, router: AnalyticRouter, gram: Tensor, cross: Tensor, ridge: float) -> None:
+    """Peak extra GPU memory of one solve (torch's allocator statistics; the results stay allocated)."""
+    gram_bytes = router.gram.numel() * router.gram.element_size()
+    extra = {
+        "ours": peak_cuda_memory(router.solve),
+        "lu": peak_cuda_memory(lambda: reference_lu_solve(gram, cross, ridge)),
+        "inv": peak_cuda_memory(lambda: reference_inv_solve(gram, cross, ridge)),
+    }
+    mib = {method: value / 2**20 for method, value in extra.items()}
+    report.check("router.solve_peak_memory", extra["ours"] / gram_bytes, "<=", TARGET_PEAK_MEMORY, unit="x",
+                 detail=f"peak extra GPU memory / size of G: ours +{mib['ours']:.0f} MiB, LU +{mib['lu']:.0f} MiB, "
+                 f"inv +{mib['inv']:.0f} MiB; G = {gram_bytes / 2**20:.0f} MiB (torch.cuda.max_memory_allocated)")
 
 
 def bench_memory(args: argparse.Namespace, report: Report, stats_file: str) -> None:
@@ -453,6 +487,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--ridge", type=float, default=1e4, help="ridge lambda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
+    parser.add_argument("--device", default="cpu", help="where the routers and the baselines run: cpu or cuda[:N]")
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
@@ -469,12 +504,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     args.threads = configure_threads(args.threads)
+    args.device = resolve_device(args.device)
+    args.synchronize = synchronizer(args.device)
     if args.memory_child:
         memory_child(args.memory_child, args.stats_file, args.ridge)
         return 0
     torch.manual_seed(args.seed)
     print_header("AnalyticRouter benchmark (ours vs the reference approach, side by side)", {
-        "expansion dim M": args.expansion_dim, "feature dim d": args.dim, "batch": args.batch,
+        "device": describe_device(args.device), "expansion dim M": args.expansion_dim, "feature dim d": args.dim, "batch": args.batch,
         "experts T": args.experts, "ridge": f"{args.ridge:g}", "samples for the solve": args.samples,
         "repeats (update / solve)": f"{args.repeats} / {args.solve_repeats}", "statistics dtype": "float64",
         "mode": "quick (smoke test)" if args.quick else "full",
@@ -485,7 +522,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bench_expansion_precision(args, report)
     gc.collect()
     with tempfile.TemporaryDirectory(prefix="bench_router_") as folder:
-        stats_file = None if args.no_memory else os.path.join(folder, "router.pt")
+        # The peak resident memory of a CPU solve is measured in fresh subprocesses; on a GPU in process.
+        on_cpu = args.device.type == "cpu"
+        stats_file = None if args.no_memory or not on_cpu else os.path.join(folder, "router.pt")
         bench_solve(args, report, stats_file)  # returns with every large tensor freed
         gc.collect()
         if stats_file is not None:

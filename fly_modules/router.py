@@ -119,11 +119,14 @@ class RandomExpansion(nn.Module):
     def forward(self, features: Tensor) -> Tensor:
         """``phi`` in the weight's dtype. A float64 weight and features of lower precision are
         multiplied in float32 and widened (the weight is float32-exact, drawn in float32), which
-        ``docs/router.md`` ("Precision") shows to be as exact as the float64 product; float64
-        features are multiplied in float64."""
+        ``docs/router.md`` ("Precision") shows to be exact enough, unless torch is set to round
+        float32 matmuls to TF32 or bfloat16; float64 features are multiplied in float64."""
         if self.out_features == 0:
             return features.to(self.weight.dtype)
-        if self.weight.dtype == torch.float64 and features.dtype != torch.float64:
+        if (
+            self.weight.dtype == torch.float64 and features.dtype != torch.float64
+            and _float32_matmul_is_ieee(features.device.type)
+        ):
             projected = F.linear(features.float(), self._float32_weight())
         else:
             projected = F.linear(features.to(self.weight.dtype), self.weight)
@@ -542,6 +545,20 @@ def _version_counter(tensor: Tensor) -> int:
         return tensor._version
     except RuntimeError:
         return -1
+
+
+def _float32_matmul_is_ieee(device_type: str) -> bool:
+    """Whether float32 matmuls on this device type round as IEEE float32 (not TF32 or bfloat16)."""
+    backend = torch.backends.cuda.matmul if device_type == "cuda" else getattr(torch.backends.mkldnn, "matmul", None)
+    precision = getattr(backend, "fp32_precision", None)  # torch >= 2.9; "none": inherit, IEEE by default
+    if precision is not None:
+        return precision in ("none", "ieee")
+    if device_type == "cuda":
+        return not torch.backends.cuda.matmul.allow_tf32
+    try:
+        return torch.get_float32_matmul_precision() == "highest"
+    except RuntimeError:  # settings mixed between the legacy and the new API: assume reduced precision
+        return False
 
 
 def _user_stacklevel() -> int:

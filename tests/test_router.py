@@ -568,3 +568,20 @@ def test_features_beyond_the_float32_range_are_expanded_in_float64(scale):
     narrow.update(features, ids)
     assert torch.equal(narrow.gram, wide.gram) and bool(torch.isfinite(narrow.gram).all())
     assert torch.equal(narrow(features), wide(features.double()))
+
+
+def test_reduced_precision_float32_matmuls_keep_the_float64_product():
+    """With float32 matmuls allowed to round to bfloat16 (or TF32 on a GPU), the float32 product is not exact
+    enough: the router multiplies in float64 then."""
+    features, _ = clustered(8, 4, 2, dtype=torch.float32)
+    router = AnalyticRouter(4, 1, expansion_dim=16)
+    backend = getattr(torch.backends.mkldnn, "matmul", None)
+    if getattr(backend, "fp32_precision", None) is None:
+        pytest.skip("this torch has no per-backend float32 matmul precision")
+    before = backend.fp32_precision
+    try:
+        backend.fp32_precision = "bf16"
+        assert torch.equal(router.expansion(features), router.expansion(features.double()))
+    finally:
+        backend.fp32_precision = before
+    assert torch.equal(router.expansion(features), torch.relu(features @ router.expansion.weight.float().t()).double())
