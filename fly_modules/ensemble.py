@@ -3,7 +3,8 @@
 One trainable *online* head plus, for every expert, frozen exponential-moving-average copies of it
 with several decays. Training uses the online head alone; after each optimizer step the active
 expert's copies move towards it; at inference each sample's routed expert contributes its copies,
-which are ensembled with the online head after the logit mask.
+which are ensembled with the online head after the logit mask. Inference has no per-sample loop and,
+off the CPU, no host synchronisation. Details: ``docs/ensemble.md``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
-"""Random-expanded analytic router (REAR): a forward-only ridge classifier over experts.
+"""The analytic router (REAR, FlyPrompt section 3.1): a forward-only ridge classifier over experts.
 
-The router never sees a gradient and never stores a sample. It keeps two sufficient statistics of
-the stream, ``G = sum phi^T phi`` and ``Q = sum phi^T onehot(expert)`` over the random expansion
-``phi(h) = relu(h R)``, and routes with the ridge solution ``W = (G + lambda I)^-1 Q``. Because the
-statistics are sums, any split of the stream into ``update`` calls, any merge of two routers and any
-all-reduce across processes gives the same ``W`` as one batch fit on all the data.
-
-Implementation notes (why the code looks the way it does):
-
-* ``G`` is symmetric, so only its lower triangle is meaningful. ``update`` adds ``phi^T phi`` in row
-  panels of ``_ridge.PANEL_ROWS`` rows, each panel only as far right as its own diagonal block: 53% of the
-  flops of a dense ``addmm`` at M = 10,000 (a batch of 64 makes the GEMM compute-bound on a CPU, so
-  flops are the cost). Whatever the panels leave above the diagonal is never read: Cholesky
-  (``torch.linalg.cholesky_ex``), ``eigh`` and the refinement's products use the lower triangle only,
-  so the panel height is a tuning knob, not part of the checkpoint format; ``gram_matrix()`` returns
-  the full symmetric matrix.
-* The statistics are accumulated in float64 by default: at M = 10,000 the entries of ``G`` reach
-  1e4-1e8 after tens of thousands of samples while the ridge is 1e4, and float32 sums lose the
-  digits the ridge is meant to regularise (the reference accumulates and solves in float32).
-* The default solver factorises ``G + lambda I`` in float32 and refines the solution to float64
-  accuracy with residuals computed from the float64 statistics (mixed-precision iterative
-  refinement). When the system is too ill-conditioned for that to converge it falls back to a
-  float64 Cholesky, so the answer always has float64 accuracy.
-* The solution is cached and recomputed only after the statistics change: routing with unchanged
-  statistics costs one expansion and one small matmul.
+It keeps two sums over the stream, ``G = sum phi^T phi`` and ``Q = sum phi^T onehot(expert)`` of a
+fixed random expansion ``phi(h) = relu(h R^T)``, and routes with ``W = (G + lambda I)^-1 Q``. It never
+stores a sample nor sees a gradient; any split of the stream, merge of routers or sum across processes
+gives the same ``W`` as one fit on all the data. What is computed, in which precision, when it warns
+and what a checkpoint holds: ``docs/router.md``.
 """
 
 from __future__ import annotations
