@@ -6,7 +6,7 @@ per routed expert over its own samples (all its EMA copies at once), on a GPU on
 every expert's copies and a gather (no host synchronisation), then the logit mask and the
 aggregation, with no per-sample loop.
 
-Reference approach (re-implemented from reference-protocol.md sections 3.6 and 6.1, ``forward_with_ema``):
+Reference approach (re-implemented from docs/protocol.md, sections 3.6 and 6.1, ``forward_with_ema``):
 every expert owns separate ``nn.Linear`` EMA heads; a Python loop over the samples applies the online
 head and the routed expert's EMA heads to each sample, adds the seen-class mask, takes the softmax of
 each head and the element-wise maximum over heads (``softmax_max``, the default aggregation).

@@ -3,7 +3,7 @@
 
 Every figure is a ratio of two approaches timed side by side in this one run (interleaved rounds,
 median per side), so a busy shared machine slows both sides alike. The reference approach is
-re-implemented here from the protocol (reference-protocol.md sections 3.5 and 6.1):
+re-implemented here from the protocol (docs/protocol.md, sections 3.5 and 6.1):
 
 * statistics: ``phi = relu(h R)``, a dense ``G.addmm_(phi^T, phi)`` and ``Q += phi^T onehot(expert)``;
 * solve: a general dense LU solve ``torch.linalg.solve(G + lambda I, Q)`` (and, as a second baseline,

@@ -120,7 +120,7 @@ def find_classifier(module: nn.Module) -> nn.Linear:
         raise ClassifierNotFoundError(f"TemporalEnsembleHead needs an nn.Linear classifier; {error}") from None
     if not isinstance(classifier, nn.Linear):
         raise InvalidParameterError(
-            f"TemporalEnsembleHead needs an nn.Linear classifier; {type(module).__name__}'s classifier `{name}` is a "
+            f"TemporalEnsembleHead needs an nn.Linear classifier; {type(module).__name__}'s classifier `{name}` is "
             f"{type(classifier).__name__}. Pass the nn.Linear itself (timm models built with num_classes=0 have no "
             f"classifier: build them with num_classes=C or pass a fresh nn.Linear)."
         )

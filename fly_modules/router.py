@@ -44,8 +44,6 @@ _UNRELIABLE_ERROR_BOUND = 1e-2
 _FLOAT32_PRODUCT_RANGE = (1e-20, 1e20)
 
 
-_INTERNAL_DIRECTORIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
-
 
 class RouterConditioningWarning(RuntimeWarning):
     """The ridge system is so ill-conditioned that the routing weights may be inaccurate."""
@@ -149,8 +147,12 @@ class AnalyticRouter(nn.Module):
         device: device of all buffers.
 
     Shape:
-        - features: ``(N, in_features)``, any floating dtype (cast to ``stats_dtype``)
+        - features: ``(N, in_features)``, any floating dtype (lower than float64: expanded with a
+          float32 product, ``docs/router.md``, "Precision")
         - scores: ``(N, num_experts)`` in ``stats_dtype``
+
+    Warns:
+        RouterConditioningWarning: when a solve's estimated condition number makes the weights unreliable.
 
     Attributes:
         expansion: the :class:`RandomExpansion` (buffer ``expansion.weight``, ``(M, in_features)``).
@@ -540,6 +542,9 @@ def _float32_matmul_is_ieee(device_type: str) -> bool:
         return torch.get_float32_matmul_precision() == "highest"
     except RuntimeError:  # settings mixed between the legacy and the new API: assume reduced precision
         return False
+
+
+_INTERNAL_DIRECTORIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
 
 
 def _user_stacklevel() -> int:

@@ -280,7 +280,7 @@ def test_locate_classifier_names_the_child_or_lists_the_children():
     assert locate_classifier(plain) == ("fc", plain.fc)
     plain.head = nn.Identity()  # `head` comes before `fc`
     assert locate_classifier(plain) == ("head", plain.head)
-    with pytest.raises(InvalidParameterError, match="classifier `head` is a Identity"):
+    with pytest.raises(InvalidParameterError, match="classifier `head` is Identity"):
         find_classifier(plain)
     with pytest.raises(LookupError, match=r"children are \['0 \(Linear\)', '1 \(ReLU\)'\]") as caught:
         locate_classifier(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
