@@ -8,6 +8,7 @@ and the :class:`~fly_modules.adapters._install.Installation` of hooks. Families 
 
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -18,13 +19,11 @@ from torch import Tensor, nn
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
 from fly_modules._validation import InvalidParameterError, check_int
 
-from ._install import Installation
+from ._install import MARKER, Installation
 from ._options import Schedule
 
 __all__ = ["Retrofit", "StepCounter"]
 
-# Instance attribute holding a weak reference to a model's live retrofit.
-_MARKER = "_fly_modules_retrofit"
 _STATE_FORMAT = 1
 
 
@@ -80,7 +79,7 @@ class Retrofit:
     ) -> None:
         # Two live retrofits of one model would wrap each other's seams, and removing them in the
         # order they were made would leave a wrapper behind: refuse the second one.
-        previous = getattr(model, _MARKER, None)
+        previous = getattr(model, MARKER, None)
         previous = previous() if previous is not None else None
         if previous is not None and not previous.removed and previous.model is model:  # (not a deepcopy's)
             raise RuntimeError(
@@ -126,8 +125,8 @@ class Retrofit:
         self._confirmed_experts: set = set()
         self._verifying = False
         self.observed: Dict[str, Any] = {}
-        model.__dict__[_MARKER] = weakref.ref(self)
-        self.install.add_undo(lambda: model.__dict__.pop(_MARKER, None))
+        model.__dict__[MARKER] = weakref.ref(self)
+        self.install.add_undo(lambda: model.__dict__.pop(MARKER, None))
 
     @property
     def removed(self) -> bool:
@@ -382,13 +381,20 @@ class Retrofit:
                 )
         bound = None if self.num_experts is None else self.num_experts - 1
         current = check_int(state["current_expert"], "current_expert", owner=owner, minimum=0, maximum=bound)
-        if self.router is not None:
-            self.router.load_state_dict(state["router"])
-        if self.ensemble is not None:
-            result = self.ensemble.load_state_dict(state["ensemble"], strict=False)
-            unexpected = [k for k in result.missing_keys if not k.startswith("online.")] + list(result.unexpected_keys)
-            if unexpected:
-                raise InvalidParameterError(f"{owner}: the ensemble state does not match: {unexpected}")
+        # Each module checks its part before changing anything; the router is put back if the ensemble's
+        # part is then refused, so the handle is never half-loaded.
+        router_before = None if self.router is None else _cloned(self.router.state_dict())
+        try:
+            if self.router is not None:
+                self.router.load_state_dict(state["router"])
+            if self.ensemble is not None:
+                # The online head is the model's own parameter: keep it, load the banks.
+                online = {f"online.{k}": v for k, v in self.ensemble.online.state_dict().items()}
+                self.ensemble.load_state_dict({**online, **state["ensemble"]})
+        except Exception:
+            if router_before is not None:
+                self.router.load_state_dict(router_before)
+            raise
         if self.schedule is not None:
             self.schedule.load_state_dict(state["schedule"])
         if self._step_counter is not None:
@@ -452,3 +458,7 @@ class Retrofit:
             f"Retrofit(model={type(self.model).__name__}, family={self.family!r}, router={self.router is not None}, "
             f"ensemble={self.ensemble is not None}, schedule={self.schedule!r}, removed={self.removed})"
         )
+
+
+def _cloned(state: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()}

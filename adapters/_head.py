@@ -6,7 +6,7 @@ from typing import Callable, Optional, Tuple, Union
 
 from torch import Tensor, nn
 
-from fly_modules import TemporalEnsembleHead
+from fly_modules import ClassifierNotFoundError, TemporalEnsembleHead, locate_classifier
 
 from ._errors import GENERIC_CALL, SeamError
 
@@ -15,22 +15,16 @@ __all__ = ["EnsembleLinear", "ensemble_scores", "find_head"]
 
 # ------------------------------------------------------------------------------------- head
 def find_head(owner: nn.Module, family: str = "generic") -> Tuple[nn.Module, str]:
-    """``(owner, name)`` of ``owner``'s classifier: the child that ``get_classifier()`` returns, else
-    ``head`` or ``fc``. Raises :class:`SeamError` when there is none."""
-    getter = getattr(owner, "get_classifier", None)
-    if callable(getter):
-        classifier = getter()
-        for name, child in owner.named_children():
-            if child is classifier:
-                return owner, name
-    for name in ("head", "fc"):
-        if isinstance(getattr(owner, name, None), nn.Module):
-            return owner, name
-    children = sorted(name for name, _ in owner.named_children())
-    raise SeamError(
-        f"fly_modules.adapters.{family}: {type(owner).__name__} has no classifier `get_classifier()`, `head` or "
-        f"`fc` (its submodules are {children}); pass head_owner=... and head_name=...: {GENERIC_CALL}"
-    )
+    """``(parent, name)`` of ``owner``'s classifier as :func:`fly_modules.locate_classifier` finds it
+    (``get_classifier()``, else ``head``, else ``fc``). Raises :class:`SeamError` when there is none."""
+    try:
+        path, _ = locate_classifier(owner)
+    except ClassifierNotFoundError as error:
+        raise SeamError(
+            f"fly_modules.adapters.{family}: {error}; pass head_owner=... and head_name=...: {GENERIC_CALL}"
+        ) from None
+    parent, _, name = path.rpartition(".")
+    return (owner.get_submodule(parent) if parent else owner), name
 
 
 def ensemble_scores(

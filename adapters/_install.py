@@ -14,7 +14,10 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["Installation"]
+__all__ = ["MARKER", "Installation"]
+
+#: Instance attribute holding a weak reference to a model's live retrofit.
+MARKER = "_fly_modules_retrofit"
 
 
 def _holder(obj: Any, name: str) -> Optional[dict]:

@@ -12,10 +12,17 @@ from torch import nn
 
 from fly_modules._validation import InvalidParameterError, check_choice
 
-from ._handle import _MARKER, Retrofit
+from ._handle import Retrofit
+from ._install import MARKER
 from ._options import RetrofitOptions
 
-__all__ = ["Family", "install", "list_families", "register_family"]
+__all__ = ["Family", "SEAM_CONTRACT", "install", "list_families", "register_family"]
+
+#: What a model implementing the seam contract of ``benchmarks.methods`` has (handled by ``reference``).
+SEAM_CONTRACT = (
+    "compute_query", "select", "bank_of", "banks_of_expert", "transform_logits", "get_classifier",
+    "on_expert_start", "num_experts", "num_banks", "predict",
+)
 
 Wire = Callable[..., Retrofit]
 
@@ -107,9 +114,7 @@ def install(method: str, model: nn.Module, options: RetrofitOptions, family_opti
 
 
 def _implements_seam_contract(model: Any) -> bool:
-    from .reference import REQUIRED
-
-    return all(hasattr(model, name) for name in REQUIRED)
+    return all(hasattr(model, name) for name in SEAM_CONTRACT)
 
 
 def _seam_contract_options(method: str, model: Any, arguments: Dict[str, Any]) -> Dict[str, Any]:
@@ -130,11 +135,11 @@ def _seam_contract_options(method: str, model: Any, arguments: Dict[str, Any]) -
 
 
 def _undo_on_failure(wire: Wire, model: nn.Module, options: RetrofitOptions, arguments: Dict[str, Any]) -> Retrofit:
-    before = getattr(model, _MARKER, None)
+    before = getattr(model, MARKER, None)
     try:
         return wire(model, options, **arguments)
     except BaseException:
-        after = getattr(model, _MARKER, None)
+        after = getattr(model, MARKER, None)
         handle = after() if after is not None and after is not before else None
         if handle is not None:
             handle.remove()

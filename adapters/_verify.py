@@ -4,14 +4,17 @@ claims, and reports them in plain words. Everything it touches is snapshotted an
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._handle import _MARKER, Retrofit
+from ._install import MARKER
 from ._snapshot import Snapshot
+
+if TYPE_CHECKING:  # only annotations: the handle imports this module when verify() runs
+    from ._handle import Retrofit
 
 __all__ = ["Check", "VerifyReport", "verify"]
 
@@ -144,7 +147,7 @@ def verify(
 def _trial_removal(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> Dict[str, Any]:
     """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly."""
     model = handle.model
-    restore_install = handle.install.snapshot(extra=((model, _MARKER),))
+    restore_install = handle.install.snapshot(extra=((model, MARKER),))
     removed: Dict[str, Any] = {}
     try:
         handle.install.remove()

@@ -17,14 +17,10 @@ from torch import Tensor, nn
 from ._errors import missing_seam
 from ._handle import Retrofit
 from ._options import RetrofitOptions
+from ._registry import SEAM_CONTRACT as REQUIRED
 from ._registry import register_family
 
 __all__ = ["retrofit", "REQUIRED"]
-
-REQUIRED = (
-    "compute_query", "select", "bank_of", "banks_of_expert", "transform_logits", "get_classifier",
-    "on_expert_start", "num_experts", "num_banks", "predict",
-)
 
 
 @register_family("reference", seam_contract=False)
