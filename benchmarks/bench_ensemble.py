@@ -18,6 +18,7 @@ Run from the repository root::
     python benchmarks/bench_ensemble.py            # 5 experts, 2 decays, 100 classes, d=768, batches 64 / 256
     python benchmarks/bench_ensemble.py --quick    # small smoke test
     python benchmarks/bench_ensemble.py --device cuda   # on a GPU (timings synchronise the device)
+    python benchmarks/bench_ensemble.py --json ensemble.json   # also every target and figure as JSON
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import List, Optional, Sequence  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
+from benchmarks._figures import FigureReport  # noqa: E402
 from benchmarks._timing import (  # noqa: E402
     Report,
     best_ratio,
@@ -146,6 +148,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="where the heads run: cpu or cuda[:N]")
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
+    parser.add_argument("--json", metavar="PATH", help="also write every target and figure to this JSON file")
     args = parser.parse_args(argv)
     if args.quick:
         args.small_batch, args.large_batch, args.repeats = 8, 32, 5
@@ -166,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     })
     ensemble = build_ensemble(args.dim, args.classes, args.experts, args.decays, seed=args.seed, device=args.device)
     reference = ReferenceEnsemble(ensemble)
-    report = Report()
+    report = FigureReport()
     differences = [
         bench_batch(ensemble, reference, args.small_batch, TARGET_SMALL_BATCH, args, report),
         bench_batch(ensemble, reference, args.large_batch, TARGET_LARGE_BATCH, args, report),
@@ -174,6 +177,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report.check("ensemble.scores_match", max(differences), "<=", TARGET_MAX_ABS_DIFF, fmt=".1e",
                  detail="max |scores_ours - scores_reference| over both batches (softmax_max scores)")
     failed = report.summary()
+    if args.json:
+        report.write_json(args.json, benchmark="bench_ensemble", settings=vars(args))
     return 1 if (failed and args.strict) else 0
 
 

@@ -17,6 +17,7 @@ Run from the repository root::
     python benchmarks/bench_router.py            # the issue's sizes (several minutes on 2 cores)
     python benchmarks/bench_router.py --quick    # small smoke test (seconds)
     python benchmarks/bench_router.py --device cuda   # on a GPU (timings synchronise the device)
+    python benchmarks/bench_router.py --float32-lu --json router.json   # + the float32 LU; figures as JSON
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from benchmarks._figures import FigureReport  # noqa: E402
 from benchmarks._timing import (  # noqa: E402
     Report,
     best_ratio,
@@ -61,6 +63,7 @@ STATS_DTYPE = torch.float64
 TARGET_UPDATE = 1.6
 TARGET_SOLVE_VS_LU = 1.8
 TARGET_SOLVE_VS_INV = 4.0
+TARGET_SOLVE_VS_LU32 = 2.0  # the official code's own solve: float32 LU at every routing (--float32-lu)
 TARGET_W_RELATIVE_DIFF = 1e-6  # float64-level agreement (a float32 solve differs by ~cond * 6e-8)
 TARGET_RESIDUAL_FACTOR = 10.0  # our relative residual within this factor of LU's
 TARGET_CACHED_ROUTING = 100.0
@@ -387,9 +390,13 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
     def cached_route() -> None:
         router(queries)
 
+    candidates = {"ours": ours, "lu": lu, "inv": inv, "cached": cached_route}
+    if args.float32_lu:  # the official code keeps float32 statistics and LU-solves them at every routing
+        gram32, cross32 = gram.float(), cross.float()
+        reference_lu_solve(small_g.float(), small_q.float(), ridge)  # float32 LAPACK/cuSOLVER warm-up
+        candidates["lu32"] = lambda: reference_lu_solve(gram32, cross32, ridge)
     times = time_side_by_side(
-        {"ours": ours, "lu": lu, "inv": inv, "cached": cached_route},
-        repeats=args.solve_repeats, warmup=0, inner={"cached": 10}, synchronize=args.synchronize,
+        candidates, repeats=args.solve_repeats, warmup=0, inner={"cached": 10}, synchronize=args.synchronize,
     )
     t_ours, t_lu, t_inv, t_cached = (median(times[k]) for k in ("ours", "lu", "inv", "cached"))
     report.check("router.solve_vs_lu", t_lu / t_ours, ">=", TARGET_SOLVE_VS_LU, unit="x",
@@ -398,6 +405,11 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
     report.check("router.solve_vs_inv", t_inv / t_ours, ">=", TARGET_SOLVE_VS_INV, unit="x",
                  detail=f"inv {format_seconds(t_inv)} vs ours {format_seconds(t_ours)} "
                  f"(ratio of the best times {best_ratio(times, 'inv', 'ours')})")
+    if args.float32_lu:
+        t_lu32 = median(times["lu32"])
+        report.check("router.solve_vs_lu32", t_lu32 / t_ours, ">=", TARGET_SOLVE_VS_LU32, unit="x",
+                     detail=f"float32 LU (the official code's solve) {format_seconds(t_lu32)} vs ours "
+                     f"{format_seconds(t_ours)} (ratio of the best times {best_ratio(times, 'lu32', 'ours')})")
 
     w_ours, w_lu, w_inv = outputs["ours"], outputs["lu"], outputs["inv"]
     res_ours, res_lu, res_inv = (relative_residual(gram, cross, ridge, w) for w in (w_ours, w_lu, w_inv))
@@ -487,6 +499,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
+    parser.add_argument("--float32-lu", action="store_true",
+                        help=f"also time the official code's float32 LU solve (target >= {TARGET_SOLVE_VS_LU32:g}x)")
+    parser.add_argument("--json", metavar="PATH", help="also write every target and figure to this JSON file")
     parser.add_argument("--memory-child", choices=("ours", "lu", "inv"), help=argparse.SUPPRESS)
     parser.add_argument("--stats-file", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -512,7 +527,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "repeats (update / solve)": f"{args.repeats} / {args.solve_repeats}", "statistics dtype": "float64",
         "mode": "quick (smoke test)" if args.quick else "full",
     })
-    report = Report()
+    report = FigureReport()
     bench_update(args, report)
     gc.collect()
     bench_expansion_precision(args, report)
@@ -526,6 +541,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if stats_file is not None:
             bench_memory(args, report, stats_file)
     failed = report.summary()
+    if args.json:
+        report.write_json(args.json, benchmark="bench_router", settings=vars(args))
     return 1 if (failed and args.strict) else 0
 
 
