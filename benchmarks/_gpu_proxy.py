@@ -31,7 +31,7 @@ from benchmarks import pretrain_proxy
 from benchmarks.presets import PRESETS
 
 __all__ = ["ProxyScale", "GPU_SCALE", "TINY_SCALE", "MAX_WEIGHT_BYTES", "SWEEP_METHODS", "SWEEP_VARIANTS",
-           "pretrain", "sweep", "training_flops_per_image"]
+           "pretrain", "sweep", "training_flops_per_image", "planned_flops", "upstream_classes", "model_kwargs_of"]
 
 #: The weight file comes back from the GPU machine: at most 16 MiB.
 MAX_WEIGHT_BYTES = 16 * 2**20
@@ -60,9 +60,9 @@ class ProxyScale:
 
 
 #: About 3 minutes on one H100 (docs/gpu.md): ViT 192 wide, 8 deep, 4x4 patches (65 tokens), 13.7 MiB
-#: of float32 weights; 300 images of each of the 400 upstream classes, 30 epochs of batch 512.
+#: of float32 weights; 300 images of each of the 400 upstream classes, 24 epochs of batch 512.
 GPU_SCALE = ProxyScale(model_kwargs=dict(patch_size=4, embed_dim=192, depth=8, num_heads=3), train_per_class=300,
-                       test_per_class=10, epochs=30, batch_size=512, lr=2e-3, warmup_epochs=2.0)
+                       test_per_class=10, epochs=24, batch_size=512, lr=2e-3, warmup_epochs=2.0)
 #: Seconds on a CPU: the same code paths at toy sizes (CI and the suite's --tiny).
 TINY_SCALE = ProxyScale(
     model_kwargs=dict(patch_size=8, embed_dim=32, depth=5, num_heads=2), train_per_class=6, test_per_class=2,
@@ -76,6 +76,17 @@ TINY_SCALE = ProxyScale(
 
 def _proxy_data() -> Dict[str, Any]:
     return dict(PRESETS[PRESET]["synthetic"])
+
+
+def upstream_classes(scale: ProxyScale) -> int:
+    """Classes the backbone is pretrained on: ``0..U-1``, below the stream's (the preset's class_offset)."""
+    return scale.upstream_classes if scale.upstream_classes is not None else _proxy_data()["class_offset"]
+
+
+def planned_flops(scale: ProxyScale) -> float:
+    """Training FLOPs of the whole planned pretraining (every epoch)."""
+    images = upstream_classes(scale) * scale.train_per_class * scale.epochs
+    return images * training_flops_per_image(model_kwargs_of(scale), upstream_classes(scale))
 
 
 def model_kwargs_of(scale: ProxyScale) -> Dict[str, int]:
@@ -169,7 +180,7 @@ def _pretrain(scale: ProxyScale, *, device: torch.device, output: Path, budget_s
 
     started = time.perf_counter()
     data = _proxy_data()
-    num_upstream = scale.upstream_classes if scale.upstream_classes is not None else data["class_offset"]
+    num_upstream = upstream_classes(scale)
     if num_upstream > data["class_offset"]:
         raise ValueError(f"pretrain: {num_upstream} upstream classes overlap the stream's, which start at "
                          f"{data['class_offset']}")

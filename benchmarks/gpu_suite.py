@@ -412,9 +412,14 @@ class Suite:
         result = record["result"] or {}
         pretraining, sweep = result.get("pretraining") or {}, result.get("sweep") or {}
         unfinished = [m for m, v in sweep.get("methods", {}).items() if v.get("status") != "finished"]
-        record["headline"] = (f"pretraining {pretraining.get('wall_seconds', float('nan')):.0f} s, sweep "
-                              f"{sweep.get('seconds', float('nan')):.0f} s, methods finished: "
-                              f"{[m for m in sweep.get('methods', {}) if m not in unfinished]}")
+        nan = float("nan")
+        record["headline"] = (
+            f"pretraining {pretraining.get('wall_seconds', nan):.1f} s ("
+            f"{pretraining.get('training', {}).get('epochs_completed', 0)} epochs, "
+            f"{pretraining.get('images_per_second') or nan:.0f} images/s, "
+            f"{pretraining.get('achieved_tflops') or nan:.1f} TFLOP/s, upstream accuracy "
+            f"{100 * (pretraining.get('upstream_test_accuracy') or nan):.1f}%), sweep {sweep.get('seconds', nan):.1f} s, "
+            f"finished: {', '.join(m for m in sweep.get('methods', {}) if m not in unfinished) or 'none'}")
         status = child_status([child])
         if status is None and (not sweep or unfinished):
             status, record["reason"] = "failed", f"sweep methods not finished: {unfinished or 'no sweep'}"
@@ -452,7 +457,7 @@ class Suite:
                    for child in children for t in scrape_targets(child["output"])]
         record["targets"] = targets
         self.add_targets(targets)
-        record["headline"] = ", ".join(f"{t['method']} {t['key']} {t['value']:g}{t['unit']}" for t in targets)
+        record["headline"] = ", ".join(f"{t['key']} {t['value']:g}{t['unit']}" for t in targets)
         skipped = [m for m, v in figures.items() if isinstance(v, dict) and "skipped" in v]
         status = child_status(children)
         if status is None and skipped:
@@ -475,8 +480,7 @@ class Suite:
         for target in self.summary["targets"]:
             mark = ("PASS" if target["passed"] else "FAIL") if target["applies"] else "info"
             value = "missing" if target["value"] is None else f"{target['value']:.3g}{target['unit']}"
-            where = f" [{target['method']}]" if target.get("method") else ""
-            print(f"  [{mark}] {target['key']}{where}: {value} (target {target['op']} {target['bound']:g}"
+            print(f"  [{mark}] {target['key']}: {value} (target {target['op']} {target['bound']:g}"
                   f"{target['unit']})")
         print(f"files in {self.output}: " + ", ".join(f"{f['name']} ({f['bytes'] / 1024:.0f} KiB)"
                                                       for f in self.summary["files"]), flush=True)
@@ -536,9 +540,7 @@ def proxy_body(args: argparse.Namespace, workdir: Path) -> None:
     device = torch.device(args.device)
     output = Path(args.output)
     result: Dict[str, Any] = {"scale": "tiny" if args.tiny else "gpu", "budget_seconds": args.budget_seconds,
-                              "flops_estimate": _gpu_proxy.training_flops_per_image(
-                                  _gpu_proxy.model_kwargs_of(scale), _gpu_proxy.PRESETS["proxy"]["synthetic"]
-                                  ["class_offset"] if scale.upstream_classes is None else scale.upstream_classes)}
+                              "planned_pretraining_pflop": _gpu_proxy.planned_flops(scale) / 1e15}
     weights = output / OUTPUT_FILES["weights"]
     pretrain_budget = max(args.budget_seconds - PROXY_SWEEP_RESERVE, 0.5 * args.budget_seconds)
     result["pretraining"] = _gpu_proxy.pretrain(scale, device=device, output=weights, budget_seconds=pretrain_budget)
