@@ -13,6 +13,7 @@ cross-ablation subset (DualPrompt and HiDe-Prompt, every variant, one seed) on t
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -158,6 +159,25 @@ def _deterministic(device: torch.device) -> Iterator[None]:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def _check_deterministic_step(model: torch.nn.Module, images: torch.Tensor, targets: torch.Tensor,
+                              autocast: Callable[[], Any], log: Callable[[str], None]) -> str:
+    """One training step of a copy of ``model`` under deterministic algorithms; should an operation lack a
+    deterministic implementation on this device, switch to ``warn_only`` (say so) rather than fail the run."""
+    probe = copy.deepcopy(model).train()
+    try:
+        with autocast():
+            loss = F.cross_entropy(probe(images), targets)
+        loss.backward()
+        return "strict"
+    except RuntimeError as error:
+        if "deterministic" not in str(error):
+            raise
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        first_line = str(error).splitlines()[0]
+        log(f"pretrain: deterministic algorithms in warn-only mode ({first_line})")
+        return f"warn_only: {first_line}"
+
+
 def pretrain(scale: ProxyScale, *, device: torch.device, output: Path, budget_seconds: float,
              log: Callable[[str], None] = print) -> Dict[str, Any]:
     """Pretrain the backbone on the proxy's upstream classes and save it to ``output`` (safetensors).
@@ -221,6 +241,7 @@ def _pretrain(scale: ProxyScale, *, device: torch.device, output: Path, budget_s
     autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_cuda else contextlib.nullcontext
     synchronize = torch.cuda.synchronize if on_cuda else (lambda: None)
     generator = torch.Generator().manual_seed(scale.seed)
+    determinism = _check_deterministic_step(model, test_images[:8], test_targets[:8], autocast, log)
     history: List[Dict[str, Any]] = []
     step, train_seconds, stopped_early = 0, 0.0, False
     model.train()
@@ -270,7 +291,7 @@ def _pretrain(scale: ProxyScale, *, device: torch.device, output: Path, budget_s
                  "train_per_class": scale.train_per_class, "test_per_class": scale.test_per_class},
         "training": {**{k: v for k, v in asdict(scale).items() if not k.startswith("sweep")},
                      "optimizer": "AdamW", "schedule": "linear warm-up, cosine", "precision":
-                     "bfloat16 autocast" if on_cuda else "float32", "deterministic_algorithms": True,
+                     "bfloat16 autocast" if on_cuda else "float32", "deterministic_algorithms": determinism,
                      "steps": step, "planned_steps": total_steps, "epochs_completed": len(history),
                      "stopped_early": stopped_early},
         "history": history,

@@ -67,6 +67,7 @@ def test_tiny_cpu_run_writes_every_stage(tmp_path):
     weights = output / gpu_suite.OUTPUT_FILES["weights"]
     assert pretraining["bytes"] == weights.stat().st_size <= _gpu_proxy.MAX_WEIGHT_BYTES
     assert pretraining["training"]["epochs_completed"] == _gpu_proxy.TINY_SCALE.epochs
+    assert pretraining["training"]["deterministic_algorithms"] == "strict"
     backbone = build_backbone(Protocol(model=pretraining["model"], model_kwargs=pretraining["model_kwargs"],
                                        pretrained=True, weights=str(weights)))
     assert backbone.embed_dim == _gpu_proxy.TINY_SCALE.model_kwargs["embed_dim"]
