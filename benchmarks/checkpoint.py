@@ -139,14 +139,15 @@ class CheckpointStore:
     def save(self, payload: Dict[str, Any]) -> Tuple[Path, int]:
         """Write ``payload`` as ``batch<payload['batches']>.pt``; keep it and the ``keep - 1`` before it.
 
-        Files of later batches (left when a run resumed from an older, readable checkpoint) go too.
+        Files of later batches (left when a run resumed from an older, readable checkpoint) and
+        temporary files of interrupted writes go too.
         """
         batches = int(payload["batches"])
         path = self.path(batches)
         size = write_atomic(path, payload)
         older = [p for p in self.paths() if _batches(p) < batches]
         newer = [p for p in self.paths() if _batches(p) > batches]
-        for stale in newer + older[: max(len(older) - self.keep + 1, 0)]:
+        for stale in newer + older[: max(len(older) - self.keep + 1, 0)] + list(self.folder.glob(".batch*.tmp")):
             stale.unlink()
         return path, size
 
@@ -238,17 +239,14 @@ def _router_gram_keys(module: nn.Module) -> List[str]:
     return [f"{name}.gram" if name else "gram" for name, sub in module.named_modules() if isinstance(sub, AnalyticRouter)]
 
 
-def _lower_triangle_mask(size: int, device: torch.device) -> Tensor:
-    return torch.ones(size, size, dtype=torch.bool, device=device).tril_()
-
-
 def _pack_lower_triangles(state: Dict[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
     """``state`` with each router ``gram`` replaced by its lower triangle, row by row (``G`` is symmetric
     and the router reads only that triangle: half the bytes of the ``M x M`` buffer)."""
     packed = dict(state)
     for key in keys:
         gram = state[key]
-        packed[key] = gram[_lower_triangle_mask(gram.shape[0], gram.device)]
+        # One cat of M row views: several times faster on a CPU than a boolean-mask gather.
+        packed[key] = torch.cat([gram[row, : row + 1] for row in range(gram.shape[0])])
     return packed
 
 
@@ -259,8 +257,10 @@ def _unpack_lower_triangles(state: Dict[str, Any], keys: Sequence[str]) -> Dict[
         size = (math.isqrt(8 * triangle.numel() + 1) - 1) // 2
         if size * (size + 1) // 2 != triangle.numel():
             raise CheckpointError(f"the checkpoint's {key} holds {triangle.numel()} values, not a lower triangle")
-        gram = triangle.new_zeros(size, size)
-        gram[_lower_triangle_mask(size, gram.device)] = triangle
+        gram = triangle.new_zeros(size, size)  # the upper triangle is never read
+        starts = torch.arange(size + 1).mul_(torch.arange(size + 1).add_(1)).div_(2, rounding_mode="floor").tolist()
+        for row in range(size):
+            gram[row, : row + 1] = triangle[starts[row] : starts[row + 1]]
         unpacked[key] = gram
     return unpacked
 

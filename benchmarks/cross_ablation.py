@@ -439,13 +439,15 @@ def execute(
                 data_cache = {first.dataset: load_data(first.dataset, sweep, data_root, download)}
             train, test = data_cache[first.dataset]
             store = checkpoints_of(sweep.output, group)
-            payload = store.latest_agreed(parallel, device) if resume else None
-            if payload is None and lead:
+            checkpointing = Checkpointing(store, checkpoint_every, settings[first.dataset],
+                                          stop_requested=lambda: stop.requested, lead=lead,
+                                          resume=store.latest_agreed(parallel, device) if resume else None)
+            if checkpointing.resume is None and lead:
                 store.clear()  # a fresh start: nothing of an earlier training of this key may remain
             # A checkpoint may train more variants than are missing (killed between two result files).
-            variants = payload["run"]["variants"] if payload else [spec.variant for spec in group]
-            checkpointing = Checkpointing(store, checkpoint_every, settings[first.dataset],
-                                          stop_requested=lambda: stop.requested, resume=payload, lead=lead)
+            variants = [spec.variant for spec in group]
+            if checkpointing.resume is not None:
+                variants = checkpointing.resume["run"]["variants"]
             started = time.perf_counter()
             try:
                 records = run_training(first.method, first.dataset, first.seed, variants, sweep.protocol, train,

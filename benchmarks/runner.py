@@ -101,7 +101,8 @@ class Checkpointing:
         setting: the sweep's protocol and data setting, stored in each checkpoint.
         stop_requested: polled at every batch boundary; when it is true on any process the training
             writes a checkpoint and raises ``benchmarks.preemption.RunInterrupted``.
-        resume: the checkpoint to continue from (``CheckpointStore.latest``), ``None`` to start afresh.
+        resume: the checkpoint to continue from (``CheckpointStore.latest``), ``None`` to start afresh;
+            released (set to ``None``) once loaded, so that its tensors do not stay in memory.
         lead: whether this process writes the files (rank 0).
     """
 
@@ -333,6 +334,7 @@ class _Checkpointer:
             )
         restore(payload, self.trainer, self.evaluator, rank=self.parallel.rank, world=self.parallel.world,
                 device=self.device)
+        self.config.resume = None
         resumed = [*payload["history"]["resumed_at_batches"], payload["batches"]]
         self.history = {**payload["history"], "resumed_at_batches": resumed}
         if self.config.lead:  # the file's own size, which it could not hold

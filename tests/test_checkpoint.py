@@ -181,9 +181,11 @@ def test_store_writes_atomically_keeps_two_and_reads_only_plain_data(tmp_path):
         return {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "batches": batches,
                 "state": torch.arange(batches), **extra}
 
-    for batches in (2, 5, 9):
+    store.save(payload(2))
+    (store.folder / ".batch0000004.pt.x1y2.tmp").write_bytes(b"an interrupted write")
+    for batches in (5, 9):
         store.save(payload(batches))
-    assert [p.name for p in store.paths()] == ["batch0000005.pt", "batch0000009.pt"]
+    assert sorted(p.name for p in store.folder.iterdir()) == ["batch0000005.pt", "batch0000009.pt"]
     with pytest.raises(Exception):  # noqa: B017 - whatever pickling raises, nothing is left behind
         store.save(payload(12, bad=lambda: None))
     assert sorted(p.name for p in store.folder.iterdir()) == ["batch0000005.pt", "batch0000009.pt"]
