@@ -117,7 +117,7 @@ class CheckpointStore:
         for path in reversed(paths):
             try:
                 return path, read_checkpoint(path, lazily=lazily)
-            except Exception as error:  # noqa: BLE001 - any damage: report it and fall back
+            except Exception as error:  # any damage: report it and fall back
                 warnings.warn(f"checkpoint {path} cannot be read ({error}); trying the previous one", stacklevel=2)
         if paths:
             raise CheckpointError(f"no checkpoint in {self.folder} can be read; delete the folder to restart the run")
@@ -130,8 +130,8 @@ class CheckpointStore:
             found = self.latest()
             return None if found is None else found[1]
         found = self.latest() if parallel.rank == 0 else None
-        choice = torch.tensor([0 if found is None else found[1]["batches"] + 1], device=device)
-        batches = int(parallel.sum_counts(choice if parallel.rank == 0 else torch.zeros_like(choice)).item()) - 1
+        choice = torch.tensor([0 if found is None else found[1]["batches"] + 1], device=device)  # 0 off rank 0
+        batches = int(parallel.sum_counts(choice).item()) - 1
         if batches < 0:
             return None
         return found[1] if found is not None else read_checkpoint(self.path(batches))

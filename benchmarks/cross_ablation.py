@@ -420,8 +420,9 @@ def execute(
         if resume:
             remove_finished_checkpoints(sweep.output, specs)
         resumable = sum(bool(checkpoints_of(sweep.output, group).paths()) for group in groups) if resume else 0
-        print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished, {resumable} trainings resume from a "
-              f"checkpoint; results in {sweep.output}", flush=True)
+        resuming = f"{resumable} training{' resumes' if resumable == 1 else 's resume'} from a checkpoint"
+        print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished, {resuming}; results in {sweep.output}",
+              flush=True)
         if "misa" in sweep.methods and not sweep.protocol.misa_prompts:
             print("warning: no --misa-prompts: the 'misa' rows are DualPrompt with 10 G-prompt tokens and a uniform "
                   "prompt initialisation, not MISA's pretrained prompts", file=sys.stderr, flush=True)

@@ -73,7 +73,7 @@ def test_sigkill_at_three_points_then_resume_equals_the_uninterrupted_run(uninte
     # 2. Inside a checkpoint write, between the complete temporary file and its rename: only the
     # temporary file of DualPrompt's first checkpoint exists, which the next run ignores and removes.
     second = interrupted("write", 2, tmp_path)
-    assert second.returncode == -signal.SIGKILL and "1 trainings resume from a checkpoint" in second.stdout
+    assert second.returncode == -signal.SIGKILL and "1 training resumes from a checkpoint" in second.stdout
     assert [re.sub(r"\.pt\..*\.tmp$", ".pt.*.tmp", name) for name in files(tmp_path, "checkpoints")] == [
         "synthetic/dualprompt/seed1/.batch0000002.pt.*.tmp"
     ]
@@ -86,7 +86,7 @@ def test_sigkill_at_three_points_then_resume_equals_the_uninterrupted_run(uninte
     assert len(files(tmp_path, "checkpoints")) == 2  # at most two per training
     last = interrupted("none", 0, tmp_path)
     assert last.returncode == 0, last.stderr[-3000:]
-    assert "4 already finished, 1 trainings resume" in last.stdout
+    assert "4 already finished, 1 training resumes" in last.stdout
     assert not (tmp_path / "checkpoints").exists()
     assert final_records(tmp_path) == uninterrupted
     history = {name: json.loads((tmp_path / name).read_text())["checkpoints"] for name in uninterrupted}
@@ -155,7 +155,7 @@ def test_a_checkpoint_of_another_setting_or_other_variants_is_refused(tmp_path, 
         assert error.count("\n") == 1 and str(folder / "batch0000002.pt") in error and needle in error, error
     # A subset of the trained variants resumes; --no-resume starts afresh and leaves no checkpoint.
     assert cross_ablation.main([*SMALL, "--variants", "both", "--output", str(tmp_path)]) == 0
-    assert "1 trainings resume from a checkpoint" in capsys.readouterr().out
+    assert "1 training resumes from a checkpoint" in capsys.readouterr().out
     assert not (tmp_path / "checkpoints").exists()
     assert cross_ablation.main([*SMALL, "--no-resume", "--checkpoint-every", "2", "--output", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "runs" / "synthetic" / "dualprompt" / "both" / "seed1.json").read_text())
@@ -241,7 +241,7 @@ def test_torchrun_resumes_every_process_from_the_checkpoint_one_process_wrote(un
     assert files(tmp_path, "checkpoints") == ["synthetic/hide/seed1/batch0000002.pt"]
     done = torchrun("none", 0)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "1 trainings resume from a checkpoint" in done.stdout
+    assert "1 training resumes from a checkpoint" in done.stdout
     names = [name for name in uninterrupted if "/hide/" in name]
     assert sorted(files(tmp_path, "runs")) == sorted(name[len("runs/"):] for name in names)
     for name in names:
