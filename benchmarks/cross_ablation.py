@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from dataclasses import MISSING, dataclass, fields, replace
@@ -29,21 +30,27 @@ if __package__ in (None, ""):  # run as a script from a checkout: make `benchmar
 import torch
 
 from benchmarks.backbone import BackboneLoadError, check_backbone_available, downloads_allowed
+from benchmarks.checkpoint import CheckpointError
 from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
 from benchmarks.data.records import DatasetNotFoundError
 from benchmarks.methods import list_methods
+from benchmarks.parallel import DataParallel
+from benchmarks.preemption import RESUMABLE_EXIT_CODE, RunInterrupted, StopSignals, any_process
 from benchmarks.presets import PRESETS
 from benchmarks.report import plot_curves, plot_paper_deltas, summarize_results, write_tables
 from benchmarks.results import (
     ProtocolMismatchError,
+    check_checkpoints,
     check_resumable,
+    checkpoints_of,
     load_results,
     plan,
+    remove_finished_checkpoints,
     result_path,
     trainings,
     write_json_atomic,
 )
-from benchmarks.runner import PAPER_METHODS, ROUTER_QUERIES, Protocol, RunSpec, run_training
+from benchmarks.runner import PAPER_METHODS, ROUTER_QUERIES, Checkpointing, Protocol, RunSpec, run_training
 from benchmarks.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from fly_modules import AGGREGATION_RULES
 
@@ -144,6 +151,15 @@ def _seeds(text: str) -> List[int]:
     return seeds
 
 
+def _checkpoint_period(text: str) -> Union[str, int]:
+    if text in ("evaluation", "off"):
+        return 0 if text == "off" else text
+    try:
+        return _integer(0)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'evaluation', 'off' or a number of batches >= 0, got {text!r}") from None
+
+
 def _names(text: str) -> List[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
@@ -220,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch intra-op threads (default: the preset's)")
     parser.add_argument("--no-resume", action="store_true", help="recompute runs whose result file exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--checkpoint-every", type=_checkpoint_period, default="evaluation",
+                        help="checkpoint each training after every anytime evaluation ('evaluation'), every N "
+                             "stream batches, or never ('off' or 0; SIGTERM/SIGUSR1 still save one before the "
+                             f"sweep exits with status {RESUMABLE_EXIT_CODE}); docs/checkpoints.md")
     group = parser.add_argument_group("protocol (each defaults to the preset's value)")
     for item in fields(Protocol):
         kind, text = PROTOCOL_FLAGS.get(item.name, (None, item.name.replace("_", " ")))
@@ -370,52 +390,90 @@ def _init_distributed(device_arg: Optional[str]):
     return dist.get_rank(), world, device
 
 
-def execute(sweep: Sweep, *, data_root: str, download: bool, resume: bool, show_progress: bool) -> int:
-    """Run the sweep's missing runs, then write and print the table."""
+def execute(
+    sweep: Sweep, *, data_root: str, download: bool, resume: bool, show_progress: bool,
+    checkpoint_every: Union[str, int] = "evaluation", argv: Optional[Sequence[str]] = None,
+) -> int:
+    """Run the sweep's missing runs, then write and print the table.
+
+    Each training checkpoints itself every ``checkpoint_every`` and, with ``resume``, continues from its
+    last checkpoint. SIGTERM or SIGUSR1 stop the sweep at the next batch boundary after a checkpoint: it
+    prints the command that resumes it (``argv``, the same command line) and returns
+    ``RESUMABLE_EXIT_CODE``.
+    """
     if sweep.threads:
         torch.set_num_threads(sweep.threads)
     specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
     settings = {name: run_setting(sweep, name) for name in sweep.datasets}
+    todo = [s for s in specs if not resume or not result_path(sweep.output, s).exists()]
+    groups = trainings(todo)  # one training scores every missing variant of a (dataset, seed, method)
     if resume:
         check_resumable(sweep.output, specs, settings)
+        check_checkpoints(sweep.output, groups, settings)
     rank, world, device = _init_distributed(sweep.device)
+    parallel = DataParallel.from_process_group()
     lead = rank == 0  # only the first process writes and prints
-    todo = [s for s in specs if not resume or not result_path(sweep.output, s).exists()]
     if lead:
         sweep.output.mkdir(parents=True, exist_ok=True)
         write_json_atomic(sweep.output / "protocol.json",
                           {"preset": sweep.preset, "protocol": sweep.protocol.to_dict(), "world_size": world})
-        print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished; results in {sweep.output}", flush=True)
+        if resume:
+            remove_finished_checkpoints(sweep.output, specs)
+        resumable = sum(bool(checkpoints_of(sweep.output, group).paths()) for group in groups) if resume else 0
+        resuming = f"{resumable} training{' resumes' if resumable == 1 else 's resume'} from a checkpoint"
+        print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished, {resuming}; results in {sweep.output}",
+              flush=True)
         if "misa" in sweep.methods and not sweep.protocol.misa_prompts:
             print("warning: no --misa-prompts: the 'misa' rows are DualPrompt with 10 G-prompt tokens and a uniform "
                   "prompt initialisation, not MISA's pretrained prompts", file=sys.stderr, flush=True)
     progress = _progress(not show_progress or not lead)
     data_cache: Dict[str, Any] = {}
     outer = progress(total=len(todo), desc="runs") if progress else None
-    for group in trainings(todo):  # one training scores every missing variant of a (dataset, seed, method)
-        first = group[0]
-        if first.dataset not in data_cache:
-            data_cache = {first.dataset: load_data(first.dataset, sweep, data_root, download)}
-        train, test = data_cache[first.dataset]
-        started = time.perf_counter()
-        records = run_training(first.method, first.dataset, first.seed, [spec.variant for spec in group],
-                               sweep.protocol, train, test, device=device, progress=progress)
-        wall = time.perf_counter() - started
-        for spec in group:
-            result = records[spec.variant]
-            result["wall_seconds"] = wall  # of the training shared by the group
-            result["world_size"] = world
-            result["setting"] = settings[spec.dataset]
-            if not lead:
-                continue
-            write_json_atomic(result_path(sweep.output, spec), result)
-            m = result["metrics"]
-            line = (f"{spec.key}: A_auc {100 * m['A_auc']:.2f}  A_last {100 * m['A_last']:.2f}  "
-                    f"F_last {100 * m['F_last']:.2f}  {result['seconds_per_batch'] * 1000:.1f} ms/batch  "
-                    f"peak {result['peak_memory_mb']:.0f} MB  ({wall:.0f} s, {len(group)} variants)")
-            (outer.write if outer else print)(line)
-            if outer:
-                outer.update(1)
+    stopped: Optional[str] = None
+    with StopSignals() as stop:
+        for group in groups:
+            first = group[0]
+            if any_process(stop.requested, parallel, device):
+                stopped = f"before {first.dataset}/{first.method}/seed{first.seed}"
+                break
+            if first.dataset not in data_cache:
+                data_cache = {first.dataset: load_data(first.dataset, sweep, data_root, download)}
+            train, test = data_cache[first.dataset]
+            store = checkpoints_of(sweep.output, group)
+            checkpointing = Checkpointing(store, checkpoint_every, settings[first.dataset],
+                                          stop_requested=lambda: stop.requested, lead=lead,
+                                          resume=store.latest_agreed(parallel, device) if resume else None)
+            if checkpointing.resume is None and lead:
+                store.clear()  # a fresh start: nothing of an earlier training of this key may remain
+            # A checkpoint may train more variants than are missing (killed between two result files).
+            variants = [spec.variant for spec in group]
+            if checkpointing.resume is not None:
+                variants = checkpointing.resume["run"]["variants"]
+            started = time.perf_counter()
+            try:
+                records = run_training(first.method, first.dataset, first.seed, variants, sweep.protocol, train,
+                                       test, device=device, progress=progress, checkpointing=checkpointing)
+            except RunInterrupted as interrupted:
+                stopped = str(interrupted)
+                break
+            wall = time.perf_counter() - started
+            for spec in group:
+                result = records[spec.variant]
+                result["wall_seconds"] = wall  # of this process's part of the training shared by the group
+                result["world_size"] = world
+                result["setting"] = settings[spec.dataset]
+                if not lead:
+                    continue
+                write_json_atomic(result_path(sweep.output, spec), result)
+                m = result["metrics"]
+                line = (f"{spec.key}: A_auc {100 * m['A_auc']:.2f}  A_last {100 * m['A_last']:.2f}  "
+                        f"F_last {100 * m['F_last']:.2f}  {result['seconds_per_batch'] * 1000:.1f} ms/batch  "
+                        f"peak {result['peak_memory_mb']:.0f} MB  ({wall:.0f} s, {len(group)} variants)")
+                (outer.write if outer else print)(line)
+                if outer:
+                    outer.update(1)
+            if lead:
+                store.clear()  # the result files replace the checkpoints
     if outer:
         outer.close()
     if world > 1:
@@ -423,6 +481,11 @@ def execute(sweep: Sweep, *, data_root: str, download: bool, resume: bool, show_
 
         dist.barrier()  # torch < 2.8 with gloo can deadlock in destroy_process_group without it
         dist.destroy_process_group()
+    if stopped is not None:
+        if lead:
+            print(f"stopped by {stop.name}: {stopped}\nresume with the same command: {_command(argv, world)}",
+                  file=sys.stderr, flush=True)
+        return RESUMABLE_EXIT_CODE
     if not lead:
         return 0
     wanted = set(specs)
@@ -435,6 +498,15 @@ def execute(sweep: Sweep, *, data_root: str, download: bool, resume: bool, show_
     return 0
 
 
+def _command(argv: Optional[Sequence[str]], world: int) -> str:
+    """This sweep's command line (under torchrun: with the number of processes per node)."""
+    script = os.path.relpath(__file__)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if world > 1:
+        return f"torchrun --nproc_per_node {os.environ.get('LOCAL_WORLD_SIZE', world)} {shlex.join([script, *args])}"
+    return shlex.join([sys.executable, script, *args])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line; returns the exit status (2 with one line on stderr for usage and environment errors)."""
     try:
@@ -442,8 +514,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sweep = resolve(args)
         with downloads_allowed(args.download):
             return execute(sweep, data_root=args.data_root, download=args.download, resume=not args.no_resume,
-                           show_progress=not args.no_progress)
-    except (UsageError, DatasetNotFoundError, BackboneLoadError, ProtocolMismatchError) as error:
+                           show_progress=not args.no_progress, checkpoint_every=args.checkpoint_every, argv=argv)
+    except (UsageError, DatasetNotFoundError, BackboneLoadError, ProtocolMismatchError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -1,5 +1,5 @@
 """Result files of a sweep: one JSON per finished run, written atomically, reused on resume only when
-their stored setting equals the current one."""
+their stored setting equals the current one; the same check for the checkpoints of unfinished runs."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+from .checkpoint import CheckpointStore, checkpoint_folder
 from .methods import method_class
 from .runner import RunSpec
 from .variants import variants_for
 
 __all__ = [
     "ProtocolMismatchError", "result_path", "write_json_atomic", "load_results", "setting_differences",
-    "check_resumable", "plan", "trainings",
+    "check_resumable", "check_checkpoints", "checkpoints_of", "remove_finished_checkpoints", "plan", "trainings",
 ]
 
 
@@ -71,13 +72,46 @@ def check_resumable(output: Path, specs: Sequence[RunSpec], settings: Dict[str, 
             continue
         result = json.loads(path.read_text())
         stored = result.get("setting", {"protocol": result.get("protocol", {})})
-        differences = setting_differences(stored, settings[spec.dataset])
-        if differences:
+        _refuse_differences(path, setting_differences(stored, settings[spec.dataset]), "recompute such runs")
+
+
+def _refuse_differences(path: Path, differences: List[str], remedy: str) -> None:
+    if differences:
+        raise ProtocolMismatchError(
+            f"{path} was run with another setting ({'; '.join(differences[:4])}"
+            f"{'; ...' if len(differences) > 4 else ''}); pass --no-resume to {remedy}, or choose another --output"
+        )
+
+
+def checkpoints_of(output: Path, group: Sequence[RunSpec]) -> CheckpointStore:
+    """The checkpoint files of the training that gives the results ``group`` (one of :func:`trainings`)."""
+    return CheckpointStore(checkpoint_folder(output, group[0].dataset, group[0].method, group[0].seed))
+
+
+def check_checkpoints(output: Path, groups: Sequence[Sequence[RunSpec]], settings: Dict[str, Dict[str, Any]]) -> None:
+    """Refuse to resume a training from a checkpoint of another setting, or of other variants than the
+    results it must still give (exit status 2 with the reason); reads only the checkpoints' small entries."""
+    for group in groups:
+        found = checkpoints_of(output, group).latest(lazily=True)
+        if found is None:
+            continue
+        path, payload = found
+        _refuse_differences(path, setting_differences(payload["setting"], settings[group[0].dataset]), "restart such runs")
+        trained = payload["run"]["variants"]
+        missing = [spec.variant for spec in group if spec.variant not in trained]
+        if missing:
             raise ProtocolMismatchError(
-                f"{path} was run with another setting ({'; '.join(differences[:4])}"
-                f"{'; ...' if len(differences) > 4 else ''}); pass --no-resume to recompute such runs, "
-                f"or choose another --output"
+                f"{path} trains the variants {','.join(trained)}, not {','.join(missing)}; rerun with "
+                f"--variants {','.join(trained)} to finish it, or pass --no-resume to restart such runs"
             )
+
+
+def remove_finished_checkpoints(output: Path, specs: Sequence[RunSpec]) -> None:
+    """Remove the checkpoints of trainings whose results all exist (a sweep killed between its last
+    result file and the removal leaves them)."""
+    for group in trainings(specs):
+        if all(result_path(output, spec).exists() for spec in group):
+            checkpoints_of(output, group).clear()
 
 
 #: Protocol fields added after results were first written, with the behaviour those results had.

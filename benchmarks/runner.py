@@ -10,27 +10,30 @@ as a user would, and is what the tests hold :func:`run_training` to. The loop is
 from __future__ import annotations
 
 import resource
+import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from .backbone import BackboneLoadError as BackboneLoadError
 from .backbone import build_backbone as _build_timm_backbone
+from .checkpoint import CheckpointError, CheckpointStore, capture, frozen_backbone_digest, restore, rng_states
 from .components import AddedComponents, BuiltinComponents, RetrofitComponents
 from .diagnostics import ExpertUsage
 from .evaluation import PredictEvaluator, VariantEvaluator
 from .methods import PromptMethod, method_class
 from .metrics import EvaluationLog, summarize
 from .parallel import DataParallel
+from .preemption import RunInterrupted, any_process
 from .stream import Exposure, SiBlurryStream, build_si_blurry_stream
 from .training import OnlineTrainer
 from .variants import ABLATION_VARIANTS, VARIANTS, variants_for
 
 __all__ = [
-    "PAPER_METHODS", "ROUTER_QUERIES", "Protocol", "RunSpec", "run_training", "run_reference", "build_backbone",
-    "BackboneLoadError",
+    "PAPER_METHODS", "ROUTER_QUERIES", "Protocol", "RunSpec", "Checkpointing", "run_training", "run_reference",
+    "build_backbone", "BackboneLoadError",
 ]
 
 #: the methods of the paper's cross-ablation table
@@ -87,6 +90,30 @@ class RunSpec:
         return f"{self.dataset}/{self.method}/{self.variant}/seed{self.seed}"
 
 
+@dataclass
+class Checkpointing:
+    """How a training checkpoints itself (``benchmarks.checkpoint``) and when it stops early.
+
+    Attributes:
+        store: the training's checkpoint files.
+        period: ``"evaluation"`` (after every anytime evaluation), a number of stream batches, or ``0``
+            (only when stopped).
+        setting: the sweep's protocol and data setting, stored in each checkpoint.
+        stop_requested: polled at every batch boundary; when it is true on any process the training
+            writes a checkpoint and raises ``benchmarks.preemption.RunInterrupted``.
+        resume: the checkpoint to continue from (``CheckpointStore.latest``), ``None`` to start afresh;
+            released (set to ``None``) once loaded, so that its tensors do not stay in memory.
+        lead: whether this process writes the files (rank 0).
+    """
+
+    store: CheckpointStore
+    period: Union[str, int] = "evaluation"
+    setting: Dict[str, Any] = field(default_factory=dict)
+    stop_requested: Callable[[], bool] = lambda: False
+    resume: Optional[Dict[str, Any]] = None
+    lead: bool = True
+
+
 def build_backbone(protocol: Protocol) -> nn.Module:
     """The protocol's timm ViT (no classifier), weights as :mod:`benchmarks.backbone` resolves them."""
     return _build_timm_backbone(
@@ -107,6 +134,7 @@ def run_training(
     device: torch.device,
     progress: Optional[Callable[..., Any]] = None,
     process_group: Optional[Any] = None,
+    checkpointing: Optional[Checkpointing] = None,
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
@@ -121,6 +149,11 @@ def run_training(
     batch, gradients are summed with weights ``n_rank / n_global``, the methods' statistics, the router
     and the ensemble see the global batch (``benchmarks.parallel``), and each rank scores a share of
     the test subset whose counts are summed.
+
+    With ``checkpointing`` the training saves itself at its period, resumes from ``checkpointing.resume``
+    (a checkpoint of these variants, which continues exactly as the uninterrupted run would), and stops
+    with ``RunInterrupted`` after saving when a stop is requested; the records then say what was
+    written and where the training resumed (``checkpoints``).
     """
     cls = method_class(method)
     variants = list(variants)
@@ -150,12 +183,20 @@ def run_training(
     trainer = OnlineTrainer(model, components, evaluator, usage, protocol=protocol, train=train, stream=stream,
                             exposure=exposure, parallel=parallel, device=device, lr=lr)
     key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
-    measured = _train(trainer, stream, protocol, device, progress, key)
+    checkpointer = None
+    if checkpointing is not None:
+        run = {"dataset": dataset, "method": method, "seed": seed, "variants": variants}
+        checkpointer = _Checkpointer(checkpointing, trainer, evaluator, run=run, parallel=parallel, device=device,
+                                     key=f"{dataset}/{method}/seed{seed}")
+        checkpointer.resume()
+    measured = _train(trainer, stream, protocol, device, progress, key, boundary=checkpointer)
     records = {}
     for name, spec in specs.items():
         record = _record(spec, protocol, evaluator.logs[name], stream, exposure, measured, notes=cls.protocol_notes(protocol))
         record["variants_trained_together"] = variants
         record["diagnostics"] = evaluator.diagnostics(name)
+        if checkpointer is not None:
+            record["checkpoints"] = dict(checkpointer.history)
         records[name] = record
     return records
 
@@ -232,15 +273,17 @@ class _Measured:
 
 def _train(
     trainer: OnlineTrainer, stream: SiBlurryStream, protocol: Protocol, device: torch.device,
-    progress: Optional[Callable[..., Any]], key: str,
+    progress: Optional[Callable[..., Any]], key: str, boundary: Optional[Callable[[bool], None]] = None,
 ) -> _Measured:
-    """Run the trainer over the stream (with a progress bar) and measure it."""
+    """Run the trainer over (the rest of) the stream, with a progress bar, and measure it."""
     memory = _PeakMemory(device)
     num_batches = stream.num_batches(protocol.batch_size)
-    bar = progress(total=num_batches, desc=key, leave=False) if progress else None
-    trainer.train(bar)
-    if bar is not None:
-        bar.close()
+    bar = progress(total=num_batches, initial=trainer.position.batches, desc=key, leave=False) if progress else None
+    try:
+        trainer.train(bar, boundary)
+    finally:
+        if bar is not None:
+            bar.close()
     return _Measured(num_batches, trainer.position.train_seconds, memory.read_mb(), str(device))
 
 
@@ -262,6 +305,77 @@ def _record(
         "device": measured.device,
         "notes": notes,
     }
+
+
+class _Checkpointer:
+    """The trainer's batch-boundary hook: a checkpoint at every period, and on a stop request a last
+    one and :class:`RunInterrupted`. Only the lead process writes; every process takes part in the
+    agreement on stopping and in gathering the random-number states."""
+
+    def __init__(
+        self, config: Checkpointing, trainer: OnlineTrainer, evaluator: Any, *, run: Dict[str, Any],
+        parallel: DataParallel, device: torch.device, key: str,
+    ) -> None:
+        self.config, self.trainer, self.evaluator, self.run = config, trainer, evaluator, run
+        self.parallel, self.device, self.key = parallel, device, key
+        self.total = trainer.stream.num_batches(trainer.protocol.batch_size)
+        self.history: Dict[str, Any] = {"written": 0, "write_seconds": 0.0, "bytes": 0, "resumed_at_batches": []}
+        self.digest: Optional[str] = None
+
+    def resume(self) -> None:
+        """Load ``config.resume`` (if any) into the freshly built trainer and evaluator."""
+        payload = self.config.resume
+        if payload is None:
+            return
+        if payload["run"] != self.run or payload["setting"] != self.config.setting:
+            raise CheckpointError(
+                f"the checkpoint of {self.key} was written by another run or setting "
+                f"({payload['run']} -> {self.run}); the sweep compares settings before it starts"
+            )
+        restore(payload, self.trainer, self.evaluator, rank=self.parallel.rank, world=self.parallel.world,
+                device=self.device)
+        self.config.resume = None
+        resumed = [*payload["history"]["resumed_at_batches"], payload["batches"]]
+        self.history = {**payload["history"], "resumed_at_batches": resumed}
+        if self.config.lead:  # the file's own size, which it could not hold
+            self.history["bytes"] = self.config.store.path(payload["batches"]).stat().st_size
+
+    def __call__(self, evaluated: bool) -> None:
+        batches, period = self.trainer.position.batches, self.config.period
+        stop = any_process(self.config.stop_requested(), self.parallel, self.device)
+        due = evaluated if period == "evaluation" else (int(period) > 0 and batches % int(period) == 0)
+        path = self.save(stopping=stop) if due or stop else None
+        if stop:
+            raise RunInterrupted(self.key, path, batches, self.total)
+
+    def save(self, *, stopping: bool) -> Optional[Any]:
+        started = time.perf_counter()
+        rng = self._gather(rng_states(self.device))
+        path = None
+        if self.config.lead:
+            if self.digest is None:  # the frozen backbone never changes: one digest per run
+                self.digest = frozen_backbone_digest(self.trainer.model)
+            history = {**self.history, "written": self.history["written"] + 1}
+            payload = capture(self.trainer, self.evaluator, run=self.run, setting=self.config.setting, rng=rng,
+                              history=history, backbone_digest=self.digest)
+            path, self.history["bytes"] = self.config.store.save(payload)
+        if stopping and self.parallel.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.parallel.group)  # the others exit only once the file is complete
+        self.history["written"] += 1
+        self.history["write_seconds"] += time.perf_counter() - started
+        return path
+
+    def _gather(self, state: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """Every process's random-number states, in rank order."""
+        if self.parallel.world == 1:
+            return [state]
+        import torch.distributed as dist
+
+        states: List[Any] = [None] * self.parallel.world
+        dist.all_gather_object(states, state, group=self.parallel.group)
+        return states
 
 
 class _PeakMemory:

@@ -53,6 +53,9 @@ class MixedPrecision:
     def state_dict(self) -> Dict[str, Any]:
         return self.scaler.state_dict()
 
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.scaler.load_state_dict(state)
+
 
 @dataclass
 class StreamPosition:
@@ -105,16 +108,24 @@ class OnlineTrainer:
         self.position = StreamPosition()
 
     # ---------------------------------------------------------------------------- the stream
-    def train(self, progress: Optional[Any] = None) -> None:
-        """One pass over the stream; ``progress`` is a tqdm-like bar (``update``, ``set_postfix``)."""
+    def train(self, progress: Optional[Any] = None, boundary: Optional[Callable[[bool], None]] = None) -> None:
+        """The rest of the stream (all of it, or what follows a restored :meth:`load_state_dict`).
+
+        ``progress`` is a tqdm-like bar (``update``, ``set_postfix``); ``boundary(evaluated)`` is called
+        after every batch, ``evaluated`` saying whether an anytime evaluation followed it (checkpoints).
+        """
         self.model.train()
         for batch in self.stream.batches(self.protocol.batch_size, rank=None):  # whole global batches
+            if batch.index < self.position.batches:
+                continue  # trained before the checkpoint this run resumed from
             self.advance_to(batch.session)
             loss = self.train_batch(batch)
-            self.after_batch(batch)
+            evaluated = self.after_batch(batch)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{float(loss):.3f}", session=batch.session)
+            if boundary is not None:
+                boundary(evaluated)
         self.advance_to(self.stream.num_sessions)  # the last session and trailing empty ones
 
     def advance_to(self, session: int) -> None:
@@ -192,12 +203,14 @@ class OnlineTrainer:
             router = self.model.compute_query(unaugmented).router
         return replace(first, query=replace(first.query, router=router))
 
-    def after_batch(self, batch: StreamBatch) -> None:
+    def after_batch(self, batch: StreamBatch) -> bool:
+        """Count the batch and run the anytime evaluation if one is due; returns whether one ran."""
         self.position.samples_seen = batch.samples_seen
         self.position.batches += 1
         stamp = self.trigger.step(batch.samples_seen, batch.global_size)
         if stamp is not None:
             self.evaluate("anytime", stamp, batch.samples_seen, batch.session)
+        return stamp is not None
 
     # ---------------------------------------------------------------------------- evaluation
     def evaluate(self, kind: str, timestamp: int, samples_seen: int, session: int) -> None:
@@ -219,3 +232,15 @@ class OnlineTrainer:
             "components": self.components.state_dict(),
             "position": self.position.state_dict(),
         }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into a trainer built like the one that saved it; :meth:`train`
+        then continues after the last batch it had trained."""
+        parts = {
+            "model": self.model, "optimizer": self.optimizer, "precision": self.precision, "schedule": self.schedule,
+            "trigger": self.trigger, "usage": self.usage, "components": self.components, "position": self.position,
+        }
+        if set(state) != set(parts):
+            raise ValueError(f"OnlineTrainer.load_state_dict: expected the parts {sorted(parts)}, got {sorted(state)}")
+        for name, part in parts.items():  # the model before its components (the ensemble wraps its head)
+            part.load_state_dict(state[name])
