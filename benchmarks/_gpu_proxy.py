@@ -319,7 +319,9 @@ def sweep(scale: ProxyScale, weights: Path, *, device: torch.device, workdir: Pa
     method_kwargs = {**PRESETS[PRESET]["protocol"].method_kwargs, **scale.sweep_method_kwargs}
     common = ["--preset", PRESET, "--variants", ",".join(SWEEP_VARIANTS), "--seeds", "1", "--weights", str(weights),
               "--model-kwargs", json.dumps(model_kwargs_of(scale)), "--method-kwargs", json.dumps(method_kwargs),
-              "--device", str(device), "--output", str(workdir), "--no-progress", *scale.sweep_flags]
+              "--device", str(device), "--output", str(workdir), "--no-progress",
+              "--checkpoint-every", "off",  # a minute-long sweep into a scratch folder: nothing to resume
+              *scale.sweep_flags]
     methods: Dict[str, Dict[str, Any]] = {}
     finished: List[str] = []
     for method in SWEEP_METHODS:
