@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Everything to measure on a lent GPU, in one command: CUDA tests, kernel benchmarks, a GPU-scale proxy
+"""Everything to measure on a GPU, in one command: CUDA tests, kernel benchmarks, a GPU-scale proxy
 and the end-to-end comparison with the official code, each stage in its own process and time limit.
 
     python benchmarks/gpu_suite.py --output OUT [--reference-repo PATH]    # one H100: at most 8 minutes
@@ -52,7 +52,7 @@ KERNEL_ENSEMBLE_RESERVE = 35  # seconds of the kernels stage kept for bench_ense
 PROXY_SWEEP_RESERVE = 70  # seconds of the proxy stage kept for the sweep after the pretraining
 MIN_STAGE_SECONDS = 10  # a stage with less time left is skipped
 TAIL_CHARACTERS = 6000
-#: Everything written to --output: a lent machine returns at most 8 files.
+#: Everything written to --output: kept to 8 files, what a short-lived remote GPU machine typically returns.
 OUTPUT_FILES = {
     "summary": "summary.json", "cuda_tests": "cuda_tests.json", "kernels": "kernels.json", "proxy": "proxy.json",
     "weights": "proxy_vit_gpu.safetensors", "table_json": "proxy_table.json", "table_md": "proxy_table.md",
@@ -79,7 +79,7 @@ class Target:
                 "source": source, **({"missing": True} if value is None else {})}
 
 
-# The issue's targets on the GPU, side by side with the official approach re-implemented (bench_*.py).
+# The targets on the GPU, side by side with the official approach re-implemented (bench_*.py).
 CUDA_TESTS_TARGET = Target("cuda_tests", "cuda_tests.failed_errors_or_skipped", "<=", 0, unit="")
 KERNEL_TARGETS = (
     Target("kernels", "router.update_speedup", ">=", 1.5),  # M = 10,000, batch 64, vs dense addmm

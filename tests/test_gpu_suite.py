@@ -20,10 +20,10 @@ from benchmarks.runner import Protocol, build_backbone  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_CHECKOUT = REPO / "tests" / "fixtures" / "fake_flygcl"
-FILE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # what a lent machine returns
+FILE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # names a remote machine returns safely
 
 
-def test_budgets_and_outputs_fit_a_lent_machine():
+def test_budgets_and_outputs_fit_a_short_gpu_session():
     assert gpu_suite.STAGES == ("environment", "cuda_tests", "kernels", "proxy", "vs_reference")
     assert sum(gpu_suite.STAGE_BUDGETS.values()) <= gpu_suite.TOTAL_BUDGET <= 8 * 60
     assert gpu_suite.STAGE_BUDGETS["cuda_tests"] <= 60 and gpu_suite.STAGE_BUDGETS["kernels"] <= 120
