@@ -306,7 +306,8 @@ class Suite:
         return 1 if crashed or "interrupted" in self.summary else 0
 
     def run_stage(self, name: str) -> None:
-        budget = STAGE_BUDGETS[name]
+        # A smaller --budget shrinks every stage in proportion, so each still gets its share.
+        budget = STAGE_BUDGETS[name] * min(1.0, self.args.budget / TOTAL_BUDGET)
         limit = self.remaining() if name == STAGES[-1] else min(budget, self.remaining())
         record: Dict[str, Any] = {"stage": name, "started": now(), "limit_seconds": round(limit, 1)}
         if limit < MIN_STAGE_SECONDS:
