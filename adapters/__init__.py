@@ -1,59 +1,74 @@
 """Retrofits of the router and the ensemble into existing prompt-CL codebases (``fly_modules.adapters``).
 
-Installed from the repository's top-level ``adapters/`` folder as the subpackage
-``fly_modules.adapters``; like the core it depends on torch only and duck-types the user's classes.
-
-``retrofit(model, method="dualprompt", router=True, ensemble=True, optimizer=opt, schedule=...)``
-dispatches to the module of the method's family (``l2p``; ``dualprompt`` for DualPrompt and MISA;
-``mvp``; ``hide`` for HiDe-Prompt and NoRGa; ``generic`` with explicit seams; ``reference`` for the
-seam contract of ``benchmarks.methods``). Each family module hands models that implement the seam
-contract to ``reference``, recognises the upstream codebases it supports by their attribute names, and
-raises a :class:`SeamError` naming what is missing otherwise.
-The Avalanche plugin (``fly_modules.adapters.avalanche``) is imported only when asked for.
+Installed from the repository's top-level ``adapters/`` folder; depends on torch only and duck-types
+the user's classes. ``retrofit(model, method=...)`` dispatches to the family registered for
+``method``; ``handle.verify(batch)`` checks the result on the user's own model. The Avalanche plugin
+(``fly_modules.adapters.avalanche``) is imported only when asked for. See ``docs/adapters.md``.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, List
+from typing import Any, Sequence, Union
 
+import torch
 from torch import nn
 
-from ._core import Retrofit as Retrofit
-from ._core import SeamError as SeamError
+from ._errors import SeamError as SeamError
+from ._handle import Retrofit as Retrofit
+from ._head import EnsembleLinear as EnsembleLinear
+from ._options import RetrofitOptions as RetrofitOptions
+from ._options import Schedule
+from ._registry import install, list_families
+from ._registry import register_family as register_family
+from ._verify import VerifyReport as VerifyReport
 
-__all__ = ["Retrofit", "SeamError", "retrofit", "list_families"]
+# The families register themselves on import.
+from . import dualprompt, generic, hide, l2p, mvp, reference  # noqa: E402, F401  isort: skip
 
-# method name -> family module
-_FAMILIES: Dict[str, str] = {
-    "reference": "reference",
-    "generic": "generic",
-    "l2p": "l2p",
-    "dualprompt": "dualprompt",
-    "misa": "dualprompt",
-    "mvp": "mvp",
-    "hide": "hide",
-    "norga": "hide",
-}
-
-
-def list_families() -> List[str]:
-    """Method names ``retrofit`` accepts."""
-    return sorted(_FAMILIES)
+__all__ = [
+    "EnsembleLinear", "Retrofit", "RetrofitOptions", "SeamError", "VerifyReport", "list_families", "register_family",
+    "retrofit",
+]
 
 
-def retrofit(model: nn.Module, method: str, **kwargs: Any) -> Retrofit:
-    """Retrofit ``model`` with the adapter of ``method``'s family; ``kwargs`` go to that adapter."""
-    try:
-        family = _FAMILIES[method]
-    except KeyError:
-        raise KeyError(f"unknown method {method!r}; known: {', '.join(list_families())}") from None
-    return importlib.import_module(f"{__name__}.{family}").retrofit(model, **kwargs)
+def retrofit(
+    model: nn.Module,
+    method: str,
+    *,
+    router: bool = True,
+    ensemble: bool = True,
+    optimizer: Union[torch.optim.Optimizer, str, None] = None,
+    schedule: Schedule = None,
+    expansion_dim: int = 10_000,
+    ridge: Union[float, str] = 1e4,
+    seed: int = 0,
+    decays: Sequence[float] = (0.9, 0.99),
+    aggregate: str = "softmax_max",
+    **family_options: Any,
+) -> Retrofit:
+    """Add the analytic router and/or the temporal ensemble to ``model`` with the adapter of ``method``.
+
+    Args:
+        model: the user's model (its ``training`` flag tells training from inference).
+        method: a name of :func:`list_families` (``"l2p"``, ``"dualprompt"``, ``"misa"``, ``"mvp"``,
+            ``"hide"``, ``"norga"``, ``"generic"``, ``"reference"``).
+        router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate: the
+            options every family shares (:class:`RetrofitOptions`).
+        **family_options: the family's own (``num_experts``, ``original_model``, ...; see
+            ``docs/adapters.md`` or ``help(fly_modules.adapters.<family>.retrofit)``).
+
+    Returns:
+        the :class:`Retrofit` handle (``end_batch``, ``start_session``, ``start_expert``,
+        ``set_logit_mask``, ``verify``, ``state_dict``, ``remove``).
+    """
+    common = {name: value for name, value in locals().items() if name in RetrofitOptions.names()}
+    return install(method, model, RetrofitOptions(**common), family_options)
 
 
 def __getattr__(name: str) -> Any:
-    # PEP 562: `fly_modules.adapters.avalanche` (and the family modules) load on first access only,
-    # so importing fly_modules never imports Avalanche.
-    if name == "avalanche" or name in set(_FAMILIES.values()):
-        return importlib.import_module(f"{__name__}.{name}")
+    # PEP 562: `fly_modules.adapters.avalanche` loads on first access only, so importing fly_modules
+    # never imports Avalanche.
+    if name == "avalanche":
+        return importlib.import_module(f"{__name__}.avalanche")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

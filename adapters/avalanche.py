@@ -1,72 +1,9 @@
 """Avalanche plugin: the analytic router and the temporal ensemble inside any Avalanche strategy.
 
-``FlyPlugin`` is an ``avalanche.core.SupervisedPlugin`` that retrofits the strategy's model (through
-:mod:`fly_modules.adapters`, the same adapters a hand-written loop uses) and drives the retrofit from
-the strategy's callbacks, so ``Naive(model, optimizer, plugins=[FlyPlugin()])`` trains and evaluates
-exactly like the loop of ``benchmarks.runner``. This module is imported only on explicit access
-(``from fly_modules.adapters.avalanche import FlyPlugin``); ``import fly_modules`` never imports
-Avalanche. Written against avalanche-lib 0.6 (the ``avalanche`` extra).
-
-What each callback does (official callback names only; helpers never start with ``before``/``after``,
-which Avalanche would flag as unknown callbacks):
-
-=========================  =====================================================================
-callback                   FlyPlugin
-=========================  =====================================================================
-before_training            retrofit ``strategy.model`` once (or check the handle given to
-                           :meth:`FlyPlugin.from_retrofit`); seam-contract methods: install the
-                           method's own loss as the criterion for this ``train`` call
-before_training_exp        at a task boundary: next session; ``SessionSchedule``: start its expert
-before_training_iteration  add the minibatch labels to the seen classes
-after_forward              seam-contract methods: keep the ``MethodOutput``, hand its logits to the
-                           strategy (``strategy.mb_output``); training logit mask, if any
-after_update               ``method.on_optimizer_step(output)``; EMA step of the trained banks
-after_training_iteration   first epoch only: ``method.on_batch_end(...)`` and ``handle.end_batch``
-                           (router statistics with the current expert, sample-budget schedule)
-after_training_exp         at a task boundary: ``method.on_session_end(session)``
-after_training             restore the strategy's criterion
-before_eval                ``method.on_evaluate()``; seen-class mask for a generic retrofit's head
-after_eval_forward         ``strategy.mb_output`` = the routed ensemble's scores, seen-class mask
-after_eval                 restore the handle's previous logit mask
-=========================  =====================================================================
-
-Mapping of the stream onto the retrofit:
-
-* **One training iteration of the first epoch is one stream batch.** Its query features (recorded by
-  the retrofit's forward hook) go to the router with the current expert as target, and a
-  :class:`~fly_modules.SampleBudgetSchedule` counts its samples. Later epochs (``train_epochs`` of
-  ``Naive``, ``train_passes`` of ``OnlineNaive``: the online iterations of the reference) train
-  again but add nothing to the router, as in the reference loop.
-* **Sessions are Avalanche's task boundaries**: every experience of an ordinary stream, and in an
-  online stream (``split_online_stream``) the sub-experiences of one original experience, their
-  first and last visible only with ``access_task_boundaries=True`` (Avalanche 0.6.0 flags the last
-  one only when it is shorter than ``experience_size``; the plugin also counts the pieces against
-  ``sub_stream_length``). ``schedule="experience"`` (a
-  :class:`~fly_modules.SessionSchedule`) needs them; a ``SampleBudgetSchedule`` (task-free) does not.
-* **Seam-contract methods** (``benchmarks.methods``, anything ``fly_modules.adapters.reference``
-  accepts) return a ``MethodOutput``, not logits. In training the plugin passes
-  ``output.logits`` to the strategy (metrics, other plugins) and, for the duration of
-  ``strategy.train``, replaces the strategy's criterion by the method's own loss
-  ``model.loss(output, mb_y, train_mask)`` (cross-entropy plus the key/contrastive terms; MVP's and
-  HiDe's losses are not plain cross-entropy). At evaluation ``strategy.mb_output`` becomes the
-  routed ensemble's scores, computed from the strategy's own forward (no second pass): the log of
-  ``model.predict(x, seen_class_mask)`` of the retrofit for the softmax aggregation rules, its
-  aggregated logits otherwise. Without the ensemble it is ``model.predict(x, seen_class_mask)``
-  (one extra forward; for most methods ``logits + mask``). The method's training-loop hooks
-  (``on_optimizer_step``, ``on_batch_end``, ``on_session_end``, ``on_evaluate``) are called where
-  ``benchmarks.runner`` calls them.
-* **Models of the generic / family adapters** return logits; their retrofitted head already returns
-  the ensemble's log-probabilities at inference, with ``handle.logit_mask`` set to the seen-class
-  mask during ``strategy.eval``.
-
-Class ids are Avalanche's targets; "seen classes" are the labels trained on so far (before any
-training no mask is applied). A sample whose class is not seen yet gets score ``-inf`` at
-evaluation, so Avalanche's loss metric on such an experience is ``inf`` (its accuracy is exact).
-
-Not handled: distributed training (``supports_distributed=False``), Avalanche checkpointing of the
-retrofit's hooks. Avalanche's own ``LearningToPrompt`` strategy cannot be built with timm >= 0.9
-(its ``avalanche.models.timm_vit`` subscripts timm's ``PretrainedCfg``: ``TypeError``); train our
-reference L2P (``benchmarks.methods.create_method("l2p", vit, ...)``) with ``Naive`` and this plugin.
+``FlyPlugin`` retrofits the strategy's model through :mod:`fly_modules.adapters` and drives the retrofit
+from the strategy's callbacks, so ``Naive(model, optimizer, plugins=[FlyPlugin()])`` trains and evaluates
+like ``benchmarks.runner``. Imported only on explicit access; written against avalanche-lib 0.6. The
+callback table and how the stream maps onto the retrofit: ``docs/adapters.md``.
 """
 
 from __future__ import annotations
@@ -95,7 +32,7 @@ except ModuleNotFoundError as error:
 from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, class_mask
 
 from . import reference
-from ._core import Retrofit
+from ._handle import Retrofit
 
 __all__ = ["FlyPlugin"]
 

@@ -1,121 +1,110 @@
-"""HiDe-Prompt / NoRGa retrofit: our reference ``hide``/``norga`` and the official codebases
-(thu-ml/HiDe-Prompt, Minhchuyentoancbn/MoE_PromptCL).
-
-A model that implements the fly-modules seam contract goes to
-:func:`fly_modules.adapters.reference.retrofit`. Otherwise the adapter recognises the official layout:
-``model(x, task_id=-1, prompt_id=None, prompt_weight=None, train=False, fc_only=False,
-prompt_momentum=0)`` returning a dict, the E-prompt ``model.e_prompt`` called as
-``e_prompt(x_embed, prompt_mask=None, prompt_idx=None, prompt_weight=None, prompt_momentum=0)``
-(one of the three selects the prompts; the returned dict holds ``prompt_idx``), the prompt head
-``model.head``. Task identification (TII) is done by the loop: a trained ``original_model``'s class
-prediction is mapped to a task and passed as ``prompt_id``.
-
-* ``router=True``: at inference the routed task replaces the TII task: a forward pre-hook on
-  ``model.e_prompt`` injects ``prompt_idx = expert[:, None]`` (the call's own ``prompt_id`` is
-  overridden). The router features are those the user chooses: by default the ``pre_logits`` of
-  ``original_model`` (pass it; its forward runs anyway for TII, before ``model``), or the output of
-  ``query_module`` through ``query_from_output``. The router target is the current task. Training is
-  untouched.
-* ``ensemble=True``: one bank per task on the prompt head ``model.head`` only (the TII head is not
-  touched). Training moves the current task's bank; at inference each sample uses the bank of the task
-  its prompt came from (``prompt_idx[:, 0]`` of the E-prompt's output: the routed task, or the TII task
-  without the router). ``handle.start_expert(t)`` re-clones bank ``t``; the reference clones the next
-  bank after classifier alignment at the end of a task, so call it after your CA step (or pass a
-  ``SessionSchedule`` and call ``start_session`` after CA).
+"""HiDe-Prompt / NoRGa: our reference ``hide``/``norga`` and the official codebases (thu-ml/HiDe-Prompt,
+Minhchuyentoancbn/MoE_PromptCL). The routed task replaces the loop's task identification (TII): it is
+injected as ``e_prompt(..., prompt_idx=expert[:, None])``. One ensemble bank per task on ``model.head``.
 """
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Optional
 
-import torch
 from torch import Tensor, nn
 
-from ._core import Retrofit, Schedule, SeamError, missing_seam, undo_on_failure
-from .generic import default_query, find_head, make_wiring, reference_or_none
+from fly_modules._validation import InvalidParameterError, check_int
+
+from ._errors import SeamError, missing_seam
+from ._handle import Retrofit
+from ._head import find_head
+from ._options import RetrofitOptions
+from ._registry import register_family
+from ._signatures import named_parameters
+from ._wiring import Wiring, default_query
 
 __all__ = ["retrofit"]
 
+_WHAT = "the official HiDe-Prompt/NoRGa `EPrompt`, called with prompt_idx=..."
 
-@undo_on_failure
+
+@register_family("hide", "norga")
 def retrofit(
     model: nn.Module,
+    options: RetrofitOptions,
     *,
     num_experts: Optional[int] = None,
     original_model: Optional[nn.Module] = None,
     query_module: Optional[nn.Module] = None,
     query_from_output: Optional[Callable[[Any], Tensor]] = None,
-    router: bool = True,
-    ensemble: bool = True,
-    optimizer: Optional[torch.optim.Optimizer] = None,
-    schedule: Schedule = None,
+    run_query_module: bool = True,
     start_expert: Optional[Callable[[int], None]] = None,
     router_dim: Optional[int] = None,
-    expansion_dim: int = 10_000,
-    ridge: Any = 1e4,
-    seed: int = 0,
-    decays: Sequence[float] = (0.9, 0.99),
-    aggregate: str = "softmax_max",
 ) -> Retrofit:
-    """Retrofit a HiDe-Prompt / NoRGa model; see the module docstring.
+    """Retrofit a HiDe-Prompt or NoRGa model.
 
     Args:
-        model: the HiDe-Prompt or NoRGa model.
         num_experts: tasks (default ``model.e_prompt.pool_size``, one prompt per task).
         original_model: the frozen/TII model whose output ``["pre_logits"]`` are the router features.
         query_module, query_from_output: any other module (and output mapping) giving the router features.
+        run_query_module: run that module on the model's input (once per stream batch, under ``no_grad``)
+            when the loop did not run it first: NoRGa's training loop never runs ``original_model``.
+            ``False``: the loop must run it before the model, or ``end_batch`` raises.
         start_expert: the method's own task start (default: nothing; the loop passes ``task_id``).
-        The other arguments are those of :func:`fly_modules.adapters.generic.retrofit`.
+        router_dim: width of the router features (default the classifier's ``in_features``).
     """
-    common: Dict[str, Any] = dict(
-        optimizer=optimizer, schedule=schedule, expansion_dim=expansion_dim, ridge=ridge, seed=seed,
-        decays=decays, aggregate=aggregate,
-    )
-    upstream_only = dict(original_model=original_model, query_module=query_module,
-                         query_from_output=query_from_output, start_expert=start_expert, router_dim=router_dim)
-    handle = reference_or_none(model, "hide", num_experts, upstream_only, router=router, ensemble=ensemble, **common)
-    if handle is not None:
-        return handle
-    what = "the official HiDe-Prompt/NoRGa `EPrompt`, called with prompt_idx=..."
+    owner = "fly_modules.adapters.hide"
     prompt = getattr(model, "e_prompt", None)
     if not isinstance(prompt, nn.Module):
-        raise missing_seam("hide", model, "e_prompt", what)
-    if "prompt_idx" not in inspect.signature(prompt.forward).parameters:
-        raise missing_seam("hide", model, "e_prompt.forward(..., prompt_idx=...)", what)
+        raise missing_seam("hide", model, "e_prompt", _WHAT)
+    if "prompt_idx" not in named_parameters(prompt.forward):
+        raise missing_seam("hide", model, "e_prompt.forward(..., prompt_idx=...)", _WHAT)
     if num_experts is None:
         num_experts = getattr(prompt, "pool_size", None)
         if num_experts is None:
-            raise TypeError("fly_modules.adapters.hide: pass num_experts (the number of tasks)")
+            raise InvalidParameterError(f"{owner}: pass num_experts (the number of tasks)")
+    num_experts = check_int(num_experts, "num_experts", owner=owner, minimum=1)
     if query_module is not None and original_model is not None:
-        raise TypeError("fly_modules.adapters.hide: pass either original_model or query_module, not both")
+        raise InvalidParameterError(f"{owner}: pass either original_model or query_module, not both")
     query_module = query_module if query_module is not None else original_model
-    if router and query_module is None:
+    if options.router and query_module is None:
         raise SeamError(
-            "fly_modules.adapters.hide: router=True needs the router features: pass original_model=... (its "
-            "output['pre_logits']) or query_module=... and query_from_output=..."
+            f"{owner}: router=True needs the router features: pass original_model=... (its output['pre_logits']) "
+            "or query_module=... and query_from_output=..."
+        )
+    if options.router and getattr(prompt, "batchwise_prompt", False):
+        raise SeamError(
+            f"{owner}: e_prompt.batchwise_prompt replaces every sample's prompt_idx by the batch's most frequent one, "
+            "so a routed task per sample would be overruled; set e_prompt.batchwise_prompt = False (your "
+            "--batchwise_prompt) or retrofit with router=False"
         )
     head_owner, head_name = find_head(model, "hide")
-    wiring = make_wiring(
-        model, "hide", classifier=getattr(head_owner, head_name), num_experts=int(num_experts),
-        num_banks=int(num_experts), banks_of_expert=lambda expert: [int(expert)], start_method_expert=start_expert,
-        router=router, ensemble=ensemble, router_dim=router_dim, **common,
+    wiring = Wiring.create(
+        model, "hide", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
+        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_method_expert=start_expert,
+        router_dim=router_dim,
     )
     handle = wiring.handle
-    if not router and not ensemble:
+    if not options.router and not options.ensemble:
         return handle
-    if router:
+
+    def used_task(output: Any) -> Optional[Tensor]:
+        index = output.get("prompt_idx") if isinstance(output, dict) else None
+        return None if index is None else index[:, 0]
+
+    if options.router:
+        handle.query_source = f"the forward of {type(query_module).__name__} (original_model / query_module)"
+        if run_query_module:
+            wiring.run_query_when_missing(model, query_module)
         wiring.hook_query_module(query_module, query_from_output or default_query)
         wiring.hook_route_module(
             prompt, route_kwarg="prompt_idx", route_value=lambda experts, module, args, kwargs: experts.unsqueeze(1),
-            query_from_call=None, banks_follow_routing=False,
+            query_from_call=None, banks_follow_routing=False, used_from_output=used_task,
         )
-    if ensemble:
-        def banks(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
-            if handle.training or not isinstance(output, dict) or output.get("prompt_idx") is None:
-                return None
-            return output["prompt_idx"][:, 0]
 
-        wiring.hook_banks(prompt, banks)
+    def observe(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
+        used = used_task(output)
+        if used is not None and handle.training:
+            handle.note_trained(used)
+        return None if handle.training else used
+
+    wiring.hook_banks(prompt, observe)
+    if options.ensemble:
         wiring.swap_head(head_owner, head_name)
     return handle

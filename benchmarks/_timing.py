@@ -19,7 +19,7 @@ import torch
 
 __all__ = [
     "available_cpus", "configure_threads", "load_average", "print_header", "time_side_by_side", "median", "best_ratio",
-    "format_seconds", "Report",
+    "format_seconds", "Report", "resolve_device", "describe_device", "synchronizer",
 ]
 
 
@@ -36,6 +36,26 @@ def configure_threads(threads: Optional[int]) -> int:
     threads = threads or available_cpus()
     torch.set_num_threads(threads)
     return threads
+
+
+def resolve_device(name: str) -> torch.device:
+    """``torch.device(name)``; a one-line error when it is CUDA and no CUDA device is available."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {name}: no CUDA device is available (torch {torch.__version__})")
+    return device
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"{device} ({torch.cuda.get_device_name(index)}, CUDA {torch.version.cuda})"
+    return str(device)
+
+
+def synchronizer(device: torch.device) -> Optional[Callable[[], None]]:
+    """What to call before reading the clock on ``device``: CUDA kernels run asynchronously."""
+    return torch.cuda.synchronize if device.type == "cuda" else None
 
 
 def print_header(title: str, settings: Mapping[str, object]) -> None:
@@ -89,6 +109,7 @@ def time_side_by_side(
     repeats: int,
     warmup: int = 1,
     inner: Optional[Mapping[str, int]] = None,
+    synchronize: Optional[Callable[[], None]] = None,
 ) -> Dict[str, List[float]]:
     """Seconds per call of each candidate, measured in ``repeats`` interleaved rounds.
 
@@ -98,6 +119,8 @@ def time_side_by_side(
             row for fast candidates, reporting the mean of those calls).
         warmup: unmeasured rounds run first (library initialisation, allocator warm-up).
         inner: calls per round for each name (default 1).
+        synchronize: called before starting and before stopping the clock (``torch.cuda.synchronize``
+            on a GPU, so each timing covers the work it queued).
 
     Returns:
         name -> list of ``repeats`` per-call times in seconds (take the median).
@@ -112,9 +135,13 @@ def time_side_by_side(
         for name in names[shift:] + names[:shift]:
             calls = inner.get(name, 1)
             fn = candidates[name]
+            if synchronize is not None:
+                synchronize()
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
+            if synchronize is not None:
+                synchronize()
             elapsed = (time.perf_counter() - start) / calls
             if round_index >= warmup:
                 times[name].append(elapsed)

@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""Micro-benchmark of :class:`fly_modules.ensemble.TemporalEnsembleHead` inference on the CPU.
+"""Micro-benchmark of :class:`fly_modules.ensemble.TemporalEnsembleHead` inference (CPU or CUDA).
 
 Ours: ``TemporalEnsembleHead.forward(features, expert_ids, logit_mask)``, i.e. on the CPU one matmul
-per routed expert over its own samples (all its EMA copies at once), the logit mask and the
+per routed expert over its own samples (all its EMA copies at once), on a GPU one matmul against
+every expert's copies and a gather (no host synchronisation), then the logit mask and the
 aggregation, with no per-sample loop.
 
-Reference approach (re-implemented from reference-protocol.md sections 3.6 and 6.1, ``forward_with_ema``):
+Reference approach (re-implemented from docs/protocol.md, sections 3.6 and 6.1, ``forward_with_ema``):
 every expert owns separate ``nn.Linear`` EMA heads; a Python loop over the samples applies the online
 head and the routed expert's EMA heads to each sample, adds the seen-class mask, takes the softmax of
 each head and the element-wise maximum over heads (``softmax_max``, the default aggregation).
@@ -16,6 +17,7 @@ Run from the repository root::
 
     python benchmarks/bench_ensemble.py            # 5 experts, 2 decays, 100 classes, d=768, batches 64 / 256
     python benchmarks/bench_ensemble.py --quick    # small smoke test
+    python benchmarks/bench_ensemble.py --device cuda   # on a GPU (timings synchronise the device)
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ from benchmarks._timing import (  # noqa: E402
     Report,
     best_ratio,
     configure_threads,
+    describe_device,
     format_seconds,
     median,
     print_header,
+    resolve_device,
+    synchronizer,
     time_side_by_side,
 )
 from fly_modules.ensemble import TemporalEnsembleHead  # noqa: E402
@@ -49,7 +54,9 @@ TARGET_LARGE_BATCH = 5.0
 TARGET_MAX_ABS_DIFF = 1e-5  # float32 scores in [0, 1]
 
 
-def build_ensemble(dim: int, classes: int, experts: int, decays: Sequence[float], *, seed: int) -> TemporalEnsembleHead:
+def build_ensemble(
+    dim: int, classes: int, experts: int, decays: Sequence[float], *, seed: int, device: torch.device
+) -> TemporalEnsembleHead:
     """An ensemble whose experts' EMA copies all differ from each other and from the online head."""
     generator = torch.Generator().manual_seed(seed)
     online = nn.Linear(dim, classes)
@@ -61,7 +68,7 @@ def build_ensemble(dim: int, classes: int, experts: int, decays: Sequence[float]
                 online.weight.add_(0.05 * torch.randn(online.weight.shape, generator=generator))
                 online.bias.add_(0.05 * torch.randn(online.bias.shape, generator=generator))
                 ensemble.update()
-    return ensemble.eval()
+    return ensemble.to(device).eval()
 
 
 class ReferenceEnsemble:
@@ -73,7 +80,7 @@ class ReferenceEnsemble:
         for expert in range(ensemble.num_experts):
             heads = []
             for decay in range(ensemble.num_decays):
-                head = nn.Linear(ensemble.in_features, ensemble.num_classes)
+                head = nn.Linear(ensemble.in_features, ensemble.num_classes, device=ensemble.ema_weight.device)
                 with torch.no_grad():
                     head.weight.copy_(ensemble.ema_weight[expert, decay])
                     head.bias.copy_(ensemble.ema_bias[expert, decay])
@@ -95,10 +102,10 @@ def bench_batch(
     ensemble: TemporalEnsembleHead, reference: ReferenceEnsemble, batch: int, target: float,
     args: argparse.Namespace, report: Report,
 ) -> float:
-    generator = torch.Generator().manual_seed(args.seed + batch)
-    features = torch.randn(batch, args.dim, generator=generator)
-    expert_ids = torch.randint(args.experts, (batch,), generator=generator)
-    logit_mask = torch.zeros(args.classes)
+    generator = torch.Generator().manual_seed(args.seed + batch)  # drawn on the CPU: the same numbers everywhere
+    features = torch.randn(batch, args.dim, generator=generator).to(args.device)
+    expert_ids = torch.randint(args.experts, (batch,), generator=generator).to(args.device)
+    logit_mask = torch.zeros(args.classes, device=args.device)
     logit_mask[int(args.classes * args.seen_fraction):] = float("-inf")  # classes not seen yet
 
     def ours() -> Tensor:
@@ -110,7 +117,7 @@ def bench_batch(
 
     # Fast side: several calls per round so each timing is well above the clock's resolution.
     times = time_side_by_side({"ours": ours, "reference": naive}, repeats=args.repeats, warmup=2,
-                              inner={"ours": 10, "reference": 2})
+                              inner={"ours": 10, "reference": 2}, synchronize=args.synchronize)
     t_ours, t_ref = median(times["ours"]), median(times["reference"])
     report.check(
         f"ensemble.speedup_batch{batch}", t_ref / t_ours, ">=", target, unit="x",
@@ -136,6 +143,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=30, help="measured rounds per batch size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
+    parser.add_argument("--device", default="cpu", help="where the heads run: cpu or cuda[:N]")
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
     args = parser.parse_args(argv)
@@ -147,14 +155,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     configure_threads(args.threads)
+    args.device = resolve_device(args.device)
+    args.synchronize = synchronizer(args.device)
     torch.manual_seed(args.seed)
     print_header("TemporalEnsembleHead inference benchmark (batched gather vs per-sample loop, side by side)", {
-        "feature dim d": args.dim, "classes": args.classes, "experts": args.experts, "decays": tuple(args.decays),
+        "device": describe_device(args.device), "feature dim d": args.dim, "classes": args.classes, "experts": args.experts, "decays": tuple(args.decays),
         "heads per sample": 1 + len(args.decays), "aggregation": "softmax_max",
         "batches": (args.small_batch, args.large_batch),
         "repeats": args.repeats, "dtype": "float32", "mode": "quick (smoke test)" if args.quick else "full",
     })
-    ensemble = build_ensemble(args.dim, args.classes, args.experts, args.decays, seed=args.seed)
+    ensemble = build_ensemble(args.dim, args.classes, args.experts, args.decays, seed=args.seed, device=args.device)
     reference = ReferenceEnsemble(ensemble)
     report = Report()
     differences = [

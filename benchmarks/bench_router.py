@@ -3,7 +3,7 @@
 
 Every figure is a ratio of two approaches timed side by side in this one run (interleaved rounds,
 median per side), so a busy shared machine slows both sides alike. The reference approach is
-re-implemented here from the protocol (reference-protocol.md sections 3.5 and 6.1):
+re-implemented here from the protocol (docs/protocol.md, sections 3.5 and 6.1):
 
 * statistics: ``phi = relu(h R)``, a dense ``G.addmm_(phi^T, phi)`` and ``Q += phi^T onehot(expert)``;
 * solve: a general dense LU solve ``torch.linalg.solve(G + lambda I, Q)`` (and, as a second baseline,
@@ -16,6 +16,7 @@ Run from the repository root::
 
     python benchmarks/bench_router.py            # the issue's sizes (several minutes on 2 cores)
     python benchmarks/bench_router.py --quick    # small smoke test (seconds)
+    python benchmarks/bench_router.py --device cuda   # on a GPU (timings synchronise the device)
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ if str(_ROOT) not in sys.path:  # benchmarks/ is run from a checkout, never inst
     sys.path.insert(0, str(_ROOT))
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import gc  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
@@ -36,23 +36,26 @@ import os  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple  # noqa: E402
+from typing import Dict, Optional, Sequence, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-import fly_modules.router as router_module  # noqa: E402
 from benchmarks._timing import (  # noqa: E402
     Report,
     best_ratio,
     configure_threads,
+    describe_device,
     format_seconds,
     median,
     print_header,
+    resolve_device,
+    synchronizer,
     time_side_by_side,
 )
-from fly_modules.router import AnalyticRouter, _accumulate_block_lower_gram  # noqa: E402
+from fly_modules import _ridge  # noqa: E402  (private but supported: the kernels and solvers)
+from fly_modules.router import AnalyticRouter  # noqa: E402
 
 STATS_DTYPE = torch.float64
 TARGET_UPDATE = 1.6
@@ -66,7 +69,7 @@ TARGET_PEAK_MEMORY = 1.5  # peak extra memory of one solve, in units of the size
 
 # =================================================================================== inputs
 def clustered_features(
-    n: int, dim: int, experts: int, *, seed: int, classes_per_expert: int = 4
+    n: int, dim: int, experts: int, *, seed: int, classes_per_expert: int = 4, device: str = "cpu"
 ) -> Tuple[Tensor, Tensor]:
     """ViT-like query features: a clustered Gaussian mixture passed through a final LayerNorm.
 
@@ -74,7 +77,8 @@ def clustered_features(
     each expert (task) has a centre, each class a sub-centre around it, plus isotropic noise; the
     final ``layer_norm`` gives every sample zero mean and unit variance over its ``dim`` entries
     (``||h|| = sqrt(dim)``, about 27.7 at ``dim=768``), the scale a ViT's final LayerNorm produces.
-    Returns float32 features ``(n, dim)`` and the expert id of each sample ``(n,)``.
+    Returns float32 features ``(n, dim)`` and the expert id of each sample ``(n,)``, on ``device``
+    (drawn on the CPU: the same numbers on every device).
     """
     generator = torch.Generator().manual_seed(seed)
     shared = torch.randn(dim, generator=generator)
@@ -83,7 +87,7 @@ def clustered_features(
     class_centres = class_centres + 0.6 * torch.randn(class_centres.shape, generator=generator)
     labels = torch.randint(experts * classes_per_expert, (n,), generator=generator)
     features = shared + class_centres[labels] + 0.7 * torch.randn(n, dim, generator=generator)
-    return F.layer_norm(features, (dim,)), labels // classes_per_expert
+    return F.layer_norm(features, (dim,)).to(device), (labels // classes_per_expert).to(device)
 
 
 # ============================================================ the reference approach, re-implemented
@@ -93,8 +97,8 @@ class DenseStatistics:
     def __init__(self, projection: Tensor, experts: int) -> None:
         self.projection = projection  # (dim, M), phi = relu(h @ projection)
         width = projection.shape[1]
-        self.gram = torch.zeros(width, width, dtype=projection.dtype)
-        self.cross = torch.zeros(width, experts, dtype=projection.dtype)
+        self.gram = torch.zeros(width, width, dtype=projection.dtype, device=projection.device)
+        self.cross = torch.zeros(width, experts, dtype=projection.dtype, device=projection.device)
         self.experts = experts
 
     def update(self, features: Tensor, expert_ids: Tensor) -> None:
@@ -132,7 +136,7 @@ def reference_inv_solve(gram: Tensor, cross: Tensor, ridge: float) -> Tensor:
 def largest_eigenvalue(gram: Tensor, *, iterations: int = 60, seed: int = 0) -> float:
     """Largest eigenvalue of a symmetric PSD matrix by power iteration (Rayleigh quotient)."""
     generator = torch.Generator().manual_seed(seed)
-    vector = torch.rand(gram.shape[0], 1, generator=generator, dtype=gram.dtype)
+    vector = torch.rand(gram.shape[0], 1, generator=generator, dtype=gram.dtype).to(gram.device)
     value = 0.0
     for _ in range(iterations):
         product = gram @ vector
@@ -149,30 +153,6 @@ def relative_residual(gram: Tensor, cross: Tensor, ridge: float, solution: Tenso
 
 def max_relative_difference(value: Tensor, reference: Tensor) -> float:
     return float((value - reference).abs().max() / reference.abs().max())
-
-
-@contextlib.contextmanager
-def count_refinement_steps() -> Iterator[List[int]]:
-    """Counts the float64 residual products of the mixed-precision solver (one per refinement step).
-
-    Wraps ``fly_modules.router._symmetric_matmul`` for the duration of one diagnostic solve (outside
-    every timed region) and restores it afterwards.
-    """
-    original = getattr(router_module, "_symmetric_matmul", None)
-    calls = [0]
-    if original is None:  # the solver changed: report the count as unknown (-1)
-        yield [-1]
-        return
-
-    def counted(gram: Tensor, x: Tensor) -> Tensor:
-        calls[0] += 1
-        return original(gram, x)
-
-    router_module._symmetric_matmul = counted
-    try:
-        yield calls
-    finally:
-        router_module._symmetric_matmul = original
 
 
 # ================================================================================ peak memory
@@ -247,9 +227,10 @@ def measure_peak_memory(method: str, stats_file: str, ridge: float, threads: int
 # ==================================================================================== benches
 def bench_update(args: argparse.Namespace, report: Report) -> None:
     print(f"-- statistics update: batch {args.batch}, d={args.dim}, M={args.expansion_dim}, float64 --", flush=True)
-    router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge, seed=args.seed)
+    router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge, seed=args.seed,
+                            device=args.device)
     dense = DenseStatistics(router.expansion.weight.t(), args.experts)
-    features, expert_ids = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 1)
+    features, expert_ids = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 1, device=args.device)
     phi = router.expansion(features)
     kernel_gram = torch.zeros_like(router.gram)
     kernel_dense = torch.zeros_like(router.gram)
@@ -257,11 +238,12 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
         {
             "ours: AnalyticRouter.update": lambda: router.update(features, expert_ids),
             "reference: relu(hR) + dense addmm": lambda: dense.update(features, expert_ids),
-            "kernel: block-lower": lambda: _accumulate_block_lower_gram(kernel_gram, phi),
+            "kernel: block-lower": lambda: _ridge.accumulate_lower_gram(kernel_gram, phi, _ridge.PANEL_ROWS),
             "kernel: dense addmm_": lambda: kernel_dense.addmm_(phi.t(), phi),
         },
         repeats=args.repeats,
         warmup=2,
+        synchronize=args.synchronize,
     )
     times["ours"] = times.pop("ours: AnalyticRouter.update")
     times["reference"] = times.pop("reference: relu(hR) + dense addmm")
@@ -281,13 +263,13 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
     # The block-lower kernel issues one smaller GEMM per row panel; with every CPU busy elsewhere their thread
     # barriers cost more than the one big dense GEMM's, so show the single-threaded kernel ratio as well.
     threads = torch.get_num_threads()
-    if threads > 1:
+    if threads > 1 and args.device.type == "cpu":
         torch.set_num_threads(1)
         try:
             single = time_side_by_side(
-                {"block": lambda: _accumulate_block_lower_gram(kernel_gram, phi),
+                {"block": lambda: _ridge.accumulate_lower_gram(kernel_gram, phi, _ridge.PANEL_ROWS),
                  "dense": lambda: kernel_dense.addmm_(phi.t(), phi)},
-                repeats=max(3, args.repeats // 2), warmup=1,
+                repeats=max(3, args.repeats // 2), warmup=1, synchronize=args.synchronize,
             )
         finally:
             torch.set_num_threads(threads)
@@ -300,10 +282,65 @@ def bench_update(args: argparse.Namespace, report: Report) -> None:
     print(flush=True)
 
 
+def bench_expansion_precision(args: argparse.Namespace, report: Report) -> None:
+    """The expansion of float32 features computed in float32 (widened to float64) against float64.
+
+    Two routers with the same expansion follow the same stream: one is fed the features upcast to
+    float64 (exact; the float64 product), the other the float32 features themselves (the float32
+    product). Their statistics, weights and routing of held-out queries are compared, then the
+    three operations that expand are timed side by side.
+    """
+    n, m = args.stream_samples, args.expansion_dim
+    print(f"-- expansion precision: float32 vs float64 product, stream of {n} samples, d={args.dim}, M={m} --",
+          flush=True)
+    settings = dict(expansion_dim=m, ridge=args.ridge, seed=args.seed, device=args.device)
+    exact = AnalyticRouter(args.dim, args.experts, **settings)
+    fast = AnalyticRouter(args.dim, args.experts, **settings)
+    features, expert_ids = clustered_features(n, args.dim, args.experts, seed=args.seed + 4, device=args.device)
+    chunk = 512
+    for start in range(0, n, chunk):
+        batch, ids = features[start:start + chunk], expert_ids[start:start + chunk]
+        exact.update(batch.double(), ids)
+        fast.update(batch, ids)
+    gram_error = max_relative_difference(torch.tril(fast.gram), torch.tril(exact.gram))
+    cross_error = max_relative_difference(fast.cross, exact.cross)
+    queries, _ = clustered_features(args.queries, args.dim, args.experts, seed=args.seed + 5, device=args.device)
+    reference = exact(queries.double())
+    scores = fast(queries)
+    stats_only = fast(queries.double())  # float32 statistics, float64 query expansion
+    weight_error = max_relative_difference(fast.weight, exact.weight)
+    top2 = reference.topk(2, dim=1).values
+    margin = float((top2[:, 0] - top2[:, 1]).min())
+    agree = float((scores.argmax(1) == reference.argmax(1)).double().mean())
+    score_error = float((scores - reference).abs().max())
+    report.info(f"statistics: max |G_32 - G_64| / max |G_64| = {gram_error:.1e}, Q: {cross_error:.1e}")
+    report.info(f"weights: max |W_32 - W_64| / max |W_64| = {weight_error:.1e} "
+                f"(solver {exact.solver_!r}; float32 rounding of phi amplified by cond(G + lambda I))")
+    report.info(f"scores of {args.queries} queries: max |s_32 - s_64| = {score_error:.1e} "
+                f"({score_error / float(reference.abs().max()):.1e} of max |s|; statistics alone "
+                f"{float((stats_only - reference).abs().max()):.1e}); smallest top-2 margin {margin:.1e}")
+    report.info(f"routes equal to the float64 product's on {agree:.2%} of {args.queries} queries; largest score "
+                f"error / smallest top-2 margin = {score_error / margin:.2g} (below 1: no route can flip)")
+    batch, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 6, device=args.device)
+    wide = batch.double()
+    times = time_side_by_side(
+        {"expand64": lambda: exact.expansion(wide), "expand32": lambda: fast.expansion(batch),
+         "route64": lambda: exact(wide), "route32": lambda: fast(batch)},
+        repeats=args.repeats, warmup=2, inner={"expand64": 3, "expand32": 3, "route64": 3, "route32": 3},
+        synchronize=args.synchronize,
+    )
+    expand64, expand32 = median(times["expand64"]), median(times["expand32"])
+    route64, route32 = median(times["route64"]), median(times["route32"])
+    report.info(f"time, batch {args.batch}: expansion float64 {format_seconds(expand64)} vs float32 "
+                f"{format_seconds(expand32)} -> {expand64 / expand32:.2f}x; cached routing {format_seconds(route64)} "
+                f"vs {format_seconds(route32)} -> {route64 / route32:.2f}x")
+    print(flush=True)
+
+
 def build_statistics(args: argparse.Namespace) -> AnalyticRouter:
     router = AnalyticRouter(args.dim, args.experts, expansion_dim=args.expansion_dim, ridge=args.ridge,
-                            seed=args.seed, solver="auto")
-    features, expert_ids = clustered_features(args.samples, args.dim, args.experts, seed=args.seed + 2)
+                            seed=args.seed, solver="auto", device=args.device)
+    features, expert_ids = clustered_features(args.samples, args.dim, args.experts, seed=args.seed + 2, device=args.device)
     chunk = 512
     for start in range(0, args.samples, chunk):
         router.update(features[start:start + chunk], expert_ids[start:start + chunk])
@@ -321,13 +358,14 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
     bound = "exact: lambda_min(G) = 0 since samples < M" if args.samples < m else "upper bound: lambda_min(G) >= 0"
     report.info(f"cond(G + lambda I) ~ {(top + ridge) / ridge:.2e} (lambda_max(G) = {top:.3e} by power "
                 f"iteration; {bound}); max diag(G) = {float(gram.diagonal().max()):.3e}")
-    with count_refinement_steps() as steps:
-        router.solve()
-    products = "unknown" if steps[0] < 0 else steps[0]
-    report.info(f"our solver path: solver_={router.solver_!r}, {products} float64 residual products "
-                f"(refinement steps){'  <- float64 fallback taken' if router.solver_ == 'cholesky' else ''}")
+    mixed = _ridge.solve_mixed(router.gram, router.cross, ridge, panel_rows=_ridge.PANEL_ROWS)
+    if mixed is None:
+        report.info("our solver path: mixed precision did not converge  <- float64 fallback taken")
+    else:
+        report.info(f"our solver path: 'mixed', {mixed.refinement_steps} float64 residual products (refinement "
+                    f"steps); condition estimate from the float32 factor {mixed.condition:.2e}")
 
-    queries, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 3)
+    queries, _ = clustered_features(args.batch, args.dim, args.experts, seed=args.seed + 3, device=args.device)
     # Warm-up on a small system (LAPACK initialisation) so no full-size round has to be discarded.
     small_g, small_q = gram[:256, :256].clone(), cross[:256].clone()
     reference_lu_solve(small_g, small_q, ridge), reference_inv_solve(small_g, small_q, ridge)
@@ -351,7 +389,7 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
 
     times = time_side_by_side(
         {"ours": ours, "lu": lu, "inv": inv, "cached": cached_route},
-        repeats=args.solve_repeats, warmup=0, inner={"cached": 10},
+        repeats=args.solve_repeats, warmup=0, inner={"cached": 10}, synchronize=args.synchronize,
     )
     t_ours, t_lu, t_inv, t_cached = (median(times[k]) for k in ("ours", "lu", "inv", "cached"))
     report.check("router.solve_vs_lu", t_lu / t_ours, ">=", TARGET_SOLVE_VS_LU, unit="x",
@@ -377,7 +415,33 @@ def bench_solve(args: argparse.Namespace, report: Report, stats_file: Optional[s
                  f"{(t_lu + t_cached) / t_cached:.0f}x")
     if stats_file is not None:  # the statistics for the peak-memory subprocesses
         torch.save(router.state_dict(), stats_file)
+    if args.device.type == "cuda" and not args.no_memory:
+        bench_memory_cuda(report, router, gram, cross, ridge)
     print(flush=True)
+
+
+def peak_cuda_memory(run) -> int:  # noqa: ANN001 - a zero-argument callable
+    """Bytes allocated on the GPU at the peak of ``run()`` beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def bench_memory_cuda(report: Report, router: AnalyticRouter, gram: Tensor, cross: Tensor, ridge: float) -> None:
+    """Peak extra GPU memory of one solve (torch's allocator statistics; the results stay allocated)."""
+    gram_bytes = router.gram.numel() * router.gram.element_size()
+    extra = {
+        "ours": peak_cuda_memory(router.solve),
+        "lu": peak_cuda_memory(lambda: reference_lu_solve(gram, cross, ridge)),
+        "inv": peak_cuda_memory(lambda: reference_inv_solve(gram, cross, ridge)),
+    }
+    mib = {method: value / 2**20 for method, value in extra.items()}
+    report.check("router.solve_peak_memory", extra["ours"] / gram_bytes, "<=", TARGET_PEAK_MEMORY, unit="x",
+                 detail=f"peak extra GPU memory / size of G: ours +{mib['ours']:.0f} MiB, LU +{mib['lu']:.0f} MiB, "
+                 f"inv +{mib['inv']:.0f} MiB; G = {gram_bytes / 2**20:.0f} MiB (torch.cuda.max_memory_allocated)")
 
 
 def bench_memory(args: argparse.Namespace, report: Report, stats_file: str) -> None:
@@ -413,9 +477,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--solve-repeats", type=int, default=3, help="measured rounds of the solve benchmark")
     parser.add_argument("--samples", type=int, default=4000, help="samples accumulated before the solve")
     parser.add_argument("--experts", type=int, default=5, help="experts T")
+    parser.add_argument("--stream-samples", type=int, default=20_000,
+                        help="stream length of the expansion-precision comparison")
+    parser.add_argument("--queries", type=int, default=2000, help="held-out queries of the precision comparison")
     parser.add_argument("--ridge", type=float, default=1e4, help="ridge lambda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
+    parser.add_argument("--device", default="cpu", help="where the routers and the baselines run: cpu or cuda[:N]")
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
@@ -425,18 +493,21 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if args.quick:
         args.expansion_dim, args.dim, args.batch = 512, 64, 16
         args.repeats, args.solve_repeats, args.samples = 5, 3, 400
+        args.stream_samples, args.queries = 2000, 200
     return args
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     args.threads = configure_threads(args.threads)
+    args.device = resolve_device(args.device)
+    args.synchronize = synchronizer(args.device)
     if args.memory_child:
         memory_child(args.memory_child, args.stats_file, args.ridge)
         return 0
     torch.manual_seed(args.seed)
     print_header("AnalyticRouter benchmark (ours vs the reference approach, side by side)", {
-        "expansion dim M": args.expansion_dim, "feature dim d": args.dim, "batch": args.batch,
+        "device": describe_device(args.device), "expansion dim M": args.expansion_dim, "feature dim d": args.dim, "batch": args.batch,
         "experts T": args.experts, "ridge": f"{args.ridge:g}", "samples for the solve": args.samples,
         "repeats (update / solve)": f"{args.repeats} / {args.solve_repeats}", "statistics dtype": "float64",
         "mode": "quick (smoke test)" if args.quick else "full",
@@ -444,8 +515,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = Report()
     bench_update(args, report)
     gc.collect()
+    bench_expansion_precision(args, report)
+    gc.collect()
     with tempfile.TemporaryDirectory(prefix="bench_router_") as folder:
-        stats_file = None if args.no_memory else os.path.join(folder, "router.pt")
+        # The peak resident memory of a CPU solve is measured in fresh subprocesses; on a GPU in process.
+        on_cpu = args.device.type == "cpu"
+        stats_file = None if args.no_memory or not on_cpu else os.path.join(folder, "router.pt")
         bench_solve(args, report, stats_file)  # returns with every large tensor freed
         gc.collect()
         if stats_file is not None:

@@ -1,38 +1,10 @@
 """Anytime evaluation schedule, evaluation log and the GCL metrics (A_auc, A_last, A_avg, F_last, BWT).
 
-Everything is recomputable from an :class:`EvaluationLog`: every evaluation stores, per exposed class
-(exposure-indexed, reference-protocol 1.7), the number of correct predictions and of test samples,
-together with its kind (``"anytime"`` or ``"session_end"``), its timestamp, the samples seen and the
-session. The log round-trips through JSON (:meth:`EvaluationLog.to_dict` / :meth:`~EvaluationLog.from_dict`).
-
-Two families of definitions (reference-protocol 2.3):
-
-``definition="code"`` (default) -- what the official FlyGCL code computes and the paper's tables report:
-    * accuracy of an evaluation = correct / total over *samples* of all exposed classes;
-    * A_last = accuracy of the last session-end evaluation; A_avg = mean session-end accuracy;
-    * F_last and BWT are *class-level*: per-class accuracies ``correct / (total + 1e-5)`` at the
-      session ends (classes not yet exposed count as 0), then
-      F_last = mean over classes whose best accuracy before the last session is > 0 of
-      (that best - final accuracy), and BWT = mean over the same classes of
-      (final accuracy - first non-zero earlier accuracy).
-
-``definition="paper"`` -- the session-matrix definitions of the paper's appendix ("GCL evaluation
-metrics"): ``R[i, j]`` is the accuracy after session ``i`` on the test data of session ``j``, with
-    * A_last = mean_j R[T, j]; A_avg = mean_i R[i, i];
-    * F_last = mean_j (max_i R[i, j] - R[T, j]) (the paper's formula averages over all T columns;
-      the max runs over every session end at which column j has test data);
-    * BWT = mean_{i<T} (R[T, i] - R[i, i]).
-  "Test data of session j" needs a class -> session map. By default a class belongs to the session
-  in which it was first exposed (derivable from the log alone: the exposed-class count at each
-  session end); pass ``class_session`` (exposure-indexed, e.g. ``exposure.per_exposure(stream.home_session)``)
-  to use another map. R[i, j] pools the samples of the classes of session j exposed at evaluation i.
-
-A_auc = mean of the anytime accuracies in both cases (the paper says "every 1000 batches"; the code
-evaluates every 1000 *samples*, see :class:`AnytimeEvalTrigger`).
-
-Undefined values are NaN, never a division by zero: an evaluation with zero exposed classes has NaN
-accuracy and is skipped by the means; a metric with nothing to average is NaN (the reference prints
--999 or NaN there). All accuracies are fractions in [0, 1].
+Everything is recomputable from an :class:`EvaluationLog`, which stores per exposed class
+(exposure-indexed, docs/protocol.md §1.7) the correct predictions and test samples of every
+evaluation and round-trips through JSON. Metrics follow the official code (``definition="code"``, the
+paper's tables) or the paper's session-matrix definitions (``"paper"``), docs/protocol.md §2.3. An
+undefined value (nothing to average) is NaN; accuracies are fractions in [0, 1].
 """
 
 from __future__ import annotations
@@ -52,8 +24,6 @@ __all__ = [
     "EvalRecord",
     "EvaluationLog",
     "AnytimeEvalTrigger",
-    "PlannedEvaluation",
-    "plan_evaluations",
     "count_correct",
     "class_accuracy_matrix",
     "first_exposure_sessions",
@@ -407,50 +377,6 @@ class AnytimeEvalTrigger:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore a state produced by :meth:`state_dict`."""
         self.period, self.rule, self.next_mark = state["period"], state["rule"], state["next_mark"]
-
-
-@dataclass(frozen=True)
-class PlannedEvaluation:
-    """An evaluation a run will perform (see :func:`plan_evaluations`).
-
-    ``batch_index`` is the global index of the batch after which it runs (``-1`` for the session-end
-    evaluation of an empty session before any batch; otherwise the last batch seen so far).
-    """
-
-    kind: str
-    session: int
-    batch_index: int
-    timestamp: int
-    samples_seen: int
-
-
-def plan_evaluations(
-    session_batch_sizes: Sequence[Sequence[int]],
-    *,
-    period: Optional[int] = 1000,
-    rule: TriggerRule = "flygcl",
-) -> List[PlannedEvaluation]:
-    """List every evaluation of a run, in order, from the global batch sizes of each session.
-
-    Mirrors the reference loop: after each batch an anytime evaluation may run
-    (:class:`AnytimeEvalTrigger`), and after the last batch of every session (also an empty one)
-    a session-end evaluation runs. ``session_batch_sizes`` is what
-    :meth:`benchmarks.stream.SiBlurryStream.batch_sizes` returns.
-    """
-    trigger = AnytimeEvalTrigger(period, rule=rule)
-    plan: List[PlannedEvaluation] = []
-    seen = 0
-    batch_index = -1
-    for session, sizes in enumerate(session_batch_sizes):
-        for size in sizes:
-            size = _check_int(size, "batch size", minimum=1)
-            seen += size
-            batch_index += 1
-            stamp = trigger.step(seen, size)
-            if stamp is not None:
-                plan.append(PlannedEvaluation("anytime", session, batch_index, stamp, seen))
-        plan.append(PlannedEvaluation("session_end", session, batch_index, seen, seen))
-    return plan
 
 
 # ----------------------------------------------------------------------------------------------------

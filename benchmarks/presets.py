@@ -28,6 +28,9 @@ _PROXY_DATA = dict(num_classes=100, class_offset=400, difficulty="hard", train_p
 PRESETS: Dict[str, Dict[str, Any]] = {
     # The CPU proxy benchmark: all six methods in all four variants plus FlyPrompt, three seeds.
     "proxy": {
+        "description": "the CPU proxy benchmark: a small pretrained ViT on generated data, every method, 3 seeds",
+        "caption": "CPU proxy benchmark (docs/proxy.md): a small pretrained ViT on generated images, not the "
+                   "paper's setting; compare the direction of the effects with the paper, not the numbers",
         "protocol": _PROXY_PROTOCOL,
         "datasets": ["synthetic"],
         "seeds": [1, 2, 3],
@@ -37,6 +40,9 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     },
     # The default (no arguments): the proxy shortened to one seed, 8 stream and 5 test images per class.
     "proxy-short": {
+        "description": "the default: the proxy shortened to one seed and fewer images (under 10 minutes on 2 cores)",
+        "caption": "smoke-level numbers (proxy shortened to one seed, docs/proxy.md): they show that the pipeline "
+                   "runs, not what the router or the ensemble do; run --preset proxy for the proxy benchmark",
         "protocol": replace(_PROXY_PROTOCOL, eval_period=200),
         "datasets": ["synthetic"],
         "seeds": [1],
@@ -47,6 +53,8 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     # Runs in a few minutes on 2 CPU cores: a tiny random ViT on generated images. The numbers test
     # the pipeline, not the method (a random backbone gives prompts nothing to build on).
     "cpu": {
+        "description": "pipeline check: a tiny random ViT on easy generated data (a few minutes)",
+        "caption": "pipeline check on a random backbone: the numbers test the code, not the methods",
         "protocol": Protocol(
             model="vit_tiny_patch16_224",
             model_kwargs=dict(img_size=32, patch_size=8, embed_dim=48, depth=4, num_heads=3),
@@ -67,6 +75,8 @@ PRESETS: Dict[str, Dict[str, Any]] = {
     # DualPrompt/MISA select over the whole pool at test time, MVP's loss terms are batch-global, and
     # HiDe-Prompt/NoRGa's router reads g_mlp outputs; the router sees the clean batch (router_query).
     "paper": {
+        "description": "the paper's protocol: ViT-B/16 (ImageNet-21k), CIFAR-100 / ImageNet-R / CUB-200, 5 seeds (GPU)",
+        "caption": "the paper's protocol (docs/protocol.md §0)",
         "protocol": Protocol(method_kwargs={
             "dualprompt": {"reference_quirks": True}, "misa": {"reference_quirks": True},
             "mvp": {"reference_quirks": True},

@@ -11,64 +11,207 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from .results import write_json_atomic
+from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 
-__all__ = ["ABLATION_VARIANTS", "METRICS", "summarize_results", "format_markdown", "write_tables", "plot_curves"]
+__all__ = [
+    "ABLATION_VARIANTS", "METRICS", "PAPER_CIFAR100_A_AUC", "summarize_results", "format_markdown", "write_tables",
+    "plot_curves", "plot_paper_deltas", "verdicts",
+]
 
-ABLATION_VARIANTS = ("baseline", "router", "ensemble", "both")
-VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full"))}
+VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full", *ORACLE_VARIANTS))}
+#: Rows follow the paper's method order (its main table, then its cross-ablation), FlyPrompt last.
+METHOD_ORDER = {name: i for i, name in enumerate(("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt"))}
+METHOD_NAMES = {"l2p": "L2P", "dualprompt": "DualPrompt", "mvp": "MVP", "misa": "MISA", "hide": "HiDe-Prompt",
+                "norga": "NoRGa", "flyprompt": "FlyPrompt"}
 METRICS = ("A_auc", "A_last", "A_avg", "F_last")
+#: The paper's CIFAR-100 A_auc (%, ViT-B/16 Sup-21K, seeds 1-5): its cross-ablation table
+#: (baseline / w/ REAR / w/ TE2 / w/ both) and FlyPrompt's main-table entry.
+PAPER_CIFAR100_A_AUC: Dict[str, Dict[str, float]] = {
+    "dualprompt": {"baseline": 76.04, "router": 80.63, "ensemble": 76.83, "both": 82.33},
+    "mvp": {"baseline": 67.74, "router": 67.44, "ensemble": 68.91, "both": 68.93},
+    "misa": {"baseline": 80.35, "router": 82.03, "ensemble": 81.65, "both": 83.60},
+    "hide": {"baseline": 77.10, "router": 78.41, "ensemble": 77.46, "both": 78.60},
+    "norga": {"baseline": 78.89, "router": 79.37, "ensemble": 79.16, "both": 79.37},
+    "flyprompt": {"full": 83.24},
+}
+
+
+def _row_order(key: tuple) -> tuple:
+    dataset, method, variant = key
+    return dataset, METHOD_ORDER.get(method, len(METHOD_ORDER)), method, VARIANT_ORDER.get(variant, 99), variant
+
+
+def paper_delta(method: str, variant: str) -> Optional[float]:
+    """The paper's CIFAR-100 A_auc difference of ``variant`` from the baseline, ``None`` where it has none."""
+    numbers = PAPER_CIFAR100_A_AUC.get(method, {})
+    if variant == "baseline" or variant not in numbers or "baseline" not in numbers:
+        return None
+    return numbers[variant] - numbers["baseline"]
 
 
 def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per (dataset, method, variant): mean/std over seeds of each metric (in %) and the
-    difference of the means from the method's baseline."""
+    """One row per (dataset, method, variant), in the paper's method order: mean over seeds of each metric
+    (in %), its sample standard deviation (``None`` with one seed), and the difference of the means from
+    the method's baseline (``None`` for the baseline itself or without one)."""
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for result in results:
         spec = result["spec"]
         groups.setdefault((spec["dataset"], spec["method"], spec["variant"]), []).append(result)
     rows = []
-    for (dataset, method, variant), runs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], VARIANT_ORDER.get(kv[0][2], 99))):
+    for (dataset, method, variant), runs in sorted(groups.items(), key=lambda kv: _row_order(kv[0])):
         row: Dict[str, Any] = {"dataset": dataset, "method": method, "variant": variant, "seeds": len(runs)}
         for metric in METRICS:
             values = np.array([100 * r["metrics"][metric] for r in runs], dtype=float)
             row[f"{metric}_mean"] = float(np.mean(values))
-            row[f"{metric}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            row[f"{metric}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else None
         row["seconds_per_batch"] = float(np.mean([r["seconds_per_batch"] for r in runs]))
         row["peak_memory_mb"] = float(np.max([r["peak_memory_mb"] for r in runs]))
+        row["paper_A_auc"] = PAPER_CIFAR100_A_AUC.get(method, {}).get(variant)
+        row["paper_A_auc_delta"] = paper_delta(method, variant)
+        row.update(_diagnostics_means([r.get("diagnostics") for r in runs]))
         rows.append(row)
+    members = list(dict.fromkeys(key for row in rows for key in row if key.startswith("member_")))
+    for row in rows:  # every row has every column (None where it does not apply)
+        for key in members:
+            row.setdefault(key, None)
     baselines = {(r["dataset"], r["method"]): r for r in rows if r["variant"] == "baseline"}
     for row in rows:
         base = baselines.get((row["dataset"], row["method"]))
         for metric in METRICS:
-            row[f"{metric}_delta"] = (row[f"{metric}_mean"] - base[f"{metric}_mean"]) if base else math.nan
+            own = row["variant"] != "baseline" and base is not None
+            row[f"{metric}_delta"] = row[f"{metric}_mean"] - base[f"{metric}_mean"] if own else None
     return rows
 
 
-def _cell(row: Dict[str, Any], metric: str) -> str:
-    return f"{row[f'{metric}_mean']:.2f} ± {row[f'{metric}_std']:.2f}"
+ROUTING_COLUMNS = [f"routing_{who}_{version}_{when}" for version in ("modal", "any") for when in ("last", "anytime_mean")
+                   for who in ("own", "rear", "chance")]
 
 
-def _delta(row: Dict[str, Any], metric: str) -> str:
-    value = row[f"{metric}_delta"]
-    return "" if math.isnan(value) or row["variant"] == "baseline" else f"{value:+.2f}"
+def _mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return float(np.mean(finite)) if finite else None
 
 
-def format_markdown(rows: Sequence[Dict[str, Any]]) -> str:
+def _diagnostics_means(diagnostics: Sequence[Optional[Dict[str, Any]]]) -> Dict[str, Optional[float]]:
+    """Means over seeds (in %) of the run records' diagnostics (docs/diagnostics.md); None without any."""
+    found = [d for d in diagnostics if d]
+    out: Dict[str, Optional[float]] = {}
+    for column in ROUTING_COLUMNS:
+        _, who, version, when = column.split("_", 3)
+        out[column] = _mean_or_none([100 * d["routing"][who][version][when] for d in found])
+    out["expert_matrix_contrast"] = _mean_or_none(
+        [100 * d["expert_matrix"]["diagonal_minus_off_diagonal"] for d in found if d.get("expert_matrix")]
+    )
+    for name in dict.fromkeys(name for d in found for name in d.get("members", {})):
+        for metric in ("A_auc", "A_last"):
+            out[f"member_{name}_{metric}"] = _mean_or_none(
+                [100 * d["members"][name][metric] for d in found if name in d.get("members", {})]
+            )
+    return out
+
+
+def verdicts(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """One line per (dataset, method) with an oracle row: the oracle's A_auc gap over the method's own
+    selection, and the share of it REAR recovers (docs/diagnostics.md)."""
+    a_auc: Dict[tuple, Dict[str, float]] = {}
+    for r in rows:
+        a_auc.setdefault((r["dataset"], r["method"]), {})[r["variant"]] = r["A_auc_mean"]
+    lines = []
+    for (dataset, method), score in a_auc.items():
+        name = f"{METHOD_NAMES.get(method, method)} ({dataset})"
+        if "baseline" in score and "oracle" in score:
+            gap = score["oracle"] - score["baseline"]
+            if gap <= 0:
+                lines.append(f"{name}: no gap (oracle - baseline A_auc {gap:+.2f} points): no router can gain here")
+            elif "router" not in score:
+                lines.append(f"{name}: oracle gap {gap:.2f} points")
+            else:
+                recovered = 100 * (score["router"] - score["baseline"]) / gap
+                lines.append(f"{name}: oracle gap {gap:.2f} points; REAR recovers {recovered:.0f}% of it")
+        elif "full" in score and "oracle_both" in score:
+            gap = score["oracle_both"] - score["full"]
+            lines.append(f"{name}: its router is {gap:.2f} points of A_auc below the oracle (oracle_both - full)")
+    return lines
+
+
+def _percent(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def _diagnostics_markdown(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """Routing accuracy and forced-expert contrast per (dataset, method); ensemble members per variant."""
+    trainings = {}
+    for r in rows:
+        if r.get("routing_own_modal_last") is not None:
+            trainings.setdefault((r["dataset"], r["method"]), r)
+    if not trainings:
+        return []
     lines = [
-        "| dataset | method | variant | seeds | A_auc | ΔA_auc | A_last | ΔA_last | F_last | s/batch | peak MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "",
+        "Routing accuracy (%) against the true expert at the end of the stream, modal / any (docs/diagnostics.md); "
+        "contrast: diagonal minus mean off-diagonal of the forced-expert matrix (points).",
+        "",
+        "| dataset | method | own selection | REAR | chance | anytime mean own / REAR (modal) | contrast |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (dataset, method), r in trainings.items():
+        pair = [f"{_percent(r[f'routing_{who}_modal_last'])} / {_percent(r[f'routing_{who}_any_last'])}"
+                for who in ("own", "rear", "chance")]
+        anytime = f"{_percent(r['routing_own_modal_anytime_mean'])} / {_percent(r['routing_rear_modal_anytime_mean'])}"
+        lines.append(f"| {dataset} | {METHOD_NAMES.get(method, method)} | {' | '.join(pair)} | {anytime} | "
+                     f"{_signed(r['expert_matrix_contrast'])} |")
+    members = [key[len("member_"):-len("_A_auc")] for key in rows[0] if key.startswith("member_") and key.endswith("_A_auc")]
+    ensemble_rows = [r for r in rows if r.get("member_ensemble_A_auc") is not None]
+    if members and ensemble_rows:
+        lines += ["", "A_auc (%) of each ensemble member alone, under the variant's selection.", "",
+                  "| dataset | method | variant | " + " | ".join(members) + " |",
+                  "|---|---|---|" + "---|" * len(members)]
+        for r in ensemble_rows:
+            cells = " | ".join(_percent(r[f"member_{m}_A_auc"]) for m in members)
+            lines.append(f"| {r['dataset']} | {METHOD_NAMES.get(r['method'], r['method'])} | {r['variant']} | {cells} |")
+    return lines
+
+
+def _cell(row: Dict[str, Any], metric: str) -> str:
+    std = row[f"{metric}_std"]
+    return f"{row[f'{metric}_mean']:.2f} ± {'n/a' if std is None else f'{std:.2f}'}"
+
+
+def _signed(value: Optional[float]) -> str:
+    return "" if value is None or math.isnan(value) else f"{value:+.2f}"
+
+
+def format_markdown(rows: Sequence[Dict[str, Any]], caption: str = "") -> str:
+    """The table as Markdown, under a caption saying what the numbers are."""
+    seeds = sorted({r["seeds"] for r in rows})
+    lines = [caption + "." if caption and not caption.endswith(".") else caption] if caption else []
+    lines += [
+        f"A_auc / A_last / F_last in %, mean ± standard deviation over {'/'.join(map(str, seeds)) or 0} seed(s) "
+        "(n/a: one seed); Δ is the difference of the means from the method's baseline (the same seeds, so "
+        "paired). Paper: CIFAR-100 A_auc of the paper's cross-ablation (ViT-B/16, 5 seeds).",
+        "",
+        "| dataset | method | variant | seeds | A_auc | ΔA_auc | paper A_auc | paper Δ | A_last | ΔA_last | F_last "
+        "| s/batch | peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        paper = "" if r.get("paper_A_auc") is None else f"{r['paper_A_auc']:.2f}"
         lines.append(
-            f"| {r['dataset']} | {r['method']} | {r['variant']} | {r['seeds']} | {_cell(r, 'A_auc')} | "
-            f"{_delta(r, 'A_auc')} | {_cell(r, 'A_last')} | {_delta(r, 'A_last')} | {_cell(r, 'F_last')} | "
+            f"| {r['dataset']} | {METHOD_NAMES.get(r['method'], r['method'])} | {r['variant']} | {r['seeds']} | "
+            f"{_cell(r, 'A_auc')} | {_signed(r['A_auc_delta'])} | {paper} | {_signed(r.get('paper_A_auc_delta'))} | "
+            f"{_cell(r, 'A_last')} | {_signed(r['A_last_delta'])} | {_cell(r, 'F_last')} | "
             f"{r['seconds_per_batch']:.3f} | {r['peak_memory_mb']:.0f} |"
         )
+    lines += _diagnostics_markdown(rows)
+    found = verdicts(rows)
+    if found:
+        lines += ["", *found]
     return "\n".join(lines)
 
 
-def write_tables(output: Path, rows: Sequence[Dict[str, Any]]) -> str:
-    markdown = format_markdown(rows)
+def write_tables(output: Path, rows: Sequence[Dict[str, Any]], caption: str = "") -> str:
+    """``table.md``, ``table.json`` and ``table.csv`` in ``output``; returns the Markdown."""
+    markdown = format_markdown(rows, caption)
     (output / "table.md").write_text(markdown + "\n")
     write_json_atomic(output / "table.json", list(rows))
     if rows:
@@ -117,6 +260,40 @@ def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Pat
         axis.axis("off")
     figure.tight_layout()
     path = output / "curves.png"
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot_paper_deltas(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[Path]:
+    """``deltas.png``: measured ΔA_auc of each variant (mean over seeds, error bar: the variant's standard
+    deviation) beside the paper's CIFAR-100 Δ, one group of bars per method and variant."""
+    entries = [r for r in rows if r["A_auc_delta"] is not None and paper_delta(r["method"], r["variant"]) is not None]
+    if not entries:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[bench]'): no deltas.png", file=sys.stderr)
+        return None
+    labels = [f"{METHOD_NAMES.get(r['method'], r['method'])}\n+{r['variant']}"
+              + (f"\n{r['dataset']}" if len({e['dataset'] for e in entries}) > 1 else "") for r in entries]
+    x = np.arange(len(entries))
+    measured = [r["A_auc_delta"] for r in entries]
+    errors = [r["A_auc_std"] or 0.0 for r in entries]
+    paper = [paper_delta(r["method"], r["variant"]) for r in entries]
+    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(entries)), 3.8))
+    axis.bar(x - 0.2, measured, 0.4, yerr=errors, capsize=2, label="measured ΔA_auc (this sweep)")
+    axis.bar(x + 0.2, paper, 0.4, label="paper ΔA_auc (CIFAR-100, ViT-B/16)")
+    axis.axhline(0, color="black", linewidth=0.8)
+    axis.set_xticks(x, labels, fontsize=7)
+    axis.set_ylabel("ΔA_auc vs baseline (points)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path = output / "deltas.png"
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path

@@ -9,16 +9,24 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+from .methods import method_class
 from .runner import RunSpec
+from .variants import variants_for
 
 __all__ = [
     "ProtocolMismatchError", "result_path", "write_json_atomic", "load_results", "setting_differences",
-    "check_resumable", "plan",
+    "check_resumable", "plan", "trainings",
 ]
 
 
 def result_path(output: Path, spec: RunSpec) -> Path:
     return output / "runs" / f"{spec.key}.json"
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -28,6 +36,7 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     try:
         with os.fdopen(handle, "w") as stream:
             json.dump(payload, stream)
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp creates 0600; results are ordinary files
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
@@ -80,10 +89,19 @@ class ProtocolMismatchError(RuntimeError):
 
 
 def plan(methods: Sequence[str], variants: Sequence[str], datasets: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:
+    """Every result of a sweep: each method's variants for ``variants`` (``benchmarks.variants.variants_for``)."""
     specs = []
     for dataset in datasets:
         for seed in seeds:
             for method in methods:
-                for variant in (("full",) if method == "flyprompt" else variants):
+                for variant in variants_for(method_class(method), variants):
                     specs.append(RunSpec(method, variant, dataset, seed))
     return specs
+
+
+def trainings(specs: Sequence[RunSpec]) -> List[List[RunSpec]]:
+    """``specs`` grouped by (dataset, seed, method), in order: the results one training gives."""
+    groups: Dict[tuple, List[RunSpec]] = {}
+    for spec in specs:
+        groups.setdefault((spec.dataset, spec.seed, spec.method), []).append(spec)
+    return list(groups.values())

@@ -1,65 +1,9 @@
-"""Si-Blurry stream: seeded class/sample split into sessions, batching, sharding and exposure order.
+"""The Si-Blurry stream: a seeded split of a labelled training set into sessions, batches that never
+cross a session, data-parallel shares, and the classes' exposure order.
 
-The Si-Blurry benchmark (Moon et al., ICCV 2023), as used by FlyPrompt, turns a labelled training set
-into ``T`` sessions whose class sets and sizes are random:
-
-1. A fraction ``disjoint_ratio`` (r_D) of the classes is *disjoint*: each such class lives in exactly one
-   session. The other classes are *blurry*: they also have a home session, but a fraction
-   ``blurry_ratio`` (r_B) of all blurry-class samples is pooled, shuffled and redistributed, so a
-   blurry class can show up in several sessions.
-2. With ``split="random"`` (the upstream ``--rnd_NM`` flag, used for every number in the paper) the
-   number of classes per session and the number of redistributed samples per session are drawn at
-   random; ``split="equal"`` uses equal class groups and equal shares instead.
-3. Each session's samples are shuffled once; the stream is the concatenation of the sessions, visited
-   once, in sequential batches that never cross a session boundary.
-
-Bit-compatibility
------------------
-:func:`build_si_blurry_stream` reproduces the reference sampler (FlyGCL ``utils/onlinesampler.py``
-``OnlineSampler``; Si-Blurry ``utils/online_sampler.py`` has the same algorithm) draw for draw. All
-randomness comes from one private CPU ``torch.Generator`` seeded with ``seed``, consumed in this order:
-
-1. ``randperm(C)`` -- the class order; its first ``disjoint_num`` entries are the disjoint classes.
-2. (random split, only if there are disjoint classes) ``randint(0, disjoint_num, (T-1,))`` -- sorted
-   cut points of the disjoint class list.
-3. (random split, only if there are blurry classes) the same for the blurry class list.
-4. (random split, only if ``num_moved > 0``) ``randint(0, num_moved, (T-1,))`` -- sorted cut points of
-   the per-session quotas of redistributed blurry samples.
-5. ``randperm(len(pool))`` -- the pool of redistributed samples (the equal split always draws it).
-6. ``randperm(len(session))`` for every session in order -- the within-session order.
-
-Every other step is deterministic (sample bucketing keeps dataset order, donors give their *first*
-samples in dataset order), so the same label vector, seed and ratios give the same per-session order
-as the reference implementation on the same torch version. Ratios are fractions in ``[0, 1]`` here
-(the reference takes integer percentages); ``floor(count * ratio)`` is evaluated exactly on the
-decimal value of the ratio (``0.1`` means 1/10), so ``0.1`` reproduces ``m=10``. This was checked
-against an independent list-based replay of the reference sampler (torch 2.14.1): the 20 pinned
-streams of ``tests/fixtures/si_blurry_streams.json`` and 600 random small configurations matched
-index for index. A torch release that changed CPU ``randperm``/``randint`` would change the streams
-(and fail the pinned-digest tests) for both implementations alike.
-
-Reference behaviours kept on purpose (and tested): the number of blurry classes is *not* rounded to
-a multiple of ``T`` (FlyGCL; Si-Blurry rounds it down and drops the remainder classes), so with
-``disjoint_ratio=1`` and ``C`` not divisible by ``T`` the ``C mod T`` left-over classes are blurry;
-sessions can be empty; when a session has fewer blurry samples than its donation quota it gives what
-it has and the pool shortfall falls on the last sessions; the equal split drops the pool remainder
-(``len(pool) mod T`` samples never enter the stream).
-
-Sharding
---------
-For data-parallel training with ``world_size`` ranks (reference-protocol section 5), every session
-order is truncated to a multiple of ``world_size`` (the tail is dropped, as the reference does), the
-*global* batch ``b`` of a session is the slice ``order[b*B:(b+1)*B]`` and rank ``r`` processes every
-``world_size``-th element of it starting at ``r``. Ranks therefore get disjoint, equal shares of every
-global batch; sample counters count global batch sizes. This is exactly the reference's per-rank
-``indices[rank::world_size]`` with per-rank batch size ``B / world_size``.
-
-Exposure order
---------------
-Models index classes by *exposure order*: a class gets the next free index the first time one of its
-samples is streamed (reference-protocol 1.7). :meth:`SiBlurryStream.exposure` precomputes that order
-for the whole stream (vectorised), so the exposed-class set, the label remapping and the evaluation
-subset at any point are lookups.
+:func:`build_si_blurry_stream` reproduces the reference sampler draw for draw (same label vector,
+seed and ratios: the same per-session order); what the stream is and which reference behaviours are
+kept is in docs/stream.md.
 """
 
 from __future__ import annotations
@@ -82,8 +26,6 @@ __all__ = [
     "SiBlurryStream",
     "build_si_blurry_stream",
     "check_label_vector",
-    "session_boundaries",
-    "expert_window",
 ]
 
 SplitKind = Literal["random", "equal"]
@@ -709,35 +651,3 @@ def build_si_blurry_stream(
         num_moved=num_moved,
         move_quotas=tuple(int(q) for q in quotas),
     )
-
-
-def session_boundaries(stream: SiBlurryStream, world_size: int = 1) -> Tuple[Tensor, Tensor]:
-    """``(session_ids, session_ends)`` of a stream: what a session-aligned expert schedule needs.
-
-    ``session_ids`` is ``(L,)`` long, the session of every stream position; ``session_ends`` is
-    ``(T,)`` long, the number of samples consumed when each session finishes (equal to the
-    ``samples_seen`` of its last batch; an empty session repeats the previous value). With
-    ``world_size > 1`` positions count the global, tail-truncated stream.
-    """
-    return stream.session_ids(world_size), stream.session_ends(world_size)
-
-
-def expert_window(num_train_samples: int, num_experts: int) -> int:
-    """Samples per expert of the task-free schedule: ``w = floor(N_train / num_experts)``.
-
-    This is the reference default (``samples_per_step``, reference-protocol 3.7): the expert index
-    advances each time a running counter of *global* batch sizes reaches ``w`` (the batch that
-    crosses the threshold still belongs to the old expert; counter minus ``w`` carries over), and
-    never beyond ``num_experts - 1``. ``N_train`` is the size of the training set, not of a sharded
-    stream.
-
-    Raises:
-        ValueError: ``num_experts < 1`` or fewer samples than experts (``w`` would be 0).
-    """
-    num_train_samples = _check_positive_int(num_train_samples, "num_train_samples")
-    num_experts = _check_positive_int(num_experts, "num_experts")
-    if num_train_samples < num_experts:
-        raise ValueError(
-            f"expert window would be 0: num_train_samples={num_train_samples} < num_experts={num_experts}"
-        )
-    return num_train_samples // num_experts

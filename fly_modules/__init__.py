@@ -7,14 +7,17 @@ torch/timm versions. Method-specific retrofits live in :mod:`fly_modules.adapter
 from ._validation import InvalidParameterError as InvalidParameterError
 from ._validation import NotFittedError as NotFittedError
 from .ensemble import AGGREGATION_RULES as AGGREGATION_RULES
+from .ensemble import ClassifierNotFoundError as ClassifierNotFoundError
 from .ensemble import TemporalEnsembleHead as TemporalEnsembleHead
 from .ensemble import aggregate_logits as aggregate_logits
 from .ensemble import find_classifier as find_classifier
+from .ensemble import locate_classifier as locate_classifier
 from .masks import batch_seen_class_mask as batch_seen_class_mask
 from .masks import class_mask as class_mask
 from .masks import seen_class_mask as seen_class_mask
 from .router import AnalyticRouter as AnalyticRouter
 from .router import RandomExpansion as RandomExpansion
+from .router import RouterConditioningWarning as RouterConditioningWarning
 from .router import RouterSolveError as RouterSolveError
 from .schedule import SampleBudgetSchedule as SampleBudgetSchedule
 from .schedule import SessionSchedule as SessionSchedule
@@ -24,9 +27,11 @@ __version__ = "0.1.0"
 __all__ = [
     "AGGREGATION_RULES",
     "AnalyticRouter",
+    "ClassifierNotFoundError",
     "InvalidParameterError",
     "NotFittedError",
     "RandomExpansion",
+    "RouterConditioningWarning",
     "RouterSolveError",
     "SampleBudgetSchedule",
     "SessionSchedule",
@@ -35,5 +40,6 @@ __all__ = [
     "batch_seen_class_mask",
     "class_mask",
     "find_classifier",
+    "locate_classifier",
     "seen_class_mask",
 ]

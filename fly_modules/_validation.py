@@ -6,6 +6,7 @@ were. Messages say what was found and what was expected (scikit-learn's conventi
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 from typing import Any, Collection, Optional, Union
@@ -13,7 +14,10 @@ from typing import Any, Collection, Optional, Union
 import torch
 from torch import Tensor
 
-__all__ = ["InvalidParameterError", "NotFittedError", "check_int", "check_choice", "check_features", "check_expert_ids"]
+__all__ = [
+    "InvalidParameterError", "NotFittedError", "check_int", "check_float", "check_choice", "check_features",
+    "check_expert_ids", "finite_peak",
+]
 
 
 class InvalidParameterError(ValueError, TypeError):
@@ -52,11 +56,36 @@ def check_int(
     return number
 
 
+def check_float(
+    value: Any, name: str, *, owner: str, above: Optional[float] = None, below: Optional[float] = None
+) -> float:
+    """``value`` as a finite Python float strictly between ``above`` and ``below`` (either bound optional).
+
+    Accepts real numbers (numpy scalars and 0-d tensors included) except ``bool``; raises
+    :class:`InvalidParameterError` otherwise.
+    """
+    bound = (
+        f" and in ({above:g}, {below:g})" if above is not None and below is not None
+        else f" and > {above:g}" if above is not None
+        else f" and < {below:g}" if below is not None
+        else ""
+    )
+    expected = f"{owner}: {name} must be finite{bound}"
+    if isinstance(value, bool) or (isinstance(value, Tensor) and (value.dtype == torch.bool or value.numel() != 1)):
+        raise InvalidParameterError(f"{expected}, got {value!r}")
+    if not isinstance(value, (numbers.Real, Tensor)):
+        raise InvalidParameterError(f"{expected}, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or (above is not None and number <= above) or (below is not None and number >= below):
+        raise InvalidParameterError(f"{expected}, got {number!r}")
+    return number
+
+
 def check_choice(value: Any, name: str, choices: Collection[Any], *, owner: str) -> Any:
-    """``value`` if it is one of ``choices``; :class:`InvalidParameterError` naming them otherwise."""
-    if isinstance(value, numbers.Number) or isinstance(value, str) or value is None:
-        if value in choices:
-            return value
+    """``value`` if it is one of ``choices`` (same type and equal: ``True`` is not ``1``);
+    :class:`InvalidParameterError` naming them otherwise."""
+    if not isinstance(value, Tensor) and any(type(value) is type(c) and value == c for c in choices):
+        return value
     raise InvalidParameterError(f"{owner}: {name} must be one of {tuple(choices)}, got {value!r}")
 
 
@@ -68,74 +97,105 @@ class NotFittedError(ValueError, AttributeError):
     """
 
 
-def check_features(features: Tensor, in_features: int, *, owner: str, device: torch.device) -> Tensor:
-    """Validate a ``(N, in_features)`` floating-point, finite, non-empty batch on ``device``."""
+def check_features(
+    features: Tensor,
+    in_features: int,
+    *,
+    owner: str,
+    device: torch.device,
+    allow_empty: bool = False,
+    check_finite: bool = True,
+) -> Tensor:
+    """Validate a ``(N, in_features)`` floating-point batch on ``device`` (non-empty unless allowed).
+
+    Everything but finiteness is read from the tensor's metadata; ``check_finite=False`` skips the
+    one check that needs the values (a host synchronisation on an accelerator).
+    """
     if not isinstance(features, Tensor):
-        raise TypeError(f"{owner}: features must be a torch.Tensor, got {type(features).__name__}")
+        raise InvalidParameterError(f"{owner}: features must be a torch.Tensor, got {type(features).__name__}")
     if features.ndim != 2:
         hint = " (a single sample needs features.unsqueeze(0))" if features.ndim == 1 else ""
-        raise ValueError(
+        raise InvalidParameterError(
             f"{owner}: features must have shape (N, {in_features}), got a {features.ndim}-d tensor "
             f"of shape {tuple(features.shape)}{hint}"
         )
     if not features.is_floating_point():
-        raise TypeError(
+        raise InvalidParameterError(
             f"{owner}: features must be floating point, got dtype {features.dtype} "
             f"(convert with features.float())"
         )
     if features.shape[1] != in_features:
-        raise ValueError(
+        raise InvalidParameterError(
             f"{owner}: features have {features.shape[1]} columns but the module was built with "
             f"in_features={in_features}"
         )
-    if features.shape[0] == 0:
-        raise ValueError(f"{owner}: features hold an empty batch (shape {tuple(features.shape)})")
+    if features.shape[0] == 0 and not allow_empty:
+        raise InvalidParameterError(f"{owner}: features hold an empty batch (shape {tuple(features.shape)})")
     if features.device != device:
-        raise ValueError(
+        raise InvalidParameterError(
             f"{owner}: features are on {features.device} but the module's state is on {device}; "
             f"move one of them (module.to({features.device}) or features.to({device}))"
         )
-    finite = torch.isfinite(features)
-    if not bool(finite.all()):
-        n_nan = int(torch.isnan(features).sum())
-        n_inf = int((~finite).sum()) - n_nan
-        raise ValueError(f"{owner}: features contain {n_nan} NaN and {n_inf} infinite values")
+    if check_finite and not bool(torch.isfinite(features).all()):
+        raise _not_finite(features, owner)
     return features
 
 
+def finite_peak(features: Tensor, *, owner: str) -> float:
+    """``max |features|`` (one reduction, one host read); raises when the features are not all finite."""
+    peak = float(features.abs().amax()) if features.numel() else 0.0
+    if not math.isfinite(peak):
+        raise _not_finite(features, owner)
+    return peak
+
+
+def _not_finite(features: Tensor, owner: str) -> InvalidParameterError:
+    n_nan = int(torch.isnan(features).sum())
+    n_inf = int(torch.isinf(features).sum())
+    return InvalidParameterError(f"{owner}: features contain {n_nan} NaN and {n_inf} infinite values")
+
+
 def check_expert_ids(
-    expert_ids: Union[int, Tensor], batch_size: int, num_experts: int, *, owner: str, device: torch.device
+    expert_ids: Union[int, Tensor],
+    batch_size: int,
+    num_experts: int,
+    *,
+    owner: str,
+    device: torch.device,
+    check_range: bool = True,
 ) -> Tensor:
-    """Turn one id for the batch or one id per sample into a validated ``(N,)`` long tensor."""
-    if isinstance(expert_ids, bool):
-        raise TypeError(f"{owner}: expert id must be an int or an integer tensor, got bool")
-    if isinstance(expert_ids, int):
-        ids = torch.full((batch_size,), expert_ids, dtype=torch.long, device=device)
-    elif isinstance(expert_ids, Tensor):
-        if expert_ids.is_floating_point() or expert_ids.is_complex() or expert_ids.dtype == torch.bool:
-            raise TypeError(f"{owner}: expert ids must be integers, got dtype {expert_ids.dtype}")
-        if expert_ids.ndim == 0:
-            ids = expert_ids.to(device=device, dtype=torch.long).expand(batch_size)
-        elif expert_ids.ndim == 1:
-            if expert_ids.shape[0] != batch_size:
-                raise ValueError(
-                    f"{owner}: got {expert_ids.shape[0]} expert ids for a batch of {batch_size} samples"
-                )
-            ids = expert_ids.to(device=device, dtype=torch.long)
-        else:
-            raise ValueError(
-                f"{owner}: expert ids must be a scalar or have shape ({batch_size},), "
-                f"got shape {tuple(expert_ids.shape)}"
+    """Turn one id for the batch or one id per sample into a validated ``(N,)`` long tensor.
+
+    ``check_range=False`` skips the range check of an id *tensor* (it reads the values: a host
+    synchronisation on an accelerator); a Python int is always checked.
+    """
+    if not isinstance(expert_ids, Tensor):
+        expert = check_int(expert_ids, "expert id", owner=owner)
+        _check_expert_range(expert, expert, num_experts, owner)
+        return torch.full((batch_size,), expert, dtype=torch.long, device=device)
+    if expert_ids.is_floating_point() or expert_ids.is_complex() or expert_ids.dtype == torch.bool:
+        raise InvalidParameterError(f"{owner}: expert ids must be integers, got dtype {expert_ids.dtype}")
+    if expert_ids.ndim == 0:
+        ids = expert_ids.to(device=device, dtype=torch.long).expand(batch_size)
+    elif expert_ids.ndim == 1:
+        if expert_ids.shape[0] != batch_size:
+            raise InvalidParameterError(
+                f"{owner}: got {expert_ids.shape[0]} expert ids for a batch of {batch_size} samples"
             )
+        ids = expert_ids.to(device=device, dtype=torch.long)
     else:
-        raise TypeError(f"{owner}: expert ids must be an int or a tensor, got {type(expert_ids).__name__}")
-    if ids.numel():
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0:
-            raise ValueError(f"{owner}: expert ids must be non-negative, got {low}")
-        if high >= num_experts:
-            raise ValueError(
-                f"{owner}: expert id {high} does not exist (num_experts={num_experts}); "
-                f"create it first with add_expert()"
-            )
+        raise InvalidParameterError(
+            f"{owner}: expert ids must be a scalar or have shape ({batch_size},), got shape {tuple(expert_ids.shape)}"
+        )
+    if check_range and ids.numel():
+        _check_expert_range(int(ids.min()), int(ids.max()), num_experts, owner)
     return ids
+
+
+def _check_expert_range(low: int, high: int, num_experts: int, owner: str) -> None:
+    if low < 0:
+        raise InvalidParameterError(f"{owner}: expert ids must be non-negative, got {low}")
+    if high >= num_experts:
+        raise InvalidParameterError(
+            f"{owner}: expert id {high} does not exist (num_experts={num_experts}); create it first with add_expert()"
+        )

@@ -3,21 +3,34 @@
 One trainable *online* head plus, for every expert, frozen exponential-moving-average copies of it
 with several decays. Training uses the online head alone; after each optimizer step the active
 expert's copies move towards it; at inference each sample's routed expert contributes its copies,
-which are ensembled with the online head after the logit mask.
+which are ensembled with the online head after the logit mask. Inference has no per-sample loop and,
+off the CPU, no host synchronisation. Details: ``docs/ensemble.md``.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from ._validation import check_expert_ids, check_features
+from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
+from ._validation import (
+    InvalidParameterError,
+    NotFittedError,
+    check_choice,
+    check_expert_ids,
+    check_features,
+    check_float,
+    check_int,
+)
 
-__all__ = ["TemporalEnsembleHead", "aggregate_logits", "AGGREGATION_RULES", "find_classifier"]
+__all__ = [
+    "TemporalEnsembleHead", "aggregate_logits", "AGGREGATION_RULES", "ClassifierNotFoundError", "find_classifier",
+    "locate_classifier",
+]
 
 AGGREGATION_RULES = ("mean", "max_prob", "min_entropy", "softmax_mean", "softmax_max", "softmax_min_entropy")
 
@@ -37,10 +50,11 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
     A row whose classes are *all* masked has no prediction: the softmax rules give NaN there and
     ``mean`` / ``max_prob`` give ``-inf``.
     """
-    if member_logits.ndim != 3:
-        raise ValueError(f"aggregate_logits: expected member logits of shape (N, H, C), got {tuple(member_logits.shape)}")
-    if rule not in AGGREGATION_RULES:
-        raise ValueError(f"aggregate_logits: rule must be one of {AGGREGATION_RULES}, got {rule!r}")
+    if not isinstance(member_logits, Tensor) or member_logits.ndim != 3:
+        raise InvalidParameterError(
+            f"aggregate_logits: expected member logits of shape (N, H, C), got {tuple(getattr(member_logits, 'shape', ()))}"
+        )
+    check_choice(rule, "rule", AGGREGATION_RULES, owner="aggregate_logits")
     if rule == "mean":
         return member_logits.mean(dim=1)
     if rule == "max_prob":
@@ -57,22 +71,60 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
     return chosen[rows, best]
 
 
+class ClassifierNotFoundError(LookupError, TypeError):
+    """A module has no classifier where :func:`locate_classifier` looks.
+
+    Also a ``TypeError``: what :func:`find_classifier` raised for such modules before it existed.
+    """
+
+
+def locate_classifier(module: nn.Module) -> Tuple[str, nn.Module]:
+    """``(name, classifier)`` of ``module``'s classifier: what ``get_classifier()`` (timm) returns, else
+    the child ``head``, else ``fc``.
+
+    ``name`` is the attribute path from ``module`` (``"head"``; dotted when ``get_classifier()``
+    returns a grandchild, e.g. ``"head.fc"``), so ``module.get_submodule(name)`` is the classifier.
+    Raises :class:`ClassifierNotFoundError` naming ``module``'s children when there is none.
+
+    Examples::
+
+        >>> model = nn.Module()
+        >>> model.head = nn.Linear(8, 3)
+        >>> locate_classifier(model)
+        ('head', Linear(in_features=8, out_features=3, bias=True))
+    """
+    getter = getattr(module, "get_classifier", None)
+    classifier = getter() if callable(getter) else None
+    if isinstance(classifier, nn.Module):
+        for name, child in module.named_modules():
+            if child is classifier and name:
+                return name, child
+    for name in ("head", "fc"):
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return name, child
+    children = [f"{name} ({type(child).__name__})" for name, child in module.named_children()]
+    raise ClassifierNotFoundError(
+        f"{type(module).__name__} has no classifier: no get_classifier() submodule, `head` or `fc` "
+        f"(its children are {children or 'none'})"
+    )
+
+
 def find_classifier(module: nn.Module) -> nn.Linear:
-    """The ``nn.Linear`` classifier of ``module``: itself, ``get_classifier()`` (timm), ``head`` or ``fc``."""
+    """The ``nn.Linear`` classifier of ``module``: itself, or the one :func:`locate_classifier` finds."""
     if isinstance(module, nn.Linear):
         return module
-    getter = getattr(module, "get_classifier", None)
-    candidates = [("get_classifier()", getter())] if callable(getter) else []
-    candidates += [(name, getattr(module, name)) for name in ("head", "fc") if isinstance(getattr(module, name, None), nn.Module)]
-    for _, candidate in candidates:
-        if isinstance(candidate, nn.Linear):
-            return candidate
-    found = ", ".join(f"{name} -> {type(c).__name__}" for name, c in candidates) or "no get_classifier(), head or fc"
-    raise TypeError(
-        f"TemporalEnsembleHead needs an nn.Linear classifier; {type(module).__name__} has {found}. "
-        f"Pass the nn.Linear itself (timm models built with num_classes=0 have no classifier: build them with "
-        f"num_classes=C or pass a fresh nn.Linear)."
-    )
+    try:
+        name, classifier = locate_classifier(module)
+    except ClassifierNotFoundError as error:
+        raise ClassifierNotFoundError(f"TemporalEnsembleHead needs an nn.Linear classifier; {error}") from None
+    if not isinstance(classifier, nn.Linear):
+        raise InvalidParameterError(
+            f"TemporalEnsembleHead needs an nn.Linear classifier; {type(module).__name__}'s classifier `{name}` is "
+            f"{type(classifier).__name__}. Pass the nn.Linear itself (timm models built with num_classes=0 have no "
+            f"classifier: build them with num_classes=C or pass a fresh nn.Linear)."
+        )
+    return classifier
 
 
 class TemporalEnsembleHead(nn.Module):
@@ -86,6 +138,10 @@ class TemporalEnsembleHead(nn.Module):
             More can be added with ``add_expert()`` / ``start_expert()``.
         decays: EMA decay of each copy, distinct values in ``(0, 1)``; default ``(0.9, 0.99)``.
         aggregate: one of :data:`AGGREGATION_RULES`; default ``"softmax_max"`` (the paper's).
+        check_values: whether ``forward`` checks the inputs' *values* (finite features, expert ids in
+            range), which reads them on the host. ``None`` (default): for CPU tensors only, so the
+            accelerator path never synchronises; ``True``: always; ``False``: never. Shapes, dtypes,
+            widths and devices are always checked (metadata only).
 
     Shape:
         - features: ``(N, in_features)``
@@ -127,22 +183,19 @@ class TemporalEnsembleHead(nn.Module):
         *,
         decays: Sequence[float] = (0.9, 0.99),
         aggregate: str = "softmax_max",
+        check_values: Optional[bool] = None,
     ) -> None:
         super().__init__()
-        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 0:
-            raise ValueError(f"TemporalEnsembleHead: num_experts must be an int >= 0, got {num_experts!r}")
-        decays = tuple(float(d) for d in decays)
+        owner = "TemporalEnsembleHead"
+        num_experts = check_int(num_experts, "num_experts", owner=owner, minimum=0)
+        decays = tuple(check_float(d, f"decays[{i}]", owner=owner, above=0, below=1) for i, d in enumerate(decays))
         if not decays:
-            raise ValueError("TemporalEnsembleHead: decays must hold at least one value")
-        bad = [d for d in decays if not 0.0 < d < 1.0]
-        if bad:
-            raise ValueError(f"TemporalEnsembleHead: decays must lie in (0, 1), got {bad}")
+            raise InvalidParameterError(f"{owner}: decays must hold at least one value, got an empty sequence")
         if len(set(decays)) != len(decays):
-            raise ValueError(f"TemporalEnsembleHead: decays must be distinct, got {decays}")
-        if aggregate not in AGGREGATION_RULES:
-            raise ValueError(f"TemporalEnsembleHead: aggregate must be one of {AGGREGATION_RULES}, got {aggregate!r}")
+            raise InvalidParameterError(f"{owner}: decays must be distinct, got {decays}")
+        self.aggregate = check_choice(aggregate, "aggregate", AGGREGATION_RULES, owner=owner)
+        self.check_values = check_choice(check_values, "check_values", (None, True, False), owner=owner)
         self.online = find_classifier(head)
-        self.aggregate = aggregate
         weight = self.online.weight.detach()
         self.register_buffer("decays", torch.tensor(decays, dtype=torch.float64, device=weight.device))
         bank = weight.unsqueeze(0).unsqueeze(0).expand(num_experts, len(decays), *weight.shape)
@@ -176,8 +229,7 @@ class TemporalEnsembleHead(nn.Module):
     @torch.no_grad()
     def add_expert(self, count: int = 1) -> int:
         """Append ``count`` experts whose copies are clones of the current online head; returns the last id."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"TemporalEnsembleHead.add_expert: count must be an int >= 1, got {count!r}")
+        count = check_int(count, "count", owner="TemporalEnsembleHead.add_expert", minimum=1)
         weight = self.online.weight.detach().to(self.ema_weight.dtype)
         new = weight.expand(count, self.num_decays, *weight.shape)
         self.ema_weight = torch.cat([self.ema_weight, new])
@@ -193,10 +245,7 @@ class TemporalEnsembleHead(nn.Module):
 
         ``expert`` may be an existing id or ``num_experts`` (the next one, created here).
         """
-        if isinstance(expert, bool) or not isinstance(expert, int) or not 0 <= expert <= self.num_experts:
-            raise ValueError(
-                f"TemporalEnsembleHead.start_expert: expert must be an int in [0, {self.num_experts}], got {expert!r}"
-            )
+        expert = check_int(expert, "expert", owner="TemporalEnsembleHead.start_expert", minimum=0, maximum=self.num_experts)
         if expert == self.num_experts:
             self.add_expert()
         else:
@@ -215,7 +264,7 @@ class TemporalEnsembleHead(nn.Module):
         moved once) when given. Call it after every optimizer step, or use :meth:`attach`.
         """
         if self.num_experts == 0:
-            raise ValueError("TemporalEnsembleHead.update: no experts; call start_expert(0) first")
+            raise NotFittedError("TemporalEnsembleHead.update: no experts; call start_expert(0) first")
         # lerp(copy, online, 1 - decay) is the EMA step; one weight per decay, broadcast over (C, D).
         rate = (1.0 - self.decays).to(self.ema_weight.dtype)
         weight = self.online.weight.detach().to(self.ema_weight.dtype)
@@ -252,9 +301,10 @@ class TemporalEnsembleHead(nn.Module):
     # ------------------------------------------------------------------------------ inference
     def member_logits(self, features: Tensor, expert_ids: Union[int, Tensor]) -> Tensor:
         """Raw logits ``(N, 1 + num_decays, C)`` of ``[online, copies of each sample's expert]``."""
-        features = check_features(features, self.in_features, owner="TemporalEnsembleHead", device=self.ema_weight.device)
+        features = self._check_features(features)
         ids = check_expert_ids(
-            expert_ids, features.shape[0], self.num_experts, owner="TemporalEnsembleHead", device=features.device
+            expert_ids, features.shape[0], self.num_experts, owner="TemporalEnsembleHead", device=features.device,
+            check_range=self._checks_values(features),
         )
         online = self.online(features)
         bank = self.ema_weight.to(features.dtype)
@@ -270,6 +320,15 @@ class TemporalEnsembleHead(nn.Module):
             copies = copies + self.ema_bias.to(features.dtype)[ids]
         return torch.cat([online.unsqueeze(1), copies.to(online.dtype)], dim=1)
 
+    def _checks_values(self, features: Tensor) -> bool:
+        return features.device.type == "cpu" if self.check_values is None else self.check_values
+
+    def _check_features(self, features: Tensor) -> Tensor:
+        return check_features(
+            features, self.in_features, owner="TemporalEnsembleHead", device=self.online.weight.device,
+            check_finite=isinstance(features, Tensor) and self._checks_values(features),
+        )
+
     def aggregate_members(self, member_logits: Tensor) -> Tensor:
         """Aggregate (already masked) member logits ``(N, H, C)`` with this head's rule."""
         return aggregate_logits(member_logits, self.aggregate)
@@ -279,7 +338,7 @@ class TemporalEnsembleHead(nn.Module):
     ) -> Tensor:
         """Online logits (``expert_ids`` is ``None``) or the ensemble's scores over each sample's expert."""
         if expert_ids is None:
-            logits = self.online(features)
+            logits = self.online(self._check_features(features))
             return logits if logit_mask is None else logits + logit_mask
         members = self.member_logits(features, expert_ids)
         if logit_mask is not None:
@@ -305,24 +364,58 @@ class TemporalEnsembleHead(nn.Module):
 
     def set_extra_state(self, state: Dict[str, int]) -> None:
         # Called after the banks were loaded (and resized), so the checkpoint's expert count is known.
-        active = int(state["active_expert"])
-        if not 0 <= active < max(1, self.num_experts):
-            raise ValueError(
-                f"TemporalEnsembleHead: the checkpoint's active_expert {active} is not one of its {self.num_experts} experts"
+        self.active_expert = self._check_saved_state(state, self.num_experts)
+
+    def _check_saved_state(self, state: Any, num_experts: int) -> int:
+        saved = check_settings(state, {}, owner="TemporalEnsembleHead.load_state_dict", adopted=("active_expert",), fixes={})
+        active = saved["active_expert"]
+        if isinstance(active, bool) or not isinstance(active, int) or not 0 <= active < max(1, num_experts):
+            raise InvalidParameterError(
+                f"TemporalEnsembleHead: the checkpoint's active_expert {active!r} is not one of its {num_experts} experts"
             )
-        self.active_expert = active
+        return active
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        # The banks grow with the experts: resize to the checkpoint's expert count first.
-        bank = state_dict.get(prefix + "ema_weight")
-        if isinstance(bank, Tensor) and bank.ndim == 4 and bank.shape[1:] == self.ema_weight.shape[1:]:
-            experts = bank.shape[0]
-            if experts != self.num_experts:
-                self.ema_weight = self.ema_weight.new_zeros(bank.shape)
-                if self.ema_bias is not None:
-                    self.ema_bias = self.ema_bias.new_zeros(experts, *self.ema_bias.shape[1:])
-                self.num_updates = self.num_updates.new_zeros(experts)
+        # All or nothing: every entry this head and its online classifier will read is checked first.
+        names = ["online.weight", "ema_weight", "decays", "num_updates"]
+        names += ["online.bias", "ema_bias"] if self.ema_bias is not None else []
+        if not holds_any(state_dict, prefix, (*names, "_extra_state")):
+            # Not in the checkpoint: the default loader only lists the missing keys (an error if strict).
+            return super()._load_from_state_dict(
+                state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+            )
+        entries = checkpoint_entries(state_dict, prefix, names, owner="TemporalEnsembleHead.load_state_dict")
+        if self.ema_bias is None and holds_any(state_dict, prefix, ("online.bias", "ema_bias")):
+            raise InvalidParameterError(
+                "TemporalEnsembleHead.load_state_dict: the checkpoint's classifier has a bias but this head's has "
+                "none; wrap an nn.Linear with bias=True"
+            )
+        experts = self._check_banks(entries, prefix)
+        if prefix + "_extra_state" in state_dict:
+            self._check_saved_state(state_dict[prefix + "_extra_state"], experts)
+        # The banks grow with the experts: take the checkpoint's expert count.
+        if experts != self.num_experts:
+            self.ema_weight = self.ema_weight.new_zeros(experts, *self.ema_weight.shape[1:])
+            if self.ema_bias is not None:
+                self.ema_bias = self.ema_bias.new_zeros(experts, *self.ema_bias.shape[1:])
+            self.num_updates = self.num_updates.new_zeros(experts)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+    def _check_banks(self, entries: Dict[str, Tensor], prefix: str) -> int:
+        """Checks the checkpoint's tensors against this head's layout; returns its expert count."""
+        owner = "TemporalEnsembleHead.load_state_dict"
+        classes, width = self.num_classes, self.in_features
+        decays = self.num_decays
+        fix = "build the head with the checkpoint's classifier shape and number of decays"
+        check_entry(entries["online.weight"], prefix + "online.weight", (classes, width), owner=owner, fix=fix)
+        check_entry(entries["decays"], prefix + "decays", (decays,), owner=owner, fix=fix)
+        check_entry(entries["ema_weight"], prefix + "ema_weight", (None, decays, classes, width), owner=owner, fix=fix)
+        experts = entries["ema_weight"].shape[0]
+        check_entry(entries["num_updates"], prefix + "num_updates", (experts,), owner=owner, integer=True)
+        if self.ema_bias is not None:
+            check_entry(entries["online.bias"], prefix + "online.bias", (classes,), owner=owner, fix=fix)
+            check_entry(entries["ema_bias"], prefix + "ema_bias", (experts, decays, classes), owner=owner, fix=fix)
+        return experts
 
     def extra_repr(self) -> str:
         decays = tuple(round(float(d), 6) for d in self.decays)

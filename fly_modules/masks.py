@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._validation import InvalidParameterError, check_int
+
 __all__ = ["class_mask", "batch_seen_class_mask", "seen_class_mask"]
 
 
@@ -19,10 +21,13 @@ def class_mask(
     classes: Tensor, num_classes: int, *, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None
 ) -> Tensor:
     """``(num_classes,)`` mask that is 0 at every index in ``classes`` and ``-inf`` elsewhere."""
-    if not isinstance(classes, Tensor) or classes.is_floating_point() or classes.dtype == torch.bool:
-        raise TypeError(f"class_mask: classes must be an integer tensor, got {getattr(classes, 'dtype', type(classes))}")
+    num_classes = check_int(num_classes, "num_classes", owner="class_mask", minimum=0)
+    if not isinstance(classes, Tensor) or classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
+        raise InvalidParameterError(
+            f"class_mask: classes must be an integer tensor, got {getattr(classes, 'dtype', type(classes).__name__)}"
+        )
     if classes.numel() and (int(classes.min()) < 0 or int(classes.max()) >= num_classes):
-        raise ValueError(
+        raise InvalidParameterError(
             f"class_mask: class indices must lie in [0, {num_classes}), got range "
             f"[{int(classes.min())}, {int(classes.max())}]"
         )
@@ -43,9 +48,15 @@ def batch_seen_class_mask(
 def seen_class_mask(
     num_seen: int, num_classes: int, *, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None
 ) -> Tensor:
-    """Evaluation mask: the first ``num_seen`` (exposed) classes."""
-    if isinstance(num_seen, bool) or not isinstance(num_seen, int) or not 0 <= num_seen <= num_classes:
-        raise ValueError(f"seen_class_mask: num_seen must be an int in [0, {num_classes}], got {num_seen!r}")
+    """Evaluation mask: the first ``num_seen`` (exposed) classes.
+
+    Examples::
+
+        >>> seen_class_mask(2, 4)
+        tensor([0., 0., -inf, -inf])
+    """
+    num_classes = check_int(num_classes, "num_classes", owner="seen_class_mask", minimum=0)
+    num_seen = check_int(num_seen, "num_seen", owner="seen_class_mask", minimum=0, maximum=num_classes)
     mask = torch.full((num_classes,), float("-inf"), dtype=dtype, device=device)
     mask[:num_seen] = 0
     return mask

@@ -1,57 +1,52 @@
-"""Random-expanded analytic router (REAR): a forward-only ridge classifier over experts.
+"""The analytic router (REAR, FlyPrompt section 3.1): a forward-only ridge classifier over experts.
 
-The router never sees a gradient and never stores a sample. It keeps two sufficient statistics of
-the stream, ``G = sum phi^T phi`` and ``Q = sum phi^T onehot(expert)`` over the random expansion
-``phi(h) = relu(h R)``, and routes with the ridge solution ``W = (G + lambda I)^-1 Q``. Because the
-statistics are sums, any split of the stream into ``update`` calls, any merge of two routers and any
-all-reduce across processes gives the same ``W`` as one batch fit on all the data.
-
-Implementation notes (why the code looks the way it does):
-
-* ``G`` is symmetric, so only its lower triangle is meaningful. ``update`` adds ``phi^T phi`` in row
-  panels of ``_PANEL_ROWS`` rows, each panel only as far right as its own diagonal block: 53% of the
-  flops of a dense ``addmm`` at M = 10,000 (a batch of 64 makes the GEMM compute-bound on a CPU, so
-  flops are the cost). Whatever the panels leave above the diagonal is never read: Cholesky
-  (``torch.linalg.cholesky_ex``), ``eigh`` and the refinement's products use the lower triangle only,
-  so the panel height is a tuning knob, not part of the checkpoint format; ``gram_matrix()`` returns
-  the full symmetric matrix.
-* The statistics are accumulated in float64 by default: at M = 10,000 the entries of ``G`` reach
-  1e4-1e8 after tens of thousands of samples while the ridge is 1e4, and float32 sums lose the
-  digits the ridge is meant to regularise (the reference accumulates and solves in float32).
-* The default solver factorises ``G + lambda I`` in float32 and refines the solution to float64
-  accuracy with residuals computed from the float64 statistics (mixed-precision iterative
-  refinement). When the system is too ill-conditioned for that to converge it falls back to a
-  float64 Cholesky, so the answer always has float64 accuracy.
-* The solution is cached and recomputed only after the statistics change: routing with unchanged
-  statistics costs one expansion and one small matmul.
+It keeps two sums over the stream, ``G = sum phi^T phi`` and ``Q = sum phi^T onehot(expert)`` of a
+fixed random expansion ``phi(h) = relu(h R^T)``, and routes with ``W = (G + lambda I)^-1 Q``. It never
+stores a sample nor sees a gradient; any split of the stream, merge of routers or sum across processes
+gives the same ``W`` as one fit on all the data. What is computed, in which precision, when it warns
+and what a checkpoint holds: ``docs/router.md``.
 """
 
 from __future__ import annotations
 
-import math
+import os
+import sys
 import warnings
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validation import NotFittedError, check_expert_ids, check_features
+from . import _collectives, _ridge
+from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
+from ._ridge import RouterSolveError
+from ._validation import (
+    InvalidParameterError,
+    NotFittedError,
+    check_choice,
+    check_expert_ids,
+    check_features,
+    check_float,
+    check_int,
+    finite_peak,
+)
 
-__all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError"]
+__all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError", "RouterConditioningWarning"]
 
 _ACTIVATIONS = ("relu", "identity")
 _SOLVERS = ("auto", "mixed", "cholesky", "eigh")
-# G is updated in row panels of _PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], so of the blocks
-# above the diagonal only the panels' own diagonal blocks are computed, a fraction 1/2 + rows/(2M) of the
-# dense flops (53% at M = 10,000). Shorter panels waste fewer flops but each GEMM is smaller and is a
-# synchronisation point of the BLAS threads; 512 rows measured best on 2-core AVX-512 CPUs
-# (benchmarks/bench_router.py prints the kernel ratio).
-_PANEL_ROWS = 512
+# A solution whose a-priori relative error bound, cond(G + ridge I) * unit roundoff, exceeds this is
+# reported with a RouterConditioningWarning (the weights may have fewer than two correct digits).
+_UNRELIABLE_ERROR_BOUND = 1e-2
+# Features whose largest magnitude lies in this range are expanded with a float32 product when they
+# are not float64 themselves: |phi| <= max|h| * d * max|R| stays far inside float32's normal range.
+_FLOAT32_PRODUCT_RANGE = (1e-20, 1e20)
 
 
-class RouterSolveError(RuntimeError):
-    """The ridge system could not be factorised (not positive definite in floating point)."""
+
+class RouterConditioningWarning(RuntimeWarning):
+    """The ridge system is so ill-conditioned that the routing weights may be inaccurate."""
 
 
 class RandomExpansion(nn.Module):
@@ -85,17 +80,15 @@ class RandomExpansion(nn.Module):
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        _check_positive_int("in_features", in_features, owner="RandomExpansion")
-        _check_positive_int("out_features", out_features, owner="RandomExpansion", allow_zero=True)
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"RandomExpansion: activation must be one of {_ACTIVATIONS}, got {activation!r}")
-        self.in_features = in_features
-        self.out_features = out_features
-        self.activation = activation
-        self.seed = int(seed)
+        self.in_features = check_int(in_features, "in_features", owner="RandomExpansion", minimum=1)
+        self.out_features = check_int(out_features, "out_features", owner="RandomExpansion", minimum=0)
+        self.activation = check_choice(activation, "activation", _ACTIVATIONS, owner="RandomExpansion")
+        self.seed = check_int(seed, "seed", owner="RandomExpansion")
         generator = torch.Generator(device="cpu").manual_seed(self.seed)
-        weight = torch.randn(out_features, in_features, generator=generator, dtype=torch.float32)
+        weight = torch.randn(self.out_features, self.in_features, generator=generator, dtype=torch.float32)
         self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
+        self._weight32: Optional[Tensor] = None  # float32 copy of a float64 weight, and what it was copied from
+        self._weight32_source: Tuple[int, int] = (0, 0)
 
     @property
     def output_dim(self) -> int:
@@ -103,10 +96,28 @@ class RandomExpansion(nn.Module):
         return self.out_features or self.in_features
 
     def forward(self, features: Tensor) -> Tensor:
+        """``phi`` in the weight's dtype. A float64 weight and features of lower precision are
+        multiplied in float32 and widened (the weight is float32-exact, drawn in float32), which
+        ``docs/router.md`` ("Precision") shows to be exact enough, unless torch is set to round
+        float32 matmuls to TF32 or bfloat16; float64 features are multiplied in float64."""
         if self.out_features == 0:
             return features.to(self.weight.dtype)
-        projected = F.linear(features.to(self.weight.dtype), self.weight)
-        return torch.relu_(projected) if self.activation == "relu" else projected
+        if (
+            self.weight.dtype == torch.float64 and features.dtype != torch.float64
+            and _float32_matmul_is_ieee(features.device.type)
+        ):
+            projected = F.linear(features.float(), self._float32_weight())
+        else:
+            projected = F.linear(features.to(self.weight.dtype), self.weight)
+        if self.activation == "relu":
+            projected = torch.relu_(projected)
+        return projected.to(self.weight.dtype)
+
+    def _float32_weight(self) -> Tensor:
+        source = (id(self.weight), _version_counter(self.weight))  # a new or edited weight is copied again
+        if self._weight32 is None or self._weight32_source != source or self._weight32.device != self.weight.device:
+            self._weight32, self._weight32_source = self.weight.float(), source
+        return self._weight32
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, activation={self.activation}, seed={self.seed}"
@@ -136,8 +147,12 @@ class AnalyticRouter(nn.Module):
         device: device of all buffers.
 
     Shape:
-        - features: ``(N, in_features)``, any floating dtype (cast to ``stats_dtype``)
+        - features: ``(N, in_features)``, any floating dtype (lower than float64: expanded with a
+          float32 product, ``docs/router.md``, "Precision")
         - scores: ``(N, num_experts)`` in ``stats_dtype``
+
+    Warns:
+        RouterConditioningWarning: when a solve's estimated condition number makes the weights unreliable.
 
     Attributes:
         expansion: the :class:`RandomExpansion` (buffer ``expansion.weight``, ``(M, in_features)``).
@@ -149,17 +164,18 @@ class AnalyticRouter(nn.Module):
         solver_: the solver actually used by the last solve.
 
     .. note::
-        The cached solution is a non-persistent buffer: it follows ``.to()`` but is not saved; a
-        loaded router solves again on first use. ``ridge``, ``solver`` and ``ridge_grid`` are
-        constructor arguments and are not saved either. ``.to(float16/bfloat16)`` (e.g. a parent
-        model's ``.half()``) leaves the statistics in float32/float64: no solver works below float32.
-        Any in-place write to ``gram``, ``cross`` or ``counts`` (say, your own ``all_reduce``)
-        invalidates the cached solution.
+        The checkpoint holds the statistics, the expansion and the settings (``ridge``, ``ridge_grid``,
+        ``solver``, ``activation``, ``seed``); loading one saved with other settings raises
+        :class:`InvalidParameterError` and changes nothing (``docs/router.md``, "Checkpoints"). The
+        cached solution is not saved: a loaded router solves again on first use. ``.half()`` leaves
+        the statistics in float32/float64. An in-place torch op on ``gram``, ``cross`` or ``counts``
+        invalidates the cached solution; ``torch.distributed`` collectives do not bump the version
+        counter it watches, so sum routers with :func:`fly_modules.distributed.all_reduce_statistics`.
 
     Examples::
 
         >>> router = AnalyticRouter(16, num_experts=2, expansion_dim=64, ridge=1.0)
-        >>> h = torch.randn(32, 16)
+        >>> h = torch.randn(32, 16, generator=torch.Generator().manual_seed(0))
         >>> router.update(h[:16] + 2, 0)
         >>> router.update(h[16:] - 2, torch.ones(16, dtype=torch.long))
         >>> router(h).shape
@@ -168,7 +184,8 @@ class AnalyticRouter(nn.Module):
         tensor([0, 0, 0])
     """
 
-    _version = 1
+    # 2: the settings (ridge, ridge_grid, solver, activation, seed) are saved as extra state.
+    _version = 2
 
     def __init__(
         self,
@@ -185,16 +202,11 @@ class AnalyticRouter(nn.Module):
         device: Optional[torch.device] = None,
     ) -> None:
         super().__init__()
-        _check_positive_int("num_experts", num_experts, owner="AnalyticRouter", allow_zero=True)
-        if stats_dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"AnalyticRouter: stats_dtype must be torch.float32 or torch.float64, got {stats_dtype}")
-        if solver not in _SOLVERS:
-            raise ValueError(f"AnalyticRouter: solver must be one of {_SOLVERS}, got {solver!r}")
+        num_experts = check_int(num_experts, "num_experts", owner="AnalyticRouter", minimum=0)
+        check_choice(stats_dtype, "stats_dtype", (torch.float32, torch.float64), owner="AnalyticRouter")
         self.ridge = _check_ridge(ridge)
-        self.ridge_grid = None if ridge_grid is None else [_check_ridge(float(r)) for r in ridge_grid]
-        if self.ridge_grid is not None and not self.ridge_grid:
-            raise ValueError("AnalyticRouter: ridge_grid must hold at least one value")
-        self.solver = solver
+        self.ridge_grid = _check_ridge_grid(ridge_grid)
+        self.solver = check_choice(solver, "solver", _SOLVERS, owner="AnalyticRouter")
         self.expansion = RandomExpansion(
             in_features, expansion_dim, activation=activation, seed=seed, device=device, dtype=stats_dtype
         )
@@ -244,7 +256,7 @@ class AnalyticRouter(nn.Module):
         A cached solution is extended with zero columns instead of being recomputed: a new expert has
         no samples, so its ridge weights are exactly zero.
         """
-        _check_positive_int("count", count, owner="AnalyticRouter.add_expert")
+        count = check_int(count, "count", owner="AnalyticRouter.add_expert", minimum=1)
         fresh = self._solution is not None and self._solution_key == self._statistics_key()
         self.cross = torch.cat([self.cross, self.cross.new_zeros(self.cross.shape[0], count)], dim=1)
         self.counts = torch.cat([self.counts, self.counts.new_zeros(count)])
@@ -270,28 +282,42 @@ class AnalyticRouter(nn.Module):
         first, so all processes add the same global batch and keep identical statistics.
         """
         if self.process_group is not None:
-            from .distributed import all_gather_update
-
             all_gather_update(self, features, expert_ids, self.process_group)
             return
-        self._update_local(features, expert_ids)
+        features, ids = self._check_batch(features, expert_ids, owner="AnalyticRouter.update")
+        self._accumulate(features, ids)
 
-    def _update_local(self, features: Tensor, expert_ids: Union[int, Tensor]) -> None:
-        features = check_features(features, self.in_features, owner="AnalyticRouter.update", device=self.gram.device)
-        ids = check_expert_ids(
-            expert_ids, features.shape[0], self.num_experts, owner="AnalyticRouter.update", device=self.gram.device
-        )
-        phi = self.expansion(features)
+    def _check_batch(
+        self, features: Tensor, expert_ids: Union[int, Tensor], *, owner: str, allow_empty: bool = False
+    ) -> Tuple[Tensor, Tensor]:
+        """The validated batch: the features as given, ``(N,)`` long expert ids."""
+        device = self.gram.device
+        features = check_features(features, self.in_features, owner=owner, device=device, allow_empty=allow_empty)
+        ids = check_expert_ids(expert_ids, features.shape[0], self.num_experts, owner=owner, device=device)
+        return features, ids
+
+    def _expand(self, features: Tensor, peak: float) -> Tensor:
+        """``phi`` in the statistics dtype. Features of lower precision are multiplied in float32 unless
+        their largest magnitude ``peak`` lies outside the range where the float32 product is as exact."""
+        if features.dtype != torch.float64 and peak and not _FLOAT32_PRODUCT_RANGE[0] <= peak <= _FLOAT32_PRODUCT_RANGE[1]:
+            features = features.double()
+        return self.expansion(features)
+
+    def _accumulate(self, features: Tensor, ids: Tensor) -> None:
+        """Add a validated batch to the statistics (or reject it, unchanged, when it would overflow)."""
+        if features.shape[0] == 0:
+            return
+        phi = self._expand(features, float(features.abs().amax()))
         # Finite features can still overflow the statistics once cast and expanded; reject the batch
         # before anything is added (each entry of G grows by at most N * max|phi|^2 here).
         peak = float(phi.abs().amax())
         if not peak * peak * phi.shape[0] < torch.finfo(phi.dtype).max:
-            raise ValueError(
+            raise InvalidParameterError(
                 f"AnalyticRouter.update: the expanded features overflow {phi.dtype} (largest |phi| = {peak:.3g} "
                 f"for a batch of {phi.shape[0]}); scale the features down"
                 + (" or use stats_dtype=torch.float64" if phi.dtype != torch.float64 else "")
             )
-        _accumulate_block_lower_gram(self.gram, phi)
+        _ridge.accumulate_lower_gram(self.gram, phi, _ridge.PANEL_ROWS)
         # One-hot GEMM rather than index_add_: half the time on CPU, deterministic on CUDA (no atomics).
         self.cross.addmm_(phi.t(), F.one_hot(ids, self.num_experts).to(phi.dtype))
         self.counts += torch.bincount(ids, minlength=self.num_experts)
@@ -305,7 +331,7 @@ class AnalyticRouter(nn.Module):
         activation and seed). The merged router equals one router fed both routers' data.
         """
         if not isinstance(other, AnalyticRouter):
-            raise TypeError(f"AnalyticRouter.merge_: expected an AnalyticRouter, got {type(other).__name__}")
+            raise InvalidParameterError(f"AnalyticRouter.merge_: expected an AnalyticRouter, got {type(other).__name__}")
         self._check_same_expansion(other)
         self._grow_to(other.num_experts)
         target = dict(device=self.gram.device, dtype=self.stats_dtype)
@@ -325,7 +351,7 @@ class AnalyticRouter(nn.Module):
 
     def gram_matrix(self) -> Tensor:
         """The full symmetric ``G`` (a new tensor; only the lower triangle of the ``gram`` buffer is meaningful)."""
-        return _symmetrize_lower(self.gram)
+        return _ridge.symmetrize_lower(self.gram)
 
     def _mark_stale(self) -> None:
         self._stats_version += 1
@@ -343,12 +369,12 @@ class AnalyticRouter(nn.Module):
         layout = (mine.in_features, mine.out_features, mine.activation)
         other_layout = (theirs.in_features, theirs.out_features, theirs.activation)
         if layout != other_layout:
-            raise ValueError(
+            raise InvalidParameterError(
                 f"AnalyticRouter.merge_: routers differ in (in_features, expansion_dim, activation): "
                 f"{layout} vs {other_layout}"
             )
         if not torch.equal(mine.weight, theirs.weight.to(device=mine.weight.device, dtype=mine.weight.dtype)):
-            raise ValueError(
+            raise InvalidParameterError(
                 f"AnalyticRouter.merge_: the routers use different random expansions (seeds {mine.seed} and "
                 f"{theirs.seed}); statistics are only additive over the same expansion"
             )
@@ -361,15 +387,31 @@ class AnalyticRouter(nn.Module):
             raise NotFittedError(
                 "AnalyticRouter has no statistics yet: call update(features, expert_ids) before routing"
             )
-        if self.ridge == "auto" or self.solver == "eigh":
-            solution, ridge, solver = _solve_eigh(self.gram, self.cross, self.ridge, self.ridge_grid, self.num_samples)
-        else:
-            solution, solver = _solve_cholesky(self.gram, self.cross, float(self.ridge), self.solver)
-            ridge = float(self.ridge)
-        self._solution = solution
+        result = self._solve_system()
+        if _ridge.error_bound(result) > _UNRELIABLE_ERROR_BOUND:
+            warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
+                          RouterConditioningWarning, stacklevel=_user_stacklevel())
+        self._solution = result.weights
         self._solution_key = self._statistics_key()
-        self.ridge_, self.solver_ = ridge, solver
-        return solution
+        self.ridge_, self.solver_ = result.ridge, result.solver
+        return result.weights
+
+    def _solve_system(self) -> _ridge.RidgeSolution:
+        if self.ridge == "auto" or self.solver == "eigh":
+            ridge = None if self.ridge == "auto" else self.ridge
+            return _ridge.solve_eigh(self.gram, self.cross, ridge, grid=self.ridge_grid, num_samples=self.num_samples)
+        if self.solver in ("auto", "mixed") and self.stats_dtype == torch.float64:
+            result = _ridge.solve_mixed(self.gram, self.cross, self.ridge, panel_rows=_ridge.PANEL_ROWS)
+            if result is not None:
+                return result
+            if self.solver == "mixed":
+                warnings.warn(
+                    "AnalyticRouter: mixed-precision refinement did not converge (G + ridge*I is too "
+                    "ill-conditioned for a float32 factor); solved with a float64 Cholesky instead",
+                    RuntimeWarning,
+                    stacklevel=_user_stacklevel(),
+                )
+        return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
 
     def _solve_if_stale(self) -> Tensor:
         if self._solution is None or self._solution_key != self._statistics_key():
@@ -380,11 +422,14 @@ class AnalyticRouter(nn.Module):
     @torch.no_grad()
     def forward(self, features: Tensor) -> Tensor:
         """Routing scores ``(N, num_experts)`` of the experts created so far."""
-        features = check_features(features, self.in_features, owner="AnalyticRouter", device=self.gram.device)
+        features = check_features(
+            features, self.in_features, owner="AnalyticRouter", device=self.gram.device, check_finite=False
+        )
+        peak = finite_peak(features, owner="AnalyticRouter")
         if self.num_experts == 0:
             raise NotFittedError("AnalyticRouter has no experts: pass num_experts or call add_expert()")
         solution = self._solve_if_stale()
-        return self.expansion(features) @ solution
+        return self._expand(features, peak) @ solution
 
     @torch.no_grad()
     def route(self, features: Tensor) -> Tensor:
@@ -407,18 +452,67 @@ class AnalyticRouter(nn.Module):
 
         return super()._apply(keep_solvable_precision, *args, **kwargs)
 
+    def get_extra_state(self) -> Dict[str, Any]:
+        """The settings that decide the numbers and are not buffers (plain Python: ``weights_only=True`` loads them)."""
+        return {
+            "ridge": self.ridge, "ridge_grid": self.ridge_grid, "solver": self.solver,
+            "activation": self.expansion.activation, "seed": self.expansion.seed,
+        }
+
+    def set_extra_state(self, state: Dict[str, Any]) -> None:
+        saved = self._check_saved_settings(state)
+        self.expansion.seed = saved["seed"]  # the seed of the expansion weight loaded with it
+
+    def _check_saved_settings(self, state: Any) -> Dict[str, Any]:
+        fix = "build the router with the checkpoint's value (set router.{0} after loading to change it)"
+        return check_settings(
+            state,
+            {"ridge": self.ridge, "ridge_grid": self.ridge_grid, "solver": self.solver,
+             "activation": self.expansion.activation},
+            owner="AnalyticRouter.load_state_dict",
+            adopted=("seed",),
+            fixes={"ridge": fix.format("ridge"), "ridge_grid": fix.format("ridge_grid"),
+                   "solver": fix.format("solver"), "activation": "build the router with the checkpoint's activation"},
+        )
+
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        # Q and the counts grow with the experts: resize to the checkpoint's expert count before the
-        # default loader compares shapes, so a fresh router can resume any checkpoint.
-        cross = state_dict.get(prefix + "cross")
-        if isinstance(cross, Tensor) and cross.ndim == 2 and cross.shape[0] == self.cross.shape[0]:
-            experts = cross.shape[1]
-            if experts != self.num_experts:
-                self.cross = self.cross.new_zeros(self.cross.shape[0], experts)
-                self.counts = self.counts.new_zeros(experts)
+        # All or nothing: every entry this router and its expansion will read is checked first. (torch
+        # passes strict=True here whatever the caller asked; it applies strictness to the keys at the end.)
+        names = ("expansion.weight", "gram", "cross", "counts")
+        extra_key = prefix + "_extra_state"
+        if not holds_any(state_dict, prefix, (*names, "_extra_state")):
+            # Not in the checkpoint: the default loader only lists the missing keys (an error if strict).
+            return super()._load_from_state_dict(
+                state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+            )
+        entries = checkpoint_entries(state_dict, prefix, names, owner="AnalyticRouter.load_state_dict")
+        # Checkpoints of version 1 have no settings, nor can a safetensors file hold them: the router
+        # then keeps its own (documented); otherwise they must match.
+        has_settings = extra_key in state_dict
+        if has_settings:
+            self._check_saved_settings(state_dict[extra_key])
+        self._check_statistics(entries, prefix)
+        # Q and the counts grow with the experts: take the checkpoint's expert count.
+        experts = entries["cross"].shape[1]
+        if experts != self.num_experts:
+            self.cross = self.cross.new_zeros(self.cross.shape[0], experts)
+            self.counts = self.counts.new_zeros(experts)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        if not has_settings and extra_key in missing_keys:
+            missing_keys.remove(extra_key)
         self._solution = None
         self._mark_stale()
+
+    def _check_statistics(self, entries: Dict[str, Tensor], prefix: str) -> None:
+        owner = "AnalyticRouter.load_state_dict"
+        width, dim = self.expansion.weight.shape
+        layout = "build the router with in_features and expansion_dim of the checkpoint's router"
+        check_entry(entries["expansion.weight"], prefix + "expansion.weight", (width, dim), owner=owner, fix=layout)
+        m = self.expansion_dim
+        check_entry(entries["gram"], prefix + "gram", (m, m), owner=owner, fix=layout)
+        check_entry(entries["cross"], prefix + "cross", (m, None), owner=owner, fix=layout)
+        experts = entries["cross"].shape[1]
+        check_entry(entries["counts"], prefix + "counts", (experts,), owner=owner, integer=True)
 
     def extra_repr(self) -> str:
         return (
@@ -427,7 +521,7 @@ class AnalyticRouter(nn.Module):
         )
 
 
-# ====================================================================================== kernels
+# ====================================================================================== helpers
 def _version_counter(tensor: Tensor) -> int:
     """The tensor's in-place version counter (-1 for inference tensors, which have none)."""
     try:
@@ -436,181 +530,98 @@ def _version_counter(tensor: Tensor) -> int:
         return -1
 
 
-def _check_positive_int(name: str, value: Any, *, owner: str, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__}")
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{owner}: {name} must be {bound}, got {value}")
+def _float32_matmul_is_ieee(device_type: str) -> bool:
+    """Whether float32 matmuls on this device type round as IEEE float32 (not TF32 or bfloat16)."""
+    backend = torch.backends.cuda.matmul if device_type == "cuda" else getattr(torch.backends.mkldnn, "matmul", None)
+    precision = getattr(backend, "fp32_precision", None)  # torch >= 2.9; "none": inherit, IEEE by default
+    if precision is not None:
+        return precision in ("none", "ieee")
+    if device_type == "cuda":
+        return not torch.backends.cuda.matmul.allow_tf32
+    try:
+        return torch.get_float32_matmul_precision() == "highest"
+    except RuntimeError:  # settings mixed between the legacy and the new API: assume reduced precision
+        return False
+
+
+_INTERNAL_DIRECTORIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+
+
+def _user_stacklevel() -> int:
+    """``stacklevel`` for a warning raised here that points at the first caller outside fly_modules and torch."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRECTORIES):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _check_ridge(ridge: Union[float, str]) -> Union[float, str]:
     if isinstance(ridge, str):
         if ridge != "auto":
-            raise ValueError(f"AnalyticRouter: ridge must be a positive number or 'auto', got {ridge!r}")
+            raise InvalidParameterError(f"AnalyticRouter: ridge must be a finite number > 0 or 'auto', got {ridge!r}")
         return ridge
-    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)):
-        raise TypeError(f"AnalyticRouter: ridge must be a positive number or 'auto', got {type(ridge).__name__}")
-    if not math.isfinite(ridge) or ridge <= 0:
-        raise ValueError(
-            f"AnalyticRouter: ridge must be finite and > 0 (the system G + ridge*I must be positive "
-            f"definite), got {ridge}"
-        )
-    return float(ridge)
+    # > 0: the system G + ridge*I must be positive definite.
+    return check_float(ridge, "ridge", owner="AnalyticRouter", above=0)
 
 
-def _blocks(m: int) -> List[Tuple[int, int]]:
-    return [(start, min(start + _PANEL_ROWS, m)) for start in range(0, m, _PANEL_ROWS)]
+def _check_ridge_grid(grid: Optional[Sequence[float]]) -> Optional[List[float]]:
+    if grid is None:
+        return None
+    values = [check_float(value, f"ridge_grid[{i}]", owner="AnalyticRouter", above=0) for i, value in enumerate(grid)]
+    if not values:
+        raise InvalidParameterError("AnalyticRouter: ridge_grid must hold at least one value, got an empty sequence")
+    return values
 
 
-def _accumulate_block_lower_gram(gram: Tensor, phi: Tensor) -> None:
-    """Add ``phi^T phi`` to the lower triangle of ``gram`` (plus, harmlessly, the panels' diagonal blocks)."""
-    for start, stop in _blocks(gram.shape[0]):
-        gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
-
-
-def _symmetrize_lower(block: Tensor) -> Tensor:
-    """The symmetric matrix whose lower triangle is ``block``'s (the upper triangle is never read)."""
-    return torch.tril(block) + torch.tril(block, -1).mT
-
-
-def _symmetric_matmul(gram: Tensor, x: Tensor) -> Tensor:
-    """``G @ x`` from the lower triangle of ``gram`` without materialising the full matrix."""
-    out = torch.zeros_like(x)
-    for start, stop in _blocks(gram.shape[0]):
-        out[start:stop] += _symmetrize_lower(gram[start:stop, start:stop]) @ x[start:stop]
-        if start:
-            # Strictly below the diagonal: stored once for both triangles.
-            left = gram[start:stop, :start]
-            out[start:stop] += left @ x[:start]
-            out[:start] += left.t() @ x[start:stop]
-    return out
-
-
-def _factor_error(info: int, dtype: torch.dtype, ridge: float, gram: Tensor) -> RouterSolveError:
-    largest = float(gram.diagonal().max())
-    return RouterSolveError(
-        f"AnalyticRouter: the Cholesky factorisation of (G + ridge*I) failed at column {info} in {dtype}: "
-        f"the system is not positive definite to working precision (ridge={ridge:g}, largest diagonal entry "
-        f"of G={largest:.3g}). Increase `ridge` (e.g. to {max(ridge * 100, largest * 1e-8):.3g}) or pass "
-        f"ridge='auto'" + (", or accumulate in float64 (stats_dtype=torch.float64)." if dtype != torch.float64 else ".")
+def _conditioning_message(result: _ridge.RidgeSolution, largest_diagonal: float) -> str:
+    suggested = _ridge.suggested_ridge(result.ridge, largest_diagonal, result.precision)
+    return (
+        f"AnalyticRouter: (G + ridge*I) is ill-conditioned (condition number ~{result.condition:.2g} with "
+        f"ridge={result.ridge:g}, solver {result.solver!r} in {result.precision}): the routing weights may be "
+        f"off by up to {_ridge.error_bound(result):.2g} relative. Increase `ridge` (e.g. to {suggested:.3g}) "
+        f"or pass ridge='auto'"
+        + (", or accumulate in float64 (stats_dtype=torch.float64)." if result.precision != torch.float64 else ".")
     )
 
 
-def _cholesky_factor(gram: Tensor, ridge: float, dtype: torch.dtype) -> Tuple[Tensor, int]:
-    """Lower Cholesky factor of ``G + ridge I`` in ``dtype``, in one copy of G (the factor's lower triangle).
+# ================================================================================ data parallel
+@torch.no_grad()
+def all_reduce_statistics(router: AnalyticRouter, group: Optional[Any] = None) -> AnalyticRouter:
+    """Sum ``G``, ``Q`` and the counts over all processes, in place; returns ``router``.
 
-    LAPACK factorises column-major matrices in place; the transposed view of a row-major copy is one,
-    so factorising it as *upper* (its upper triangle is the copy's lower triangle, the only meaningful
-    part of the statistics) needs no second M x M buffer (``cholesky_ex(system, out=system)`` on the
-    row-major copy would make one internally).
+    Processes may hold different numbers of experts; every router first grows to the largest.
     """
-    system = gram.to(dtype=dtype, copy=True)
-    system.diagonal().add_(ridge)
-    column_major = system.mT
-    info = torch.empty((), dtype=torch.int32, device=gram.device)
-    torch.linalg.cholesky_ex(column_major, upper=True, out=(column_major, info))
-    return system, int(info)
+    _collectives.require_initialized("all_reduce_statistics")
+    router._grow_to(_collectives.all_reduce_max(router.num_experts, router.gram.device, group))
+    _collectives.all_reduce_sum_((router.gram, router.cross, router.counts), group)
+    router._mark_stale()
+    return router
 
 
-def _cholesky_solve(factor: Tensor, rhs: Tensor) -> Tensor:
-    """Solve ``L L^T x = rhs`` with two triangular solves on views of ``factor`` (lower triangle = L).
+@torch.no_grad()
+def all_gather_update(
+    router: AnalyticRouter, features: Tensor, expert_ids: Union[int, Tensor], group: Optional[Any] = None
+) -> None:
+    """``router.update`` with the concatenation (in rank order) of every process's batch.
 
-    ``torch.cholesky_solve`` would copy the whole M x M factor on every call.
+    Batches may differ in size between processes (the last batch of a shard, or an empty share).
+    Setting ``router.process_group`` makes every ``router.update`` do this.
     """
-    return torch.linalg.solve_triangular(factor.mT, torch.linalg.solve_triangular(factor, rhs, upper=False), upper=True)
-
-
-def _solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, solver: str) -> Tuple[Tensor, str]:
-    dtype = gram.dtype
-    if solver in ("auto", "mixed") and dtype == torch.float64:
-        solution = _solve_mixed_precision(gram, cross, ridge)
-        if solution is not None:
-            return solution, "mixed"
-        if solver == "mixed":
-            warnings.warn(
-                "AnalyticRouter: mixed-precision refinement did not converge (G + ridge*I is too "
-                "ill-conditioned for a float32 factor); solved with a float64 Cholesky instead",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-    factor, info = _cholesky_factor(gram, ridge, dtype)
-    if info:
-        raise _factor_error(info, dtype, ridge, gram)
-    return _cholesky_solve(factor, cross), "cholesky"
-
-
-def _symmetric_abs_row_sums(gram: Tensor) -> Tensor:
-    """Row sums of ``|G|`` (the infinity norm's ingredients) from the lower triangle of ``gram``."""
-    sums = gram.new_zeros(gram.shape[0])
-    for start, stop in _blocks(gram.shape[0]):
-        sums[start:stop] += _symmetrize_lower(gram[start:stop, start:stop]).abs().sum(dim=1)
-        if start:
-            left = gram[start:stop, :start].abs()
-            sums[start:stop] += left.sum(dim=1)
-            sums[:start] += left.sum(dim=0)
-    return sums
-
-
-def _solve_mixed_precision(gram: Tensor, cross: Tensor, ridge: float, max_iter: int = 30) -> Optional[Tensor]:
-    """Float32 Cholesky factor + float64 iterative refinement; ``None`` when it does not converge.
-
-    Each step solves the float64 residual ``Q - (G + lambda I) x`` with the float32 factor; the error
-    contracts by about ``cond(G + lambda I) * 2^-24`` per step. It stops once the residual is at the
-    float64 rounding level of the product, ``||r|| <= eps64 * ||A|| * ||x||`` (infinity norms), where
-    the answer is as accurate as a float64 Cholesky or LU solve. When a step fails to halve the
-    correction, it accepts the solution if the residual meets LAPACK ``dsposv``'s looser
-    ``sqrt(M)`` criterion (refinement has stalled at rounding noise) and gives up otherwise
-    (``cond * 2^-24`` near 1 or above).
-    """
-    factor, info = _cholesky_factor(gram, ridge, torch.float32)
-    if info:
-        return None
-    eps = torch.finfo(torch.float64).eps
-    norm = float(_symmetric_abs_row_sums(gram).max()) + ridge
-    solution = _cholesky_solve(factor, cross.float()).double()
-    previous = math.inf
-    for _ in range(max_iter):
-        residual = cross - _symmetric_matmul(gram, solution) - ridge * solution
-        size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
-        if size_r <= eps * norm * size_x:
-            return solution
-        correction = _cholesky_solve(factor, residual.float()).double()
-        size = float(correction.abs().max())
-        if size > 0.5 * previous:
-            return solution if size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x else None
-        solution += correction
-        previous = size
-    return None
-
-
-def _solve_eigh(
-    gram: Tensor, cross: Tensor, ridge: Union[float, str], grid: Optional[Sequence[float]], num_samples: int
-) -> Tuple[Tensor, float, str]:
-    """Solve through ``G = V diag(s) V^T``; with ``ridge="auto"`` choose lambda by GCV first.
-
-    Generalised cross-validation needs only the statistics: with ``q = V^T Q`` and ``n`` samples whose
-    targets are one-hot (so ``sum ||y||^2 = n``),
-    ``RSS(l) = n - sum_i ||q_i||^2 (s_i + 2 l) / (s_i + l)^2`` and ``tr H(l) = sum_i s_i / (s_i + l)``,
-    and ``GCV(l) = n * RSS(l) / (n - tr H(l))^2``.
-    """
-    eigenvalues, eigenvectors = torch.linalg.eigh(gram)  # reads the lower triangle only
-    eigenvalues = eigenvalues.clamp_min(0)
-    rotated = eigenvectors.t() @ cross
-    if ridge == "auto":
-        if grid is None:
-            mean = float(eigenvalues.mean()) or 1.0
-            grid = [mean * 10.0 ** (k / 4) for k in range(-24, 25)]
-        candidates = torch.tensor(list(grid), dtype=gram.dtype, device=gram.device)
-        energy = rotated.pow(2).sum(dim=1)
-        s = eigenvalues.unsqueeze(0)
-        lam = candidates.unsqueeze(1)
-        rss = num_samples - (energy * (s + 2 * lam) / (s + lam) ** 2).sum(dim=1)
-        dof = (s / (s + lam)).sum(dim=1)
-        gcv = num_samples * rss.clamp_min(0) / (num_samples - dof).pow(2)
-        gcv = torch.where(dof < num_samples - 1e-9, gcv, torch.full_like(gcv, math.inf))
-        chosen = float(candidates[int(torch.argmin(gcv))])
-    else:
-        chosen = float(ridge)
-    solution = eigenvectors @ (rotated / (eigenvalues + chosen).unsqueeze(1))
-    return solution, chosen, "eigh"
+    _collectives.require_initialized("all_gather_update")
+    # Every process validates its own share and they agree before gathering: a bad batch on one
+    # process raises on all of them (instead of leaving the others blocked in the gather).
+    error: Optional[Exception] = None
+    try:
+        features, ids = router._check_batch(features, expert_ids, owner="all_gather_update", allow_empty=True)
+    except (TypeError, ValueError) as caught:
+        error = caught
+    # One verdict for both questions: did every process accept its batch, and is any batch float64
+    # (then all gather float64; otherwise float32, which holds float16/bfloat16 exactly).
+    single = error is None and features.dtype != torch.float64
+    accepted, all_single = _collectives.all_reduce_min([int(error is None), int(single)], router.gram.device, group)
+    if error is not None:
+        raise error
+    if not accepted:
+        raise RuntimeError("all_gather_update: another process rejected its batch (see its error); nothing was added")
+    features = features.to(torch.float32 if all_single else torch.float64)
+    router._accumulate(_collectives.gather_rows(features, group), _collectives.gather_rows(ids, group))

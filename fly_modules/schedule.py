@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+from ._validation import check_int
+
 __all__ = ["SampleBudgetSchedule", "SessionSchedule"]
 
 
@@ -23,14 +25,18 @@ class SampleBudgetSchedule:
     Args:
         samples_per_expert: the budget ``w`` (the reference uses ``floor(N_train / num_experts)``).
         num_experts: total number of experts; the last one trains until the stream ends.
+
+    Examples::
+
+        >>> schedule = SampleBudgetSchedule(100, num_experts=3)
+        >>> [schedule.step(64) for _ in range(4)]
+        [[], [1], [], [2]]
     """
 
     def __init__(self, samples_per_expert: int, num_experts: int) -> None:
-        for name, value in (("samples_per_expert", samples_per_expert), ("num_experts", num_experts)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SampleBudgetSchedule: {name} must be an int >= 1, got {value!r}")
-        self.samples_per_expert = samples_per_expert
-        self.num_experts = num_experts
+        owner = "SampleBudgetSchedule"
+        self.samples_per_expert = check_int(samples_per_expert, "samples_per_expert", owner=owner, minimum=1)
+        self.num_experts = check_int(num_experts, "num_experts", owner=owner, minimum=1)
         self.current = 0
         self.counter = 0
 
@@ -41,9 +47,7 @@ class SampleBudgetSchedule:
 
     def step(self, batch_size: int) -> List[int]:
         """Count a finished stream batch; returns the experts that start now (usually none)."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-            raise ValueError(f"SampleBudgetSchedule.step: batch_size must be an int >= 0, got {batch_size!r}")
-        self.counter += batch_size
+        self.counter += check_int(batch_size, "batch_size", owner="SampleBudgetSchedule.step", minimum=0)
         started = []
         while self.current < self.num_experts - 1 and self.counter >= self.samples_per_expert:
             self.counter -= self.samples_per_expert
@@ -69,15 +73,12 @@ class SessionSchedule:
     """
 
     def __init__(self, num_experts: int) -> None:
-        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
-            raise ValueError(f"SessionSchedule: num_experts must be an int >= 1, got {num_experts!r}")
-        self.num_experts = num_experts
+        self.num_experts = check_int(num_experts, "num_experts", owner="SessionSchedule", minimum=1)
         self.current = 0
 
     def on_session_start(self, session: int) -> List[int]:
         """Called when ``session`` (0-based) starts; returns the experts that start now."""
-        if isinstance(session, bool) or not isinstance(session, int) or session < 0:
-            raise ValueError(f"SessionSchedule.on_session_start: session must be an int >= 0, got {session!r}")
+        session = check_int(session, "session", owner="SessionSchedule.on_session_start", minimum=0)
         target = min(session, self.num_experts - 1)
         started = list(range(self.current + 1, target + 1))
         self.current = max(self.current, target)

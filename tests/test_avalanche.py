@@ -393,10 +393,10 @@ def test_missing_distutils_on_python_312_names_setuptools(monkeypatch):
         importlib.import_module("fly_modules.adapters.avalanche")
 
 
-def test_readme_avalanche_example_runs(capsys):
-    text = (ROOT / "README.md").read_text()
-    code = re.search(r"```python\n(.*?)```", text.split("### Avalanche", 1)[1], re.S).group(1)
-    exec(compile(code, "README.md (### Avalanche)", "exec"), {"__name__": "__readme__"})
+def test_documented_avalanche_example_runs(capsys):
+    text = (ROOT / "docs" / "adapters.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text.split("## The Avalanche plugin", 1)[1], re.S).group(1)
+    exec(compile(code, "docs/adapters.md (The Avalanche plugin)", "exec"), {"__name__": "__docs__"})
     out = capsys.readouterr().out
     accuracy, samples = re.search(r"accuracy (\d\.\d+), router samples (\d+)", out).groups()
     assert 0.0 <= float(accuracy) <= 1.0 and int(samples) == 4 * 16

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from benchmarks import cross_ablation, report, results
 from benchmarks.presets import PRESETS
 from benchmarks.runner import PAPER_METHODS
+from benchmarks.variants import ORACLE_VARIANTS
 
 REDUCED = [
     "--synthetic-classes", "6", "--synthetic-train-per-class", "12", "--synthetic-test-per-class", "4",
@@ -27,18 +29,24 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     printed = captured.out
     assert "no --misa-prompts" in captured.err  # the 'misa' rows say what they are
     rows = json.loads((output / "table.json").read_text())
-    # six methods x four variants, plus FlyPrompt (router and ensemble built in) as its own row
-    assert len(rows) == 25
+    # six methods x (four ablation + two oracle variants), plus FlyPrompt (router and ensemble built in)
+    # as 'full' and its two oracle variants
+    variants = (*report.ABLATION_VARIANTS, *ORACLE_VARIANTS)
+    assert len(rows) == 39
     assert {(r["method"], r["variant"]) for r in rows} == {
-        (m, v) for m in PAPER_METHODS for v in report.ABLATION_VARIANTS
-    } | {("flyprompt", "full")}
+        (m, v) for m in PAPER_METHODS for v in variants
+    } | {("flyprompt", v) for v in ("full", *ORACLE_VARIANTS)}
     for row in rows:
         assert 0 <= row["A_auc_mean"] <= 100 and 0 <= row["A_last_mean"] <= 100
-        if row["variant"] == "full":  # FlyPrompt has no baseline row to differ from
-            assert math.isnan(row["A_auc_delta"])
+        assert 0 <= row["routing_own_modal_last"] <= 100 and 0 < row["routing_chance_modal_last"] <= 100
+        if row["variant"] == "baseline" or row["method"] == "flyprompt":  # FlyPrompt has no baseline row
+            assert row["A_auc_delta"] is None
         else:
-            assert (row["A_auc_delta"] == 0) if row["variant"] == "baseline" else math.isfinite(row["A_auc_delta"])
-    assert printed.count("| synthetic |") == 25
+            assert math.isfinite(row["A_auc_delta"])
+        assert (row["member_ensemble_A_auc"] is None) == (row["variant"] in ("baseline", "router", "oracle"))
+    assert [r["method"] for r in rows][::6][:6] == list(PAPER_METHODS) and rows[-1]["method"] == "flyprompt"
+    assert (output / "deltas.png").stat().st_size > 0
+    assert all(path.stat().st_mode & 0o777 == 0o644 for path in (output / "runs").glob("**/*.json"))
     assert (output / "curves.png").stat().st_size > 0
     with open(output / "table.csv") as stream:
         csv_rows = list(csv.DictReader(stream))
@@ -46,15 +54,25 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         (r["method"], r["variant"], r["A_auc_mean"]) for r in rows
     ]
     markdown = (output / "table.md").read_text()
+    assert markdown.strip() in printed
     for row in rows:
-        assert f"| {row['method']} | {row['variant']} | 1 | {row['A_auc_mean']:.2f} ± 0.00 |" in markdown
+        name = report.METHOD_NAMES[row["method"]]
+        assert f"| {name} | {row['variant']} | 1 | {row['A_auc_mean']:.2f} ± n/a |" in markdown
+    assert markdown.startswith("smoke-level numbers")
+    for method in PAPER_METHODS:  # the verdict under the table
+        assert re.search(rf"^{report.METHOD_NAMES[method]} \(synthetic\): (oracle gap|no gap)", markdown, re.MULTILINE)
 
     # A killed sweep loses only its missing runs: delete two results, rerun, only those are recomputed.
     (output / "runs" / "synthetic" / "mvp" / "router" / "seed1.json").unlink()
     (output / "runs" / "synthetic" / "hide" / "both" / "seed1.json").unlink()
     calls = []
-    original = cross_ablation.run
-    monkeypatch.setattr(cross_ablation, "run", lambda spec, *a, **k: calls.append(spec.key) or original(spec, *a, **k))
+    original = cross_ablation.run_training
+
+    def recording(method, dataset, seed, variants, *args, **kwargs):
+        calls.extend(f"{dataset}/{method}/{variant}/seed{seed}" for variant in variants)
+        return original(method, dataset, seed, variants, *args, **kwargs)
+
+    monkeypatch.setattr(cross_ablation, "run_training", recording)
     assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
     assert sorted(calls) == ["synthetic/hide/both/seed1", "synthetic/mvp/router/seed1"]
     def metrics_only(table):
@@ -65,8 +83,10 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     # Finished runs of another protocol or dataset are never mixed into the table.
     calls.clear()
     for changed in (["--lr", "0.5"], ["--synthetic-test-per-class", "5"]):
-        with pytest.raises(results.ProtocolMismatchError, match="another setting .*--no-resume"):
-            cross_ablation.main([*REDUCED, *changed, "--output", str(output)])
+        capsys.readouterr()
+        assert cross_ablation.main([*REDUCED, *changed, "--output", str(output)]) == 2
+        error = capsys.readouterr().err
+        assert re.fullmatch(r"error: .*another setting .*--no-resume.*\n", error), error
     assert calls == []
 
 
@@ -98,15 +118,16 @@ def test_table_means_stds_and_deltas_on_fixed_results():
     assert router["A_auc_delta"] == pytest.approx(5.0) and router["A_last_delta"] == pytest.approx(9.0)
     assert router["peak_memory_mb"] == 102.0
     markdown = report.format_markdown(rows)
-    assert "| d | dualprompt | router | 2 | 80.00 ± 7.07 | +5.00 | 71.00 ± 1.41 | +9.00 |" in markdown
+    assert "| d | DualPrompt | router | 2 | 80.00 ± 7.07 | +5.00 | 80.63 | +4.59 | 71.00 ± 1.41 | +9.00 |" in markdown
 
 
 def test_help_documents_every_protocol_setting(capsys):
     with pytest.raises(SystemExit):
         cross_ablation.main(["--help"])
     text = capsys.readouterr().out
-    for name in cross_ablation.PROTOCOL_HELP:
+    for name in cross_ablation.PROTOCOL_FLAGS:
         assert f"--{name.replace('_', '-')}" in text
+    assert "(default: None)" not in text and "proxy-short" in text
 
 
 @pytest.mark.distributed
@@ -146,7 +167,7 @@ def test_torchrun_with_two_gloo_processes_matches_one_process(tmp_path):
     "flags, message",
     [
         (["--datasets", "cifar100"], "CIFAR-100 was not found"),
-        (["--pretrained", "true", "--weights", "/nonexistent/vit.safetensors"], "pass --weights"),
+        (["--pretrained", "true", "--weights", "/nonexistent/vit.safetensors"], "--weights: no such file"),
     ],
 )
 def test_missing_data_or_weights_give_one_clear_error(tmp_path, flags, message):
@@ -187,8 +208,7 @@ def test_router_query_clean_is_the_unaugmented_batch(tmp_path, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(clean, unaugmented))
     assert not any(torch.equal(a, b) for a, b in zip(first, unaugmented))  # augmented features differ
     assert all(torch.equal(a, b) for a, b in zip(inputs("clean", "false"), unaugmented))  # no second pass needed
-    with pytest.raises(ValueError, match="router_query must be one of"):
-        _router_inputs(tmp_path, monkeypatch, "--router-query", "augmented")
+    assert cross_ablation.main([*REDUCED, "--router-query", "augmented", "--output", str(tmp_path / "x")]) == 2
 
 
 def test_paper_preset_keeps_the_reference_baselines():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import pytest
 import torch
@@ -15,18 +16,23 @@ from fly_modules.distributed import all_gather_update, all_reduce_statistics
 pytestmark = pytest.mark.distributed
 
 WORLD = 2
+TIMEOUT = timedelta(seconds=60)
 
 
 def _data():
+    """float64 features (with float32 values, so a rank may send them as float32 exactly): the routers
+    expand float64 features with a float64 product, so any split of the batches gives the same
+    statistics up to float64 rounding."""
     g = torch.Generator().manual_seed(0)
-    features = torch.randn(50, 6, generator=g)
+    features = torch.randn(50, 6, generator=g).double()
     ids = torch.randint(0, 3, (50,), generator=g)
     return features, ids
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    # A broken collective fails after the timeout instead of hanging the suite.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=TIMEOUT)
     try:
         features, ids = _data()
         # 1) Disjoint shards, merged once by an all-reduce. Rank 1 declares fewer experts.
@@ -39,14 +45,16 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         gathered = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
         for start in range(0, 50, 10):
             own = slice(start, start + 6) if rank == 0 else slice(start + 6, start + 10)
-            all_gather_update(gathered, features[own], ids[own])
+            # Rank 1 sends float32 in the last steps: a float64 batch anywhere makes every rank gather float64.
+            share = features[own].float() if rank == 1 and start >= 30 else features[own]
+            all_gather_update(gathered, share, ids[own])
         # 3) One rank's bad batch: every rank raises (no one blocks in the gather), nothing is added.
         bad = torch.full((2, 6), float("nan")) if rank == 1 else features[:2]
         try:
             all_gather_update(gathered, bad, 0)
             rejected = None
-        except (RuntimeError, ValueError) as error:
-            rejected = type(error).__name__
+        except (RuntimeError, ValueError) as error:  # the bad batch's InvalidParameterError is a ValueError
+            rejected = "ValueError" if isinstance(error, ValueError) else type(error).__name__
         torch.save(
             {"reduced": reduced.state_dict(), "gathered": gathered.state_dict(), "ids": local_ids,
              "rejected": rejected},

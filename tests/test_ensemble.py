@@ -5,11 +5,21 @@ from __future__ import annotations
 import copy
 import io
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from fly_modules import AGGREGATION_RULES, TemporalEnsembleHead, aggregate_logits, seen_class_mask
+from fly_modules import (
+    AGGREGATION_RULES,
+    ClassifierNotFoundError,
+    InvalidParameterError,
+    TemporalEnsembleHead,
+    aggregate_logits,
+    find_classifier,
+    locate_classifier,
+    seen_class_mask,
+)
 from fly_modules import ensemble as ensemble_module
 
 
@@ -250,3 +260,128 @@ def test_checkpoint_with_an_active_expert_out_of_range_is_refused():
     state["_extra_state"] = {"active_expert": 2}
     with pytest.raises(ValueError, match="active_expert 2 is not one of its 2 experts"):
         TemporalEnsembleHead(make_head(), 2).load_state_dict(state)
+
+
+def test_locate_classifier_names_the_child_or_lists_the_children():
+    class Timm(nn.Module):  # get_classifier() returns a grandchild, as in timm's ConvNeXt
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Sequential()
+            self.head.add_module("fc", nn.Linear(4, 3))
+
+        def get_classifier(self):
+            return self.head.fc
+
+    model = Timm()
+    assert locate_classifier(model) == ("head.fc", model.head.fc)
+    assert find_classifier(model) is model.head.fc
+    plain = nn.Module()
+    plain.fc = nn.Linear(4, 2)
+    assert locate_classifier(plain) == ("fc", plain.fc)
+    plain.head = nn.Identity()  # `head` comes before `fc`
+    assert locate_classifier(plain) == ("head", plain.head)
+    with pytest.raises(InvalidParameterError, match="classifier `head` is Identity"):
+        find_classifier(plain)
+    with pytest.raises(LookupError, match=r"children are \['0 \(Linear\)', '1 \(ReLU\)'\]") as caught:
+        locate_classifier(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    assert isinstance(caught.value, ClassifierNotFoundError) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: TemporalEnsembleHead(make_head(), True),
+        lambda: TemporalEnsembleHead(make_head(), -1),
+        lambda: TemporalEnsembleHead(make_head(), 1, decays=(0.9, "0.99")),
+        lambda: TemporalEnsembleHead(make_head(), 1, decays=(float("nan"),)),
+        lambda: TemporalEnsembleHead(make_head(), 1, aggregate=None),
+        lambda: TemporalEnsembleHead(make_head(), 1).add_expert(0),
+        lambda: TemporalEnsembleHead(make_head(), 1).start_expert(1.0),
+        lambda: aggregate_logits(torch.zeros(2, 3), "mean"),
+        lambda: aggregate_logits(torch.zeros(2, 1, 3), "vote"),
+    ],
+)
+def test_every_parameter_error_is_an_invalid_parameter_error(build):
+    with pytest.raises(InvalidParameterError):
+        build()
+
+
+def test_integer_parameters_accept_numpy_integers():
+    ensemble = TemporalEnsembleHead(make_head(), np.int64(2))
+    ensemble.start_expert(np.int32(2))
+    assert ensemble.num_experts == 3 and ensemble.active_expert == 2 and type(ensemble.active_expert) is int
+
+
+def trained_ensemble(head=None, experts=3):
+    ensemble = TemporalEnsembleHead(head or make_head(), experts)
+    with torch.no_grad():
+        ensemble.online.weight.add_(0.5)
+    ensemble.update()
+    return ensemble
+
+
+@pytest.mark.parametrize(
+    "target, match",
+    [
+        (lambda: TemporalEnsembleHead(make_head(c=4), 1), r"online.weight has shape \(5, 6\) but this module expects \(4, 6\)"),
+        (lambda: TemporalEnsembleHead(make_head(), 1, decays=(0.9,)), r"decays has shape \(2,\) but this module expects \(1,\)"),
+        (lambda: TemporalEnsembleHead(make_head(bias=False), 1), "has a bias but this head's has none"),
+    ],
+)
+def test_mismatched_checkpoint_is_refused_and_changes_nothing(target, match):
+    state = trained_ensemble().state_dict()
+    ensemble = target()
+    before = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in ensemble.state_dict().items()}
+    with pytest.raises(InvalidParameterError, match=match):
+        ensemble.load_state_dict(state)
+    after = ensemble.state_dict()
+    assert after.keys() == before.keys() and ensemble.num_experts == 1
+    assert all(torch.equal(v, before[k]) if isinstance(v, torch.Tensor) else v == before[k] for k, v in after.items())
+
+
+def test_checkpoint_with_a_bad_active_expert_changes_nothing():
+    state = trained_ensemble().state_dict()
+    state["_extra_state"] = {"active_expert": 3}
+    ensemble = TemporalEnsembleHead(make_head(seed=1), 1)
+    weight = ensemble.online.weight.clone()
+    with pytest.raises(InvalidParameterError, match="active_expert 3 is not one of its 3 experts"):
+        ensemble.load_state_dict(state)
+    assert ensemble.num_experts == 1 and torch.equal(ensemble.online.weight, weight)  # the online head too
+
+
+@pytest.mark.parametrize("expert_ids", [None, 0])
+def test_feature_checks_on_the_training_and_inference_paths(expert_ids):
+    ensemble = TemporalEnsembleHead(make_head(), 2)
+    with pytest.raises(InvalidParameterError, match="features have 7 columns but the module was built with in_features=6"):
+        ensemble(torch.randn(3, 7), expert_ids)
+    with pytest.raises(InvalidParameterError, match="1 NaN and 1 infinite"):
+        ensemble(torch.tensor([[float("nan"), float("inf"), 0, 0, 0, 0]]), expert_ids)
+    unchecked = TemporalEnsembleHead(make_head(), 2, check_values=False)
+    assert torch.isnan(unchecked(torch.full((1, 6), float("nan")), expert_ids)).all()  # asked for: no check
+
+
+def test_accelerator_path_reads_no_values_on_the_host():
+    """Meta tensors have no values: any host read (bool(), int(), .tolist()) of them raises."""
+    ensemble = TemporalEnsembleHead(make_head(), 3, decays=(0.9, 0.99)).to("meta")
+    features = torch.empty(8, 6, device="meta")
+    for rule in AGGREGATION_RULES:
+        ensemble.aggregate = rule
+        assert ensemble(features, torch.zeros(8, dtype=torch.long, device="meta")).shape == (8, 5)
+    assert ensemble(features).shape == (8, 5)
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):  # value checks read the features
+        TemporalEnsembleHead(make_head(), 3, check_values=True).to("meta")(features, 0)
+
+
+def test_restarting_an_expert_resets_its_copies_and_update_count():
+    ensemble = TemporalEnsembleHead(make_head(), 2)
+    ensemble.start_expert(1)
+    for _ in range(3):
+        with torch.no_grad():
+            ensemble.online.weight.add_(0.1)
+        ensemble.update()
+    assert ensemble.num_updates.tolist() == [0, 3]
+    ensemble.start_expert(1)  # restart: the copies start again from the online head, with no steps taken
+    assert ensemble.num_updates.tolist() == [0, 0]
+    assert torch.equal(ensemble.ema_weight[1], ensemble.online.weight.detach().expand_as(ensemble.ema_weight[1]))
+    ensemble.update()
+    assert ensemble.num_updates.tolist() == [0, 1]

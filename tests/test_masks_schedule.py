@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, class_mask, seen_class_mask
+from fly_modules import (
+    InvalidParameterError,
+    SampleBudgetSchedule,
+    SessionSchedule,
+    batch_seen_class_mask,
+    class_mask,
+    seen_class_mask,
+)
 
 INF = float("-inf")
 
@@ -49,3 +57,29 @@ def test_session_schedule():
     assert schedule.current == 2
     with pytest.raises(ValueError, match="session"):
         schedule.on_session_start(-1)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: SampleBudgetSchedule(True, 2),
+        lambda: SampleBudgetSchedule(10, 2).step(-1),
+        lambda: SampleBudgetSchedule(10, 2).step(2.0),
+        lambda: SessionSchedule(0),
+        lambda: SessionSchedule(2).on_session_start("1"),
+        lambda: class_mask([0, 1], 3),
+        lambda: class_mask(torch.tensor([3]), 3),
+        lambda: class_mask(torch.tensor([0]), -1),
+        lambda: seen_class_mask(True, 3),
+    ],
+)
+def test_every_parameter_error_is_an_invalid_parameter_error(call):
+    with pytest.raises(InvalidParameterError):
+        call()
+
+
+def test_integer_parameters_accept_numpy_integers():
+    schedule = SampleBudgetSchedule(np.int64(10), np.int32(3))
+    assert schedule.step(np.int64(10)) == [1]
+    assert SessionSchedule(np.int64(3)).on_session_start(np.int16(1)) == [1]
+    assert seen_class_mask(np.int64(1), np.int64(2)).tolist() == [0, INF]

@@ -84,7 +84,7 @@ def test_prefixed_block_without_prefix_equals_timm_block(extra):
 
 
 def _naive_prefix_attention(attn, x, pk, pv, gate):
-    """Loop-by-loop prefix attention over scalars (the formula of reference-protocol 4.7/4.8)."""
+    """Loop-by-loop prefix attention over scalars (the formula of docs/protocol.md §4.7/§4.8)."""
     B, N, D = x.shape
     H, hd = attn.num_heads, attn.head_dim
     qkv = attn.qkv(x).reshape(B, N, 3, H, hd)

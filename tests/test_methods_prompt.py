@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 timm = pytest.importorskip("timm")
-from timm.models.vision_transformer import VisionTransformer  # noqa: E402
+from upstream_standins import FcViT  # noqa: E402
 
 from benchmarks.methods import base  # noqa: E402
 from benchmarks.methods.base import create_method, frozen_cls, list_methods  # noqa: E402
@@ -28,18 +28,6 @@ def make_vit(seed: int = 0, **overrides: Any) -> nn.Module:
     kw = dict(VIT_KW, num_classes=0)
     kw.update(overrides)
     return timm.create_model("vit_tiny_patch16_224", pretrained=False, **kw)
-
-
-class FcViT(VisionTransformer):
-    """A ViT whose classifier attribute is ``fc`` (like the ViT vendored by FlyGCL / MISA)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fc = self.head
-        del self.head
-
-    def get_classifier(self) -> nn.Module:
-        return self.fc
 
 
 def misa_prompts(seed: int = 7) -> Dict[str, torch.Tensor]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
 
 import numpy as np
 import pytest
@@ -21,7 +23,6 @@ from benchmarks.metrics import (
     count_correct,
     f_last,
     first_exposure_sessions,
-    plan_evaluations,
     session_accuracy_matrix,
     summarize,
 )
@@ -254,6 +255,35 @@ def test_trigger_state_round_trip():
     clone = AnytimeEvalTrigger(1)
     clone.load_state_dict(trigger.state_dict())
     assert clone.step(400, 64) == trigger.step(400, 64)
+
+
+@dataclass(frozen=True)
+class PlannedEvaluation:
+    """An evaluation a run performs; ``batch_index`` is the global index of the batch after which it runs
+    (``-1`` for the session-end evaluation of an empty session before any batch)."""
+
+    kind: str
+    session: int
+    batch_index: int
+    timestamp: int
+    samples_seen: int
+
+
+def plan_evaluations(session_batch_sizes: Sequence[Sequence[int]], *, period: Optional[int] = 1000) -> List[PlannedEvaluation]:
+    """Every evaluation of a run, in order, from the global batch sizes of each session: after each batch an
+    anytime evaluation may run, after the last batch of every session (also an empty one) a session-end one."""
+    trigger = AnytimeEvalTrigger(period)
+    plan: List[PlannedEvaluation] = []
+    seen, batch_index = 0, -1
+    for session, sizes in enumerate(session_batch_sizes):
+        for size in sizes:
+            seen += size
+            batch_index += 1
+            stamp = trigger.step(seen, size)
+            if stamp is not None:
+                plan.append(PlannedEvaluation("anytime", session, batch_index, stamp, seen))
+        plan.append(PlannedEvaluation("session_end", session, batch_index, seen, seen))
+    return plan
 
 
 def test_plan_covers_anytime_and_every_session_end_including_empty_sessions():

@@ -15,8 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from fly_modules import AnalyticRouter, NotFittedError, RandomExpansion, RouterSolveError
-from fly_modules import router as router_module
+from fly_modules import (
+    AnalyticRouter,
+    InvalidParameterError,
+    NotFittedError,
+    RandomExpansion,
+    RouterConditioningWarning,
+    RouterSolveError,
+    _ridge,
+)
 
 
 def reference_solution(router: AnalyticRouter, features: torch.Tensor, ids: torch.Tensor, ridge: float) -> np.ndarray:
@@ -31,11 +38,20 @@ def reference_solution(router: AnalyticRouter, features: torch.Tensor, ids: torc
     return scipy.linalg.solve(system, phi.T @ targets, assume_a="pos")
 
 
-def clustered(n: int, d: int, experts: int, seed: int = 0):
+def assert_same_state(state: dict, before: dict) -> None:
+    assert state.keys() == before.keys()
+    for key, value in state.items():
+        assert torch.equal(value, before[key]) if isinstance(value, torch.Tensor) else value == before[key], key
+
+
+def clustered(n: int, d: int, experts: int, seed: int = 0, dtype: torch.dtype = torch.float64):
+    """Clustered features, float64 by default: the router expands float64 features with a float64
+    product, so the exactness tests compare the statistics and solvers alone (the float32 product
+    of float32 features has its own test)."""
     g = torch.Generator().manual_seed(seed)
     centers = 3 * torch.randn(experts, d, generator=g)
     ids = torch.randint(0, experts, (n,), generator=g)
-    return centers[ids] + torch.randn(n, d, generator=g), ids
+    return (centers[ids] + torch.randn(n, d, generator=g)).to(dtype), ids
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -51,7 +67,7 @@ def clustered(n: int, d: int, experts: int, seed: int = 0):
     panel_rows=st.sampled_from([512, 64, 5]),
 )
 def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, per_sample, solver, panel_rows):
-    with mock.patch.object(router_module, "_PANEL_ROWS", panel_rows):
+    with mock.patch.object(_ridge, "PANEL_ROWS", panel_rows):
         check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver)
 
 
@@ -77,7 +93,7 @@ def check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver):
 
 
 def test_panelled_update_crosses_panel_boundaries(monkeypatch):
-    monkeypatch.setattr(router_module, "_PANEL_ROWS", 5)  # 23 rows -> panels of 5
+    monkeypatch.setattr(_ridge, "PANEL_ROWS", 5)  # 23 rows -> panels of 5
     features, ids = clustered(40, 6, 3)
     router = AnalyticRouter(6, 3, expansion_dim=23, ridge=0.5)
     router.update(features[:17], ids[:17])
@@ -98,10 +114,10 @@ def test_only_the_lower_triangle_of_the_statistics_is_read(monkeypatch):
     features, ids = clustered(60, 6, 3)
     reference = AnalyticRouter(6, 3, expansion_dim=40, ridge=0.5)
     reference.update(features, ids)
-    monkeypatch.setattr(router_module, "_PANEL_ROWS", 7)
+    monkeypatch.setattr(_ridge, "PANEL_ROWS", 7)
     router = AnalyticRouter(6, 3, expansion_dim=40, ridge=0.5)
     router.update(features[:30], ids[:30])
-    monkeypatch.setattr(router_module, "_PANEL_ROWS", 3)
+    monkeypatch.setattr(_ridge, "PANEL_ROWS", 3)
     router.load_state_dict(router.state_dict())
     router.update(features[30:], ids[30:])
     with torch.no_grad():
@@ -132,12 +148,14 @@ def test_mixed_precision_solver_reaches_float64_accuracy():
 
 
 def test_mixed_precision_falls_back_on_ill_conditioned_system():
-    features, ids = clustered(500, 8, 2)
-    # cond(G + ridge I) ~ 1e11: beyond a float32 factor (2^24), well within float64.
+    # 250 samples < M = 300: G is singular, so cond(G + ridge I) = (lambda_max(G) + ridge) / ridge ~ 2e8 on
+    # any CPU: beyond a float32 factor (cond * 2^-24 ~ 12), well within float64 (cond * 2^-53 ~ 2e-8).
+    features, ids = clustered(250, 8, 2)
     router = AnalyticRouter(8, 2, expansion_dim=300, ridge=1e-2, solver="mixed")
     router.update(features, ids)
-    with pytest.warns(RuntimeWarning, match="float64 Cholesky"):
+    with pytest.warns(RuntimeWarning, match="float64 Cholesky") as caught:
         router.solve()
+    assert not [w for w in caught if issubclass(w.category, RouterConditioningWarning)]
     assert router.solver_ == "cholesky"
     router.solver = "auto"
     router._mark_stale()
@@ -151,8 +169,8 @@ def test_solution_is_cached_until_statistics_change(monkeypatch):
     router = AnalyticRouter(5, 2, expansion_dim=32, ridge=1.0)
     router.update(features, ids)
     calls = []
-    original = router_module._solve_cholesky
-    monkeypatch.setattr(router_module, "_solve_cholesky", lambda *a: calls.append(1) or original(*a))
+    original = router.solve
+    monkeypatch.setattr(router, "solve", lambda: calls.append(1) or original())
     router(features)
     router.route(features)
     _ = router.weight
@@ -282,11 +300,10 @@ def test_half_precision_casts_keep_the_statistics_solvable(cast):
 def test_features_that_overflow_the_statistics_are_rejected(stats_dtype, scale):
     router = AnalyticRouter(3, 2, expansion_dim=10, ridge=1.0, stats_dtype=stats_dtype)
     router.update(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
-    before = {k: v.clone() for k, v in router.state_dict().items()}
+    before = copy.deepcopy(router.state_dict())
     with pytest.raises(ValueError, match="overflow"):
         router.update(torch.full((2, 3), scale, dtype=torch.float64), 0)  # finite as given
-    for key, value in router.state_dict().items():
-        assert torch.equal(value, before[key]), key
+    assert_same_state(router.state_dict(), before)
 
 
 def test_same_seed_same_expansion_and_other_seed_differs():
@@ -315,11 +332,10 @@ def test_same_seed_same_expansion_and_other_seed_differs():
 def test_bad_input_is_rejected_and_leaves_statistics_unchanged(features, ids, error, match):
     router = AnalyticRouter(3, 2, expansion_dim=10, ridge=1.0)
     router.update(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))
-    before = {k: v.clone() for k, v in router.state_dict().items()}
+    before = copy.deepcopy(router.state_dict())
     with pytest.raises(error, match=match):
         router.update(features, ids)
-    for key, value in router.state_dict().items():
-        assert torch.equal(value, before[key]), key
+    assert_same_state(router.state_dict(), before)
 
 
 def test_constructor_validation():
@@ -335,14 +351,237 @@ def test_constructor_validation():
         AnalyticRouter(3, activation="tanh")
 
 
-def test_failed_factorisation_says_what_to_do():
-    router = AnalyticRouter(3, 1, expansion_dim=0, ridge=1e-30, solver="cholesky", stats_dtype=torch.float32)
-    router.update(torch.tensor([[1e6, 1e6, 1e6], [1e6, 1e6, 1.000001e6]]), 0)
-    with pytest.raises(RouterSolveError, match="Increase `ridge`"):
+@pytest.mark.parametrize("stats_dtype, solver", [(torch.float32, "cholesky"), (torch.float64, "auto"), (torch.float64, "cholesky")])
+def test_failed_factorisation_says_what_to_do(stats_dtype, solver):
+    router = AnalyticRouter(2, 1, expansion_dim=0, ridge=0.5, solver=solver, stats_dtype=stats_dtype)
+    router.update(torch.ones(1, 2), 0)
+    with torch.no_grad():  # statistics no stream can produce: G + 0.5 I has eigenvalues 3.5 and -0.5
+        router.gram.copy_(torch.tensor([[1.0, 2.0], [2.0, 1.0]]))
+    # Its Cholesky fails in any rounding: the second pivot is 1.5 - 2^2 / 1.5 < 0 with an O(1) margin.
+    with pytest.raises(RouterSolveError, match=r"failed at column 2 .* Increase `ridge`"):
         router.solve()
+
+
+def ill_conditioned_router(solver: str, stats_dtype: torch.dtype = torch.float64) -> AnalyticRouter:
+    """G = diag(2^40, 2^-40) exactly, on every CPU: the features' products are powers of two, each entry of G
+    has one non-zero term, and a diagonal G needs no rotation in eigh. With ridge 2^-40, cond(G + ridge I)
+    = (2^40 + 2^-40) / 2^-39 ~ 2^79 ~ 6e23, beyond any precision."""
+    router = AnalyticRouter(2, 1, expansion_dim=0, ridge=2.0**-40, solver=solver, stats_dtype=stats_dtype)
+    router.update(torch.tensor([[2.0**20, 0.0], [0.0, 2.0**-20]], dtype=torch.float64), 0)
+    assert torch.equal(router.gram_matrix(), torch.diag(torch.tensor([2.0**40, 2.0**-40], dtype=stats_dtype)))
+    return router
+
+
+@pytest.mark.parametrize(
+    "solver, stats_dtype",
+    [("eigh", torch.float64), ("auto", torch.float64), ("cholesky", torch.float64), ("cholesky", torch.float32),
+     ("auto", torch.float32)],
+)
+def test_ill_conditioned_solution_warns_with_the_fix(solver, stats_dtype):
+    router = ill_conditioned_router(solver, stats_dtype)
+    with pytest.warns(RouterConditioningWarning, match=r"condition number ~.*e\+2\d.*Increase `ridge`.*ridge='auto'"):
+        router.solve()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        router(torch.ones(1, 2))  # the cached solution does not warn again
+    router.ridge = "auto"
+    router._mark_stale()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # GCV never picks an unreliable ridge here
+        router.solve()
+
+
+def test_rank_deficient_statistics_with_a_tiny_ridge_warn_in_eigh():
+    """The reported case: near-singular data and a tiny ridge gave weights of 1e19 without a word.
+
+    Two samples (2^20, 2^20) and (2^-20, -2^-20): each entry of G is 2^40 +- 2^-40, which rounds to 2^40 in
+    float64 whatever the order or fusion of the operations, so the computed G is 2^40 [[1, 1], [1, 1]],
+    exactly singular. A backward-stable eigh returns its zero eigenvalue within a few ulps of 2^41
+    (|s_min| <= 2^-9), so cond >= 2^41 / (2^-9 + 2^-30) = 2^50: far beyond the warning bound (1e-2 / eps =
+    4.5e13 < 2^50 = 1.1e15).
+    """
+    router = AnalyticRouter(2, 2, expansion_dim=0, ridge=2.0**-30, solver="eigh")
+    router.update(torch.tensor([[2.0**20, 2.0**20], [2.0**-20, -(2.0**-20)]], dtype=torch.float64), torch.tensor([0, 1]))
+    assert torch.equal(router.gram_matrix(), torch.full((2, 2), 2.0**40, dtype=torch.float64))
+    with pytest.warns(RouterConditioningWarning, match="ill-conditioned"):
+        router.solve()
+
+
+def test_cholesky_condition_estimate_is_a_tight_lower_bound():
+    """Two inverse-iteration steps with the factor find the cluster of small eigenvalues of a rank-deficient G."""
+    features, ids = clustered(40, 6, 2)
+    router = AnalyticRouter(6, 2, expansion_dim=64, ridge=1e-3, solver="cholesky")
+    router.update(features, ids)  # 40 samples < 64 = M: lambda_min(G) = 0, cond = (lambda_max + ridge) / ridge
+    exact = (float(torch.linalg.eigvalsh(router.gram_matrix()).max()) + 1e-3) / 1e-3
+    estimate = _ridge.solve_cholesky(router.gram, router.cross, 1e-3).condition
+    assert exact / 10 <= estimate <= exact * (1 + 1e-6)
 
 
 def test_wrong_device_is_a_clear_error():
     router = AnalyticRouter(3, 1, expansion_dim=4)
     with pytest.raises(ValueError, match="are on meta but the module's state is on cpu"):
         router.update(torch.zeros(2, 3, device="meta"), 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"in_features": 0},
+        {"in_features": 3.0},
+        {"num_experts": True},
+        {"num_experts": -1},
+        {"expansion_dim": -1},
+        {"ridge": True},
+        {"ridge": float("inf")},
+        {"ridge_grid": []},
+        {"ridge_grid": [1.0, -1.0]},
+        {"solver": None},
+        {"stats_dtype": "float64"},
+        {"seed": 1.5},
+        {"activation": "tanh"},
+    ],
+)
+def test_every_parameter_error_is_an_invalid_parameter_error(kwargs):
+    arguments = {"in_features": 3, **kwargs}
+    with pytest.raises(InvalidParameterError):
+        AnalyticRouter(**arguments)
+
+
+def test_integer_parameters_accept_numpy_integers():
+    router = AnalyticRouter(np.int64(3), np.int32(1), expansion_dim=np.int64(8), seed=np.int64(2))
+    assert router.add_expert(np.int16(2)) == 2
+    assert router.in_features == 3 and router.expansion.seed == 2 and type(router.expansion.seed) is int
+    with pytest.raises(InvalidParameterError, match="count must be an int >= 1"):
+        router.add_expert(0)
+
+
+def fitted_router(**kwargs) -> AnalyticRouter:
+    features, ids = clustered(32, 6, 3)
+    router = AnalyticRouter(6, 3, **{"expansion_dim": 40, "ridge": 1e4, **kwargs})
+    router.update(features, ids)
+    return router
+
+
+@pytest.mark.parametrize(
+    "target, match",
+    [
+        (dict(expansion_dim=30), r"checkpoint entry expansion.weight has shape \(40, 6\) but this module expects \(30, 6\)"),
+        (dict(ridge=5.0), r"saved with ridge=10000.0 but this module has ridge=5.0; build the router with the checkpoint"),
+        (dict(ridge="auto"), r"saved with ridge=10000.0 but this module has ridge='auto'"),
+        (dict(solver="eigh"), r"saved with solver='auto' but this module has solver='eigh'"),
+        (dict(activation="identity"), r"saved with activation='relu' but this module has activation='identity'"),
+    ],
+)
+def test_mismatched_checkpoint_is_refused_and_changes_nothing(target, match):
+    state = fitted_router().state_dict()
+    router = AnalyticRouter(6, 1, **{"expansion_dim": 40, "ridge": 1e4, **target})
+    before = copy.deepcopy(router.state_dict())
+    with pytest.raises(InvalidParameterError, match=match) as caught:
+        router.load_state_dict(state)
+    assert "\n" not in str(caught.value)
+    assert_same_state(router.state_dict(), before)
+    assert router.num_samples == 0 and router.num_experts == 1
+    with pytest.raises(NotFittedError):
+        router(torch.randn(2, 6))
+
+
+def test_settings_travel_with_the_checkpoint_and_the_seed_is_adopted():
+    source = fitted_router(ridge="auto", ridge_grid=[1.0, 10.0], solver="eigh", seed=7)
+    buffer = io.BytesIO()
+    torch.save(source.state_dict(), buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)
+    assert state["_extra_state"] == {
+        "ridge": "auto", "ridge_grid": [1.0, 10.0], "solver": "eigh", "activation": "relu", "seed": 7
+    }
+    router = AnalyticRouter(6, 0, expansion_dim=40, ridge="auto", ridge_grid=[1.0, 10.0], solver="eigh", seed=0)
+    router.load_state_dict(state)
+    assert router.expansion.seed == 7
+    features = torch.randn(5, 6)
+    torch.testing.assert_close(router(features), source(features))
+    with pytest.raises(InvalidParameterError, match=r"ridge_grid=\[1.0, 10.0\] but this module has ridge_grid=None"):
+        AnalyticRouter(6, 0, expansion_dim=40, ridge="auto", solver="eigh").load_state_dict(state)
+
+
+@pytest.mark.parametrize("version", [1, None])  # None: no metadata, as from a safetensors file
+def test_checkpoints_without_settings_load_with_the_routers_own(version):
+    state = fitted_router().state_dict()
+    del state["_extra_state"]
+    if version is None:
+        del state._metadata
+    else:
+        state._metadata[""]["version"] = version
+    router = AnalyticRouter(6, 0, expansion_dim=40, ridge=5.0)  # such a checkpoint cannot say its ridge: ours stays
+    assert router.load_state_dict(state).missing_keys == []
+    assert router.ridge == 5.0 and router.num_samples == 32
+
+
+def test_partial_checkpoint_is_refused_and_an_absent_router_is_skipped_without_strict():
+    state = fitted_router().state_dict()
+    router = AnalyticRouter(6, 3, expansion_dim=40, ridge=1e4)
+    with pytest.raises(InvalidParameterError, match=r"lacks \['counts'\]"):
+        router.load_state_dict({k: v for k, v in state.items() if k != "counts"}, strict=False)
+    parent = nn.Sequential(nn.Linear(6, 6), router)
+    result = parent.load_state_dict(nn.Sequential(nn.Linear(6, 6)).state_dict(), strict=False)
+    assert router.num_samples == 0 and "1.gram" in result.missing_keys
+    parent.load_state_dict({**{f"1.{k}": v for k, v in state.items()}, **nn.Linear(6, 6).state_dict(prefix="0.")})
+    assert router.num_samples == 32
+
+
+def test_float32_features_are_expanded_in_float32_within_the_rounding_bound():
+    """The float32 product against the float64 product of the same numbers, with worst-case bounds that
+    hold for any summation order (so on any CPU): a length-d dot product in float32 is within
+    gamma = d u / (1 - d u), u = 2^-24, of the exact one relative to sum_k |h_k||R_jk|; G and Q inherit it."""
+    d, m, n = 48, 200, 300
+    features, ids = clustered(n, d, 3, dtype=torch.float32)
+    wide = AnalyticRouter(d, 3, expansion_dim=m, ridge=1.0)
+    narrow = AnalyticRouter(d, 3, expansion_dim=m, ridge=1.0)
+    wide.update(features.double(), ids)  # exactly the same numbers, float64 product
+    narrow.update(features, ids)
+    u = 2.0**-24
+    gamma = d * u / (1 - d * u)
+    accumulation = 2 * n * torch.finfo(torch.float64).eps  # both sums run in float64
+    magnitude = features.double().abs() @ wide.expansion.weight.abs().t()  # (n, m): bounds |phi| and its error
+    phi_error = (narrow.expansion(features) - wide.expansion(features.double())).abs()
+    assert bool((phi_error <= gamma * magnitude).all())
+    gram_bound = (2 * gamma + gamma**2 + accumulation) * (magnitude.t() @ magnitude)
+    assert bool((torch.tril(narrow.gram - wide.gram).abs() <= torch.tril(gram_bound)).all())
+    onehot = torch.nn.functional.one_hot(ids, 3).double()
+    assert bool(((narrow.cross - wide.cross).abs() <= (gamma + accumulation) * (magnitude.t() @ onehot)).all())
+    assert narrow.expansion(features).dtype == torch.float64
+    # Routing: the smallest top-2 margin of these queries is ~9e-4 and the score errors are ~4e-6 (a
+    # float32 rounding amplified by cond(G + ridge I)), 200x apart: no route can flip on any CPU.
+    queries, _ = clustered(200, d, 3, seed=1, dtype=torch.float32)
+    reference = wide(queries.double())
+    top2 = reference.topk(2, dim=1).values
+    assert float((narrow(queries) - reference).abs().max()) <= 0.1 * float((top2[:, 0] - top2[:, 1]).min())
+    assert torch.equal(narrow.route(queries), wide.route(queries.double()))
+
+
+@pytest.mark.parametrize("scale", [1e25, 1e-25])
+def test_features_beyond_the_float32_range_are_expanded_in_float64(scale):
+    features, ids = clustered(20, 4, 2, dtype=torch.float32)
+    features = features * scale  # finite float32 numbers whose float32 product would overflow / underflow
+    wide = AnalyticRouter(4, 2, expansion_dim=16, ridge=scale**2)
+    narrow = AnalyticRouter(4, 2, expansion_dim=16, ridge=scale**2)
+    wide.update(features.double(), ids)
+    narrow.update(features, ids)
+    assert torch.equal(narrow.gram, wide.gram) and bool(torch.isfinite(narrow.gram).all())
+    assert torch.equal(narrow(features), wide(features.double()))
+
+
+def test_reduced_precision_float32_matmuls_keep_the_float64_product():
+    """With float32 matmuls allowed to round to bfloat16 (or TF32 on a GPU), the float32 product is not exact
+    enough: the router multiplies in float64 then."""
+    features, _ = clustered(8, 4, 2, dtype=torch.float32)
+    router = AnalyticRouter(4, 1, expansion_dim=16)
+    backend = getattr(torch.backends.mkldnn, "matmul", None)
+    if getattr(backend, "fp32_precision", None) is None:
+        pytest.skip("this torch has no per-backend float32 matmul precision")
+    before = backend.fp32_precision
+    try:
+        backend.fp32_precision = "bf16"
+        assert torch.equal(router.expansion(features), router.expansion(features.double()))
+    finally:
+        backend.fp32_precision = before
+    assert torch.equal(router.expansion(features), torch.relu(features @ router.expansion.weight.float().t()).double())

@@ -22,9 +22,8 @@ from benchmarks.stream import (
     SiBlurryStream,
     build_si_blurry_stream,
     check_label_vector,
-    expert_window,
-    session_boundaries,
 )
+from fly_modules import SampleBudgetSchedule
 
 FIXTURE = Path(__file__).parent / "fixtures" / "si_blurry_streams.json"
 
@@ -397,7 +396,7 @@ def test_batches_are_sequential_session_local_and_partial_at_session_end(stream)
 
 
 def test_session_ids_and_ends_agree_with_batches(stream):
-    ids, ends = session_boundaries(stream)
+    ids, ends = stream.session_ids(), stream.session_ends()
     assert ids.numel() == len(stream) == int(ends[-1])
     for b in stream.batches(50):
         assert torch.all(ids[b.start : b.samples_seen] == b.session)
@@ -527,13 +526,9 @@ def test_home_session_in_exposure_order(stream):
 
 
 def test_expert_window_is_floor_of_train_size_over_experts():
-    assert expert_window(50_000, 5) == 10_000
-    assert expert_window(24_000, 5) == 4_800
-    assert expert_window(9_430, 5) == 1_886
-    with pytest.raises(ValueError, match="num_experts must be >= 1"):
-        expert_window(100, 0)
-    with pytest.raises(ValueError, match="would be 0"):
-        expert_window(3, 5)
+    """The task-free budget the runner uses (docs/stream.md): floor(N_train / num_experts) samples."""
+    for size, window in ((50_000, 10_000), (24_000, 4_800), (9_430, 1_886)):
+        assert SampleBudgetSchedule.from_stream_size(size, 5).samples_per_expert == window
 
 
 def test_summary_is_plain_python(stream):

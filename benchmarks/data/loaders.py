@@ -33,7 +33,61 @@ from .records import (
     _import_torchvision,
 )
 
-__all__ = ["load_cifar100", "load_imagenet_r", "load_cub200", "load_dataset"]
+__all__ = [
+    "DATASETS", "DOWNLOADABLE", "canonical_dataset_name", "check_dataset", "load_cifar100", "load_imagenet_r",
+    "load_cub200", "load_dataset",
+]
+
+#: Dataset names ``load_dataset`` accepts, and those it can download (``download=True``).
+DATASETS = ("cifar100", "imagenet-r", "cub200", "synthetic")
+DOWNLOADABLE = ("cifar100", "imagenet-r")
+_ALIASES = {"imagenetr": "imagenet-r", "cub": "cub200", "cub-200": "cub200", "cifar-100": "cifar100"}
+_CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
+_IMAGENET_R_URL = "https://people.eecs.berkeley.edu/~hendrycks/imagenet-r.tar"
+_CUB200_URL = "https://www.vision.caltech.edu/datasets/cub_200_2011/"
+# What a failed download raises (urllib's URLError and socket errors are OSErrors); reported in one line.
+_DOWNLOAD_ERRORS = (OSError,)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def canonical_dataset_name(name: str) -> str:
+    """``name`` normalised (``"ImageNet_R"`` -> ``"imagenet-r"``); unknown names are returned as given."""
+    key = name.lower().replace("_", "-")
+    return _ALIASES.get(key, key)
+
+
+def _cub_candidates(root: Path) -> List[Path]:
+    return [root / "images", root / "CUB_200_2011" / "images"]
+
+
+def check_dataset(name: str, root: Union[str, os.PathLike], *, download: bool = False) -> None:
+    """Raise :class:`DatasetNotFoundError` now if ``load_dataset(name, root, download=download)`` would not
+    find the data on disk (nothing is read or downloaded; ``"synthetic"`` is always available)."""
+    key = canonical_dataset_name(name)
+    root = Path(root).expanduser()
+    if key == "cifar100" and not download and not (root / "cifar-100-python").is_dir():
+        raise DatasetNotFoundError(
+            f"CIFAR-100 was not found: looked for '{root / 'cifar-100-python'}'; download {_CIFAR100_URL} and "
+            f"extract it into '{root}' (load_cifar100(..., download=True) does it)"
+        )
+    if key == "imagenet-r" and not download:
+        presplit = (root / "train").is_dir() and (root / "test").is_dir()
+        if not presplit and not any(_has_class_folders(c) for c in (root, root / "imagenet-r")):
+            raise DatasetNotFoundError(
+                f"ImageNet-R was not found: looked for '{root / 'train'}' + '{root / 'test'}' and for class "
+                f"folders in '{root}' and '{root / 'imagenet-r'}'; download {_IMAGENET_R_URL} and extract it into "
+                f"'{root}' (load_imagenet_r(..., download=True) does it)"
+            )
+    if key == "cub200" and not any(_has_class_folders(c) for c in _cub_candidates(root)):
+        looked = "' and '".join(str(c) for c in _cub_candidates(root))
+        raise DatasetNotFoundError(
+            f"CUB-200-2011 was not found: looked for class folders in '{looked}'. Automatic download is not available "
+            f"for CUB-200: get CUB_200_2011.tgz from {_CUB200_URL} and extract it into '{root}'"
+        )
 
 
 def _scan_image_folder(directory: Path) -> Tuple[List[str], List[Tuple[str, int]]]:
@@ -75,16 +129,14 @@ def load_cifar100(
     image_size = _check_image_size(image_size)
     tv = _import_torchvision("load_cifar100")
     root = Path(root).expanduser()
+    check_dataset("cifar100", root, download=download)
     folder = root / "cifar-100-python"
-    if not download and not folder.is_dir():
-        raise DatasetNotFoundError(
-            f"CIFAR-100 was not found: looked for '{folder}'. Get it with load_cifar100('{root}', download=True), "
-            f"or download https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz and extract it into '{root}'."
-        )
     out = []
     for train in (True, False):
         try:
             raw = tv.datasets.CIFAR100(str(root), train=train, download=download)
+        except _DOWNLOAD_ERRORS as error:
+            raise DatasetNotFoundError(f"downloading CIFAR-100 into '{root}' failed: {_first_line(error)}") from None
         except RuntimeError as error:  # torchvision: "Dataset not found or corrupted"
             raise DatasetNotFoundError(
                 f"CIFAR-100 in '{folder}' is missing files or corrupted ({error}). Delete the folder and call "
@@ -104,8 +156,6 @@ def load_cifar100(
         )
     return out[0], out[1]
 
-
-_IMAGENET_R_URL = "https://people.eecs.berkeley.edu/~hendrycks/imagenet-r.tar"
 
 
 def load_imagenet_r(
@@ -154,14 +204,13 @@ def load_imagenet_r(
     folder = next((c for c in candidates if _has_class_folders(c)), None)
     if folder is None and download:
         tv = _import_torchvision("load_imagenet_r(download=True)")
-        tv.datasets.utils.download_and_extract_archive(_IMAGENET_R_URL, download_root=str(root))
+        try:
+            tv.datasets.utils.download_and_extract_archive(_IMAGENET_R_URL, download_root=str(root))
+        except _DOWNLOAD_ERRORS as error:
+            raise DatasetNotFoundError(f"downloading ImageNet-R into '{root}' failed: {_first_line(error)}") from None
         folder = root / "imagenet-r"
     if folder is None:
-        raise DatasetNotFoundError(
-            f"ImageNet-R was not found. Looked for pre-split folders '{root / 'train'}' and '{root / 'test'}', "
-            f"and for class folders in '{root}' and '{root / 'imagenet-r'}'. Get it with "
-            f"load_imagenet_r('{root}', download=True), or download {_IMAGENET_R_URL} and extract it into '{root}'."
-        )
+        check_dataset("imagenet-r", root)  # raises with where it looked
     classes, samples = _scan_image_folder(folder)
     generator = torch.Generator().manual_seed(int(split_seed))
     permutation = torch.randperm(len(samples), generator=generator)
@@ -193,16 +242,8 @@ def load_cub200(
     """
     image_size = _check_image_size(image_size)
     root = Path(root).expanduser()
-    candidates = [root / "images", root / "CUB_200_2011" / "images"]
-    folder = next((c for c in candidates if _has_class_folders(c)), None)
-    if folder is None:
-        looked = "', '".join(str(c) for c in candidates)
-        no_auto = " Automatic download is not available for CUB-200." if download else ""
-        raise DatasetNotFoundError(
-            f"CUB-200-2011 was not found: looked for class folders in '{looked}'.{no_auto} Download CUB_200_2011.tgz "
-            f"from https://www.vision.caltech.edu/datasets/cub_200_2011/ and extract it so that "
-            f"'{candidates[0]}' (or '{candidates[1]}') holds the 200 class folders."
-        )
+    check_dataset("cub200", root)
+    folder = next(c for c in _cub_candidates(root) if _has_class_folders(c))
     classes, samples = _scan_image_folder(folder)
     generator = torch.Generator().manual_seed(int(split_seed))
     permutation = torch.randperm(len(samples), generator=generator).tolist()
@@ -228,8 +269,7 @@ def load_dataset(
     (:func:`load_cifar100`, :func:`load_imagenet_r`, :func:`load_cub200`, :func:`make_synthetic_train_test`).
     """
     builders = {"cifar100": load_cifar100, "imagenet-r": load_imagenet_r, "cub200": load_cub200}
-    key = name.lower().replace("_", "-")
-    key = {"imagenetr": "imagenet-r", "cub": "cub200", "cub-200": "cub200", "cifar-100": "cifar100"}.get(key, key)
+    key = canonical_dataset_name(name)
     if key == "synthetic":
         return make_synthetic_train_test(**kwargs)
     if key not in builders:

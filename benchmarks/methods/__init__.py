@@ -1,6 +1,8 @@
 """Reference implementations of the prompt methods on a frozen timm ViT (registered by name)."""
 
 from . import dualprompt, flyprompt, hide, l2p, mvp  # noqa: F401  (registration side effects)
-from .base import MethodOutput, PromptMethod, QueryFeatures, create_method, list_methods, register_method
+from .base import MethodOutput, PromptMethod, QueryFeatures, create_method, list_methods, method_class, register_method
 
-__all__ = ["MethodOutput", "PromptMethod", "QueryFeatures", "create_method", "list_methods", "register_method"]
+__all__ = [
+    "MethodOutput", "PromptMethod", "QueryFeatures", "create_method", "list_methods", "method_class", "register_method",
+]

@@ -1,26 +1,8 @@
-"""The seams every reference method exposes (the adapter contract).
+"""The seam contract every reference method implements, and the registry that builds methods by name.
 
-A prompt-based continual learner on a frozen ViT does five things per batch, and each is a method
-here so that ``fly_modules`` (and ``fly_modules.adapters``) can replace exactly one of them:
-
-1. **query** -- one frozen, prompt-free backbone pass giving the query features the method's own
-   selection uses *and* the features the analytic router consumes (``QueryFeatures``). It is computed
-   once per batch and reused; nothing downstream runs a second prompt-free pass.
-2. **selection** -- ``select(query, train=..., expert=...)`` returns the prompt ids each sample uses.
-   When ``expert`` (one routed expert id per sample) is given, the method restricts its own selection
-   to that expert's group (DualPrompt: key match inside the step's slot slice; MVP/HiDe/FlyPrompt:
-   the expert *is* the prompt). This is the seam the router replaces at inference.
-3. **expert-conditioned forward** -- ``forward_features(x, selection)`` runs the prompted backbone.
-4. **classifier head** -- ``get_classifier()`` returns the trainable ``nn.Linear``;
-   ``transform_logits(logits, selection)`` applies any method-specific per-sample transform (MVP's
-   class mask) to head outputs of shape ``(B, C)`` or ``(B, H, C)``, so an ensemble of heads gets the
-   same treatment as the online head. This is the seam the temporal ensemble replaces.
-5. **training-loop hooks** -- ``on_expert_start``, ``on_session_end``, ``on_optimizer_step``,
-   ``on_batch_end``, ``on_evaluate``.
-
-``expert_of(selection)`` maps a selection to the expert (bank) id of each sample: the id the router
-is trained on (with ``current_expert`` during training) and the id that keys the temporal-ensemble
-bank at inference.
+``PromptMethod`` splits a prompt method into what fly-modules replaces or drives: the frozen query
+pass, the selection (restricted to given experts to route or force it), the prompted pass, the head
+and its logit transform, and the training hooks. The contract is described in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -32,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
+
 __all__ = [
     "MethodOutput",
     "QueryFeatures",
@@ -39,6 +23,7 @@ __all__ = [
     "register_method",
     "create_method",
     "list_methods",
+    "method_class",
     "frozen_cls",
 ]
 
@@ -81,38 +66,48 @@ class MethodOutput:
 class PromptMethod(nn.Module):
     """Base class of the reference implementations in ``benchmarks.methods``.
 
-    Subclasses set the class attributes and implement ``compute_query``, ``select``, ``expert_of``
-    and ``forward_features``; everything else has a working default.
-
-    Class attributes:
-        name: registry name (``"dualprompt"``).
-        session_aware: ``True`` when the method consumes ground-truth session ends (L2P, HiDe-Prompt,
-            NoRGa); ``False`` for the task-free, step-aware methods (DualPrompt, MISA, MVP, FlyPrompt),
-            which start experts on a sample budget.
-        default_lr: the learning rate the reference protocol uses for this method.
-
-    Attributes every instance has:
-        backbone: the frozen timm ViT (``requires_grad`` off, kept in eval mode).
-        head: the trainable classifier ``nn.Linear(embed_dim, num_classes)``.
-        num_experts: how many experts (router targets / ensemble banks) exist in total.
-        current_expert: the expert trained now (``int``).
+    Subclasses set the class attributes and implement ``compute_query``, ``select``, ``expert_of`` and
+    ``forward_features``; everything else has a working default. Every instance has the frozen
+    ``backbone`` (kept in eval mode), the trainable ``head``, ``num_experts`` and ``current_expert``.
     """
 
+    #: registry name (``"dualprompt"``)
     name: ClassVar[str] = ""
+    #: consumes ground-truth session boundaries (L2P, HiDe-Prompt, NoRGa); the task-free methods start
+    #: experts on a sample budget instead
     session_aware: ClassVar[bool] = False
+    #: the reference protocol's learning rate for the method
     default_lr: ClassVar[float] = 0.005
+    #: ``"batch"``: the training logit mask covers the batch's classes; ``"seen"``: every exposed class
+    train_logit_mask: ClassVar[str] = "batch"
+    #: trains its own analytic router and temporal ensemble (its ``router`` and ``ensemble``, FlyPrompt):
+    #: a benchmark adds neither and runs it as one variant, ``full``
+    builtin_components: ClassVar[bool] = False
 
     backbone: nn.Module
     head: nn.Linear
     num_experts: int
     current_expert: int
-    #: ``torch.distributed`` group of a data-parallel run (set by the runner; ``None``: one process).
-    #: Statistics a method accumulates from its batches go through :meth:`gather_batch` /
-    #: :meth:`reduce_sum`, so every process keeps the statistics of the *global* batch.
-    process_group: Optional[Any] = None
-    #: This process's share ``n_rank / n_global`` of the global batch; the runner scales the loss by it
-    #: before summing gradients, so a loss term that is already a *global* batch mean divides by it.
-    batch_share: float = 1.0
+
+    # ----------------------------------------------------------------------------- set-up
+    @classmethod
+    def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
+        """Constructor arguments for a benchmark run of ``protocol`` (``benchmarks.runner.Protocol``).
+
+        ``num_experts`` and the protocol's ``method_kwargs`` for this method by default; subclasses add
+        what the protocol decides for them (router settings, learning rates, initial prompts).
+        """
+        return {"num_experts": protocol.num_experts, **protocol.method_kwargs.get(cls.name, {})}
+
+    @classmethod
+    def from_protocol(cls, backbone: nn.Module, num_classes: int, protocol: Any, seed: int) -> "PromptMethod":
+        """The method of a benchmark run, built around ``backbone`` with :meth:`protocol_kwargs`."""
+        return cls(backbone, num_classes, **cls.protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes))
+
+    @classmethod
+    def protocol_notes(cls, protocol: Any) -> str:
+        """What a run record should say about how the protocol built this method ("" when nothing)."""
+        return ""
 
     # ----------------------------------------------------------------------------------- seams
     def compute_query(self, x: Tensor) -> QueryFeatures:
@@ -151,44 +146,15 @@ class PromptMethod(nn.Module):
     def get_classifier(self) -> nn.Linear:
         return self.head
 
-    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+    def auxiliary_loss(
+        self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH
+    ) -> Tensor:
         """Extra training loss (key pull, contrastive term, ...); zero by default."""
         return features.new_zeros(())
 
     def trainable_parameters(self) -> List[nn.Parameter]:
         """The parameters the optimizer trains (everything with ``requires_grad``)."""
         return [p for p in self.parameters() if p.requires_grad]
-
-    # ------------------------------------------------------------------------- data parallel
-    def gather_batch(self, tensor: Tensor) -> Tensor:
-        """Every process's rows of ``tensor`` in rank order (the tensor itself in one process)."""
-        if self.process_group is None:
-            return tensor
-        from fly_modules.distributed import gather_rows
-
-        return gather_rows(tensor, self.process_group)
-
-    def reduce_sum(self, counts: Tensor) -> Tensor:
-        """Sum of ``counts`` (counts or detached sums) over the processes (``counts`` itself in one process)."""
-        if self.process_group is None:
-            return counts
-        import torch.distributed as dist
-
-        counts = counts.clone()
-        dist.all_reduce(counts, group=self.process_group)
-        return counts
-
-    def global_mean(self, values: Tensor) -> Tensor:
-        """Mean of ``values`` over the global batch whose gradient flows through this process's rows.
-
-        In one process this is ``values.mean()``. Divide a loss built from such means by
-        ``batch_share`` so that the runner's weighting leaves its gradient exact.
-        """
-        if self.process_group is None:
-            return values.mean()
-        total = values.sum()
-        both = self.reduce_sum(torch.stack([total.detach(), total.new_tensor(float(values.numel()))]))
-        return (total - total.detach() + both[0]) / both[1]
 
     # ------------------------------------------------------------------------------- forward
     def forward(
@@ -197,18 +163,20 @@ class PromptMethod(nn.Module):
         *,
         expert: Optional[Tensor] = None,
         query: Optional[QueryFeatures] = None,
+        parallel: BatchShare = WHOLE_BATCH,
     ) -> MethodOutput:
         """Query pass (unless ``query`` is given) -> selection -> prompted pass -> head.
 
         ``self.training`` decides between the training-time and the inference-time selection.
-        ``expert`` (``(B,)`` long) restricts the selection to routed experts (inference-time routing).
+        ``expert`` (``(B,)`` long) restricts the selection to those experts (routed or forced).
+        ``parallel``: this process's share of a data-parallel batch (statistics use the global batch).
         """
         if query is None:
             query = self.compute_query(x)
         selection = self.select(query.query, train=self.training, expert=expert)
         features = self.forward_features(x, selection)
         logits = self.transform_logits(self.head(features), selection)
-        aux = self.auxiliary_loss(query, selection, features) if self.training else features.new_zeros(())
+        aux = self.auxiliary_loss(query, selection, features, parallel) if self.training else features.new_zeros(())
         return MethodOutput(logits, features, query, selection, self.expert_of(selection), aux)
 
     @torch.no_grad()
@@ -221,7 +189,10 @@ class PromptMethod(nn.Module):
         output = self(x)  # through __call__ so that forward hooks (retrofits) apply
         return output.logits if logit_mask is None else output.logits + logit_mask
 
-    def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+    def loss(
+        self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None,
+        parallel: BatchShare = WHOLE_BATCH,
+    ) -> Tensor:
         """Cross-entropy on the masked logits plus the method's auxiliary loss."""
         logits = output.logits if logit_mask is None else output.logits + logit_mask
         return F.cross_entropy(logits, target) + output.aux_loss
@@ -240,8 +211,12 @@ class PromptMethod(nn.Module):
         Built-in per-step state lives here (FlyPrompt's EMA heads); no-op by default.
         """
 
-    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput) -> None:
-        """Called once per stream batch after its online iterations (statistics, counters)."""
+    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput, parallel: BatchShare = WHOLE_BATCH) -> None:
+        """Called once per stream batch after its online iterations (statistics, counters).
+
+        ``output`` is the batch's first training forward; its ``query.router`` holds the router features
+        of the batch (a benchmark may replace them with those of the un-augmented batch).
+        """
 
     def on_evaluate(self) -> None:
         """Called before each evaluation."""
@@ -273,13 +248,17 @@ def list_methods() -> List[str]:
     return sorted(_METHODS)
 
 
-def create_method(name: str, backbone: nn.Module, num_classes: int, **kwargs) -> PromptMethod:
-    """Build a registered method around a timm ViT ``backbone``."""
+def method_class(name: str) -> Type[PromptMethod]:
+    """The registered method class called ``name``."""
     try:
-        cls = _METHODS[name]
+        return _METHODS[name]
     except KeyError:
         raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(list_methods())}") from None
-    return cls(backbone, num_classes, **kwargs)
+
+
+def create_method(name: str, backbone: nn.Module, num_classes: int, **kwargs) -> PromptMethod:
+    """Build a registered method around a timm ViT ``backbone``."""
+    return method_class(name)(backbone, num_classes, **kwargs)
 
 
 # ---------------------------------------------------------------------------------- helpers

@@ -1,53 +1,16 @@
-"""DualPrompt and MISA on a frozen timm ViT, online / Si-Blurry style (reference-protocol 4.2, 4.3).
-
-DualPrompt:
-
-* G-prompt: one shared prompt of ``g_prompt_length`` (5) tokens per layer at ``g_prompt_layers``
-  (0, 1). E-prompt pool: ``pool_size`` slots (default ``max(10, num_experts)``, the reference's rule),
-  ``e_prompt_length`` (20) tokens per layer at ``e_prompt_layers`` (2, 3, 4), one key per slot.
-  Prompts and keys uniform in [-1, 1). The class token's positional embedding is added to G and E
-  tokens; in a layer holding both, G tokens come first. Concatenation prompting
-  (``benchmarks.methods.prompting``).
-* The steps (``num_experts``, default 5) own contiguous slices of ``slots_per_step = pool_size //
-  num_experts`` slots; slots past ``num_experts * slots_per_step`` belong to no step.
-* Selection = top-1 slot by cosine distance between the query (frozen final-norm class token) and the
-  keys. Training: inside the current step's slice. Inference: see the decisions below.
-  ``select(..., expert=s)`` restricts the match to step ``s``'s slice (the router seam).
-* Loss: cross-entropy + ``key_pull_weight`` (1.0) * mean ``1 - cos(query, selected key)``.
-* Task-free (step-aware): steps start on a sample budget through ``on_expert_start``, which only
-  moves the slice.
-
-**Expert = step, bank = slot.** ``num_experts`` is the number of steps and ``expert_of(selection)`` is
-the step that owns each sample's slot (``slot // slots_per_step``, clamped to the last step for
-unowned slots): the router's target (the trainer's ``current_expert``) and what a routed expert
-restricts. Temporal-ensemble banks are keyed by *slot* as in the reference's TE2 ablation
-(``num_banks = pool_size``, ``bank_of(selection)`` is the slot, a step's slots are re-cloned when the
-step starts, and only the slots a batch selected move after an optimizer step). ``slot_step`` maps a
-slot to its step.
-
-Decisions on the reference's quirks (reference-protocol 6.2):
-
-* Inference over never-trained slots (bug 9): the reference's test-time match ranges over the whole
-  pool, including slots of steps that never started. Here inference matches only the slots of steps
-  that have started (``expert_started``); ``reference_quirks=True`` restores the pool-wide match.
-* The reference's ``prefix_tuning`` branch is broken and unused; only prompt tuning is implemented.
-* MISA loaded its prompts by replacing the Parameters after construction; here they are copied into
-  the pre-allocated Parameters, so an optimizer built at any time trains the right tensors.
-* Slot prompts live in one tensor as in the reference, so Adam moments of the previous step's slots
-  still move them for a few updates after a step change (6.2.12, accepted: it is the reference's
-  behaviour).
-
-MISA = DualPrompt whose G and E prompts start from user-supplied pretrained tensors (G length 10 per
-layer, keys stay random); everything else is DualPrompt.
+"""DualPrompt and MISA on a frozen timm ViT (docs/protocol.md §4.2, §4.3): a shared G-prompt and an
+E-prompt pool whose slots the steps (experts) own in slices; MISA starts from pretrained prompts.
+Expert = step, ensemble bank = slot (docs/methods.md, "DualPrompt and MISA").
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import QueryFeatures, register_method
 from .prompting import (
     ConcatPromptMethod,
@@ -179,7 +142,9 @@ class DualPrompt(ConcatPromptMethod):
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         return self._prompted_cls(x, self._layer_prompts(selection))
 
-    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+    def auxiliary_loss(
+        self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH
+    ) -> Tensor:
         """Key pull: ``key_pull_weight * mean(1 - cos(query, selected key))``."""
         cos = torch.nn.functional.cosine_similarity(query.query, self.e_keys[selection], dim=-1)
         return self.key_pull_weight * (1.0 - cos).mean()
@@ -201,6 +166,28 @@ class MISA(DualPrompt):
     """
 
     name = "misa"
+
+    @classmethod
+    def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
+        kwargs = super().protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes)
+        if "g_prompt" in kwargs:
+            return kwargs
+        if protocol.misa_prompts:
+            kwargs["g_prompt"] = f"{protocol.misa_prompts}/g_prompt.pt"
+            kwargs["e_prompt"] = f"{protocol.misa_prompts}/e_prompt.pt"
+            return kwargs
+        # No pretrained prompts supplied: MISA degenerates to DualPrompt with 10 G tokens per layer and a
+        # seeded uniform initialisation (protocol_notes says so in the run record).
+        layout = {k: v for k, v in kwargs.items() if k not in ("num_experts", "reference_quirks")}
+        shapes = DualPrompt(backbone, num_classes, num_experts=protocol.num_experts, **{"g_prompt_length": 10, **layout})
+        generator = torch.Generator().manual_seed(seed)
+        kwargs["g_prompt"] = torch.empty_like(shapes.g_prompts).uniform_(-1, 1, generator=generator)
+        kwargs["e_prompt"] = torch.empty_like(shapes.e_prompts).uniform_(-1, 1, generator=generator)
+        return kwargs
+
+    @classmethod
+    def protocol_notes(cls, protocol: Any) -> str:
+        return "" if protocol.misa_prompts else "MISA without pretrained prompts (uniform init)"
 
     def __init__(
         self,

@@ -1,48 +1,18 @@
-"""FlyPrompt on a frozen timm ViT, composed from ``fly_modules`` (reference-protocol section 3).
-
-* Expert prompts: ``num_experts`` (5) experts, each with ``prompt_length`` (20) tokens at each of
-  ``prompt_layers`` (0..4), all uniform in [0, 1) at construction, in one pre-allocated parameter.
-  The class token's positional embedding is added to every prompt token; concatenation prompting
-  (``benchmarks.methods.prompting``). Training uses the current expert for every sample.
-* A new expert ``e >= 1`` (``on_expert_start``) starts from the mean of the prompts of the experts
-  started before it (the reference: of experts ``0..e-1``, the same set when experts start in order).
-* Router: a ``fly_modules.AnalyticRouter`` on the frozen prompt-free final-norm class token (the
-  query of ``compute_query``, reused: no second prompt-free pass); ``on_batch_end`` accumulates the
-  batch with target ``current_expert``, once per stream batch.
-* Head: a fresh ``nn.Linear`` wrapped by a ``fly_modules.TemporalEnsembleHead`` (EMA decays 0.9 and
-  0.99); ``on_optimizer_step`` moves the current expert's EMA copies after every optimizer step and
-  ``on_expert_start`` clones the online head into the new expert's copies.
-* ``predict``: route every sample among the trained experts, run the prompted pass with the routed
-  experts, ensemble ``[online, EMA copies of the routed expert]`` with the logit mask added to each
-  member (softmax, element-wise max by default).
-* Task-free (step-aware): experts start on a sample budget; ``expert_of(selection) = selection``.
-
-Decisions on the reference's quirks (reference-protocol 6.2):
-
-* Routing to experts that do not exist yet (bug 1): the reference takes the argmax over all columns,
-  untrained ones scoring 0. Routing here is restricted to experts that have received router samples
-  (``AnalyticRouter.route``), all of which have started. Before the router has any sample, every
-  sample uses ``current_expert``.
-* New experts' prompts live in the pre-allocated parameter (no Parameter replaced behind the
-  optimizer's back); the mean initialisation writes into it in place. As in the reference all experts
-  share one tensor, so Adam moments keep moving the previous expert for a few updates after a switch
-  (6.2.12, accepted).
-* The reference ran a second prompt-free backbone pass per batch for the router and per test image
-  (6.1.5); the query pass is shared here. The router solve is cached until its statistics change and
-  EMA heads are gathered in one batched operation (6.1.1, 6.1.3).
-* EMA updates follow the loop's optimizer steps: a loop that skips a step (AMP overflow) should skip
-  ``on_optimizer_step`` too (6.2.10).
+"""FlyPrompt on a frozen timm ViT (docs/protocol.md §3), composed from ``fly_modules``: expert prompts,
+the analytic router on the query pass's features and the temporal-ensemble head, all trained by the
+method's own hooks (``builtin_components``). Decisions on the reference's quirks: docs/methods.md.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
 
 from fly_modules import AnalyticRouter, TemporalEnsembleHead
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, register_method
 from .prompting import ConcatPromptMethod, cls_position, resolve_layers
 
@@ -74,6 +44,17 @@ class FlyPrompt(ConcatPromptMethod):
     name = "flyprompt"
     session_aware = False
     default_lr = 0.005
+    builtin_components = True
+
+    @classmethod
+    def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
+        kwargs = super().protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes)
+        kwargs.setdefault("router_seed", seed)  # the expansion R differs per seed, as in the reference
+        kwargs.setdefault("router_expansion_dim", protocol.expansion_dim)
+        kwargs.setdefault("router_ridge", protocol.ridge)
+        kwargs.setdefault("decays", protocol.decays)
+        kwargs.setdefault("aggregate", protocol.aggregate)
+        return kwargs
 
     def __init__(
         self,
@@ -157,5 +138,5 @@ class FlyPrompt(ConcatPromptMethod):
     def on_optimizer_step(self, output: MethodOutput) -> None:
         self.ensemble.update()
 
-    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput) -> None:
-        self.router.update(output.query.router, self.current_expert)
+    def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput, parallel: BatchShare = WHOLE_BATCH) -> None:
+        self.router.update(parallel.gather_rows(output.query.router), self.current_expert)

@@ -1,73 +1,7 @@
-"""HiDe-Prompt and NoRGa on a frozen timm ViT, online (Si-Blurry), single pass.
-
-Our own implementation of reference-protocol 4.7 (HiDe-Prompt) and 4.8 (NoRGa), written against the
-seams of ``benchmarks.methods.base``. The backbone is any timm ``VisionTransformer`` with a class token
-(pre-norm ``Block``s whose ``attn`` has a fused ``qkv``); it is frozen and never modified: the prefixed
-layers run through our own block forward, which reads the block's weights (``norm1``, ``attn.qkv``,
-``attn.q_norm``/``k_norm``, ``attn.norm``, ``attn.gate``, ``attn.proj``, ``ls1``, ``norm2``, ``mlp``,
-``ls2``) and leaves timm's classes untouched.
-
-What one training batch does (benchmark session ``t`` = ``current_expert``):
-
-- **query pass** (``compute_query``): frozen, prompt-free final-norm CLS ``h`` (no grad).
-- **gate branch**: ``g_head(g_mlp(h))`` with ``g_mlp = Linear(D, D) + ReLU`` on the detached ``h``.
-- **prompt branch**: every sample uses task ``t``'s prefix; per prefixed layer the task's prefix keys
-  and values (head-split, they do not pass through ``qkv``) are prepended to ``k`` and ``v``; the
-  head (``prompt_head``, also ``head``) reads the final-norm CLS.
-- **loss** (``loss``): ``CE(prompt logits + logit mask) + CE(gate logits over the exposed classes)
-  + lam_orth * (orth_prompt + orth_gate)``, where ``orth`` is the mean squared projection of the batch
-  features onto the L2-normalised running means of the *old* classes (first seen in an earlier session).
-  ``loss`` also updates the exposure table and the per-class statistics (count, sum, sum of squares;
-  diagonals only, ``index_add_``), once per online iteration as in the reference.
-- **session end** (``on_session_end``): classifier alignment (CA) of both heads on samples from
-  per-class diagonal Gaussians (``ca_samples_per_class`` draws per class with >1 sample, ``ca_steps``
-  SGD steps with momentum on random batches of ``ca_batch_size``, plain CE over all classes).
-
-Inference (baseline task identification): the gate head's argmax over the exposed classes is mapped to
-the session in which that class was first seen (one gather in the ``class_first_session`` table), and
-the prompt branch uses that task's prefix. With ``expert`` given (a router), that id is the task.
-
-What a training loop calls: ``on_expert_start(t)`` at the start of session ``t``; per online iteration
-``output = method(x)`` and ``method.loss(output, y, batch_mask)`` in train mode (``loss`` needs the
-``HiDeOutput`` of the same forward; ``dataclasses.replace`` keeps it); ``on_session_end(t)`` at the end
-of the session (CA; with a temporal ensemble, start the next bank after it, as the reference copies the
-bank after CA). ``on_batch_end`` and ``on_evaluate`` do nothing.
-
-NoRGa additionally gates the prefix part of the attention scores of each prefixed layer ``l``:
-``s -> s + sigmoid(a_l * s) * b_l`` (scaled scores, patch-token scores untouched), with learnable scalars
-``a_l, b_l`` (``e_prompt.act_scale[l, 0]``, ``[l, 1]``) initialised to 1 and frozen after the first
-session. The gated layers compute explicit scores; HiDe's layers use ``scaled_dot_product_attention``.
-
-Decisions on the reference's quirks (reference-protocol 6.1/6.2):
-
-- **6.2.4 (old-class mask in the wrong index space) -- fixed.** The reference builds the "old class"
-  mask over raw dataset ids while the statistics are indexed by exposure order. Here the exposure table
-  (``class_first_session``), the statistics, the logits and the old-class mask are all indexed by the
-  label the method receives (the benchmark passes exposure-order labels), so the orthogonality term
-  really uses the prototypes of the classes first seen in earlier sessions.
-- **6.2.5 (router on drifting features) -- changed by default.** The reference's "w/ REAR" feeds the
-  router ``g_mlp`` outputs, which keep training, so its statistics mix features of many ``g_mlp``
-  versions. ``QueryFeatures.router`` is the frozen prompt-free final-norm CLS by default (stationary
-  statistics, the same features as every other method); ``router_features="g_mlp"`` reproduces the
-  reference (``g_mlp`` of that CLS, no grad, at the time of the call).
-- **6.2.12 (Adam drift) -- kept, documented.** All tasks' prefixes live in one pre-allocated parameter
-  ``e_prompt.prompt`` (no parameter is replaced behind the optimizer's back, unlike CODA-P 6.2.2). An
-  Adam optimizer shared over tasks keeps moving a finished task's slice for a while after the switch
-  (its gradient is zero but its moments are not), as in the reference. NoRGa's ``act_scale`` is
-  frozen with ``requires_grad_(False)`` and its ``.grad`` cleared, so Adam skips it from then on.
-- **6.2.13 (session boundaries)** -- both methods are ``session_aware``: they consume ground-truth session
-  starts (``on_expert_start``) and ends (``on_session_end``); the task index is the router target.
-- **6.2.6** (task-end evaluation runs before CA in the reference) is the training loop's decision; the
-  CA here runs whenever ``on_session_end`` is called.
-- **6.1.3, 6.1.8** -- the statistics keep only per-class diagonals (no ``C x D x D`` tensors), in
-  ``stats_dtype`` (float64 by default, so ``E[x^2] - E[x]^2`` does not cancel badly); they and the
-  class->session lookup are updated with vectorised tensor ops, no per-class or per-sample Python loops.
-- The prefix keys are used as stored: they do not pass through ``attn.k_norm`` (a timm ViT with
-  ``qk_norm``); in the reference's ViT-B the norms do not exist.
-
-Names mirrored from the official HiDe-Prompt / NoRGa code for adapters: ``e_prompt`` (``.prompt`` with the
-layout ``(layers, 2, tasks, length, heads, head_dim)``, NoRGa's ``.act_scale`` ``(layers, 2, 1, 1)``),
-``prompt_head``, ``g_mlp``, ``g_head``, and a ``task_id`` override in ``forward``/``forward_features``.
+"""HiDe-Prompt and NoRGa on a frozen timm ViT (docs/protocol.md §4.7, §4.8): per-task prefixes chosen
+by a gate head, orthogonality to old classes' prototypes, and classifier alignment at session ends;
+NoRGa gates the prefix attention scores. The training batch, the inference and the decisions on the
+reference's quirks are in docs/methods.md, "HiDe-Prompt and NoRGa".
 """
 
 from __future__ import annotations
@@ -79,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, PromptMethod, QueryFeatures, frozen_cls, register_method
 from .prefix_attention import check_prefixable_backbone, prefixed_block, resolve_prefix_layers
 
@@ -285,6 +220,15 @@ class HiDePrompt(PromptMethod):
             self.register_buffer(f"{branch}_sqsum", torch.zeros(self.num_classes, dim, **sd))
         self.register_buffer("sessions_completed", torch.zeros((), dtype=torch.long, device=ref.device))
 
+    @classmethod
+    def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
+        kwargs = super().protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes)
+        if protocol.lr is not None:
+            # Classifier alignment runs at the run's lr (docs/protocol.md §4.7); its batch stays the
+            # method's 64, the paper's B (the CPU presets' smaller B is not used there).
+            kwargs.setdefault("ca_lr", protocol.lr)
+        return kwargs
+
     # ------------------------------------------------------------------------------ aliases
     @property
     def prompt_head(self) -> nn.Linear:
@@ -347,6 +291,7 @@ class HiDePrompt(PromptMethod):
         expert: Optional[Tensor] = None,
         query: Optional[QueryFeatures] = None,
         task_id: Optional[Union[Tensor, int]] = None,
+        parallel: BatchShare = WHOLE_BATCH,
     ) -> HiDeOutput:
         """Query pass -> gate branch -> task selection -> prefixed pass -> prompt head.
 
@@ -391,7 +336,10 @@ class HiDePrompt(PromptMethod):
         self.class_first_session.index_put_((target,), torch.where(first < 0, current, first))
 
     # ----------------------------------------------------------------------------- training
-    def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+    def loss(
+        self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None,
+        parallel: BatchShare = WHOLE_BATCH,
+    ) -> Tensor:
         """HiDe loss of one forward; in training mode it also updates the exposure table and statistics.
 
         ``logit_mask`` (the batch mask) applies to the prompt logits; the gate logits are restricted to
@@ -403,10 +351,11 @@ class HiDePrompt(PromptMethod):
             )
         if self.training:
             # Data-parallel runs update the tables with the global batch, as one process would.
-            every_target = self.gather_batch(target)
+            every_target = parallel.gather_rows(target)
             self.observe(every_target)
             self._update_statistics(
-                self.gather_batch(output.features.detach()), self.gather_batch(output.gate_features.detach()), every_target
+                parallel.gather_rows(output.features.detach()), parallel.gather_rows(output.gate_features.detach()),
+                every_target,
             )
         logits = output.logits if logit_mask is None else output.logits + logit_mask
         loss = F.cross_entropy(logits, target)

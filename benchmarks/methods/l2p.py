@@ -1,32 +1,5 @@
-"""L2P (Learning to Prompt) on a frozen timm ViT, online / Si-Blurry style (reference-protocol 4.1).
-
-* A pool of ``pool_size`` (30) prompts of ``prompt_length`` (5) tokens and as many keys, both
-  uniform in [-1, 1). Query = frozen prompt-free final-norm class token.
-* Selection: the ``top_k`` (5) keys of lowest cosine distance ``1 - cos(query, key)``, sorted.
-* **Shallow** prompting: the ``top_k * prompt_length`` selected tokens (plus the class token's
-  positional embedding) are inserted right after the class token(s) at the input, the whole backbone
-  runs, and the classifier input is the mean of the prompt tokens' final-norm outputs.
-* Loss: cross-entropy + ``key_pull_weight`` (0.5) * mean over the selected keys of ``1 - cos``.
-* Session-aware (the reference advances L2P on ground-truth task ends).
-
-Experts (for the router / ensemble seams; L2P itself has no experts): the key pool is split into
-``num_experts`` contiguous slices of ``pool_size // num_experts`` keys (the remainder joins the last
-slice); ``expert_of(selection)`` is the slice of each sample's best (first) key, and
-``select(..., expert=e)`` runs the same top-k key match restricted to slice ``e``. Training-time
-selection stays pool-wide, as in the reference. Each slice must hold at least ``top_k`` keys.
-
-Decisions on the reference's quirks (reference-protocol 6.2):
-
-* Diversified selection (bug 3): the reference multiplies the distances by an L1-normalised usage
-  frequency that is never updated, so it is a no-op and its numbers are those of plain top-k. Here
-  ``diversified=False`` (default) is that plain top-k. ``diversified=True`` implements it for real:
-  during training the distances are multiplied by the L1-normalised frequency ``1 + selections in
-  earlier sessions`` (``selection_count`` is accumulated in training forwards and folded into
-  ``frequency`` by ``on_session_end``), which pushes new sessions towards less-used prompts.
-* The reference replicated the whole pool per sample before gathering (inefficiency 6.1.7); prompts
-  are gathered here with one indexing operation.
-* Ground-truth session ends (6.2.13): L2P consumes them, as in the reference (``session_aware =
-  True``); only the optional diversified selection uses ``on_session_end``.
+"""L2P on a frozen timm ViT (docs/protocol.md §4.1): a key-matched pool of shallow prompts, with the
+key pool sliced into experts for the router and the ensemble (docs/methods.md, "L2P").
 """
 
 from __future__ import annotations
@@ -36,6 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, QueryFeatures, register_method
 from .prompting import ConcatPromptMethod, cls_position, cosine_distance, embed_tokens
 
@@ -126,19 +100,22 @@ class L2P(ConcatPromptMethod):
         tokens = self.backbone.norm(self.backbone.blocks(tokens))
         return tokens[:, prefix : prefix + num_prompt].mean(dim=1)
 
-    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+    def auxiliary_loss(
+        self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH
+    ) -> Tensor:
         """Key pull: ``key_pull_weight * mean(1 - cos(query, selected keys))``."""
         keys = self.keys[selection]  # (B, k, D)
         cos = torch.nn.functional.cosine_similarity(query.query.unsqueeze(1), keys, dim=-1)
         return self.key_pull_weight * (1.0 - cos).mean()
 
     def forward(
-        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None
+        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None,
+        parallel: BatchShare = WHOLE_BATCH,
     ) -> MethodOutput:
-        output = super().forward(x, expert=expert, query=query)
+        output = super().forward(x, expert=expert, query=query, parallel=parallel)
         if self.training:
             with torch.no_grad():
-                self.selection_count += self.reduce_sum(torch.bincount(output.selection.reshape(-1), minlength=self.pool_size))
+                self.selection_count += parallel.sum(torch.bincount(output.selection.reshape(-1), minlength=self.pool_size))
         return output
 
     def on_session_end(self, session: int) -> None:

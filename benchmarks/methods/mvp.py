@@ -1,39 +1,6 @@
-"""MVP (Si-Blurry's method) on a frozen timm ViT, online / Si-Blurry style (reference-protocol 4.5).
-
-* G-prompt: ``g_prompt_length`` (5) tokens per layer at ``g_prompt_layers`` (0, 1), shared.
-  E-prompt pool: one prompt per expert (``num_experts`` = pool size = number of steps, default 5),
-  ``e_prompt_length`` (20) tokens per layer at ``e_prompt_layers`` (2, 3, 4). Prompts and keys
-  ~ N(0, 1); **no** positional embedding is added to MVP prompts. Concatenation prompting.
-* One frozen prompt-free pass gives both features: the query is the class token after all but the
-  last block **without** the final norm (ViT-B: block 11's output); the router features are the
-  final-norm class token after the last block (the same pass continued, not a second pass).
-* Selection (train and inference): ``(1 - cos(query, key)) * (count + 1)``, top-1 lowest, where
-  ``count[p]`` is how many training forwards selected prompt ``p`` (incremented after every training
-  forward, never at inference). ``select(..., expert=e)`` returns ``e`` (the expert *is* the prompt).
-  ``expert_of(selection) = selection``.
-* Instance-wise logit mask: a learnable ``(pool, C)`` mask initialised to -1; ``transform_logits``
-  multiplies the head outputs (``(B, C)`` or ``(B, H, C)``) by ``2 * sigmoid(mask[selection])``.
-* Losses (the reference's constants: alpha 0.5, gamma 2, margin 0.5):
-  - contrastive prompt term (``auxiliary_loss``) with mass ``count + 1`` of the selected prompt;
-  - AFS: inside the loss, each feature is divided by ``1 - cos(W_y, f) + margin`` (no gradient through
-    the divisor) before the head;
-  - MCR: ``ign = 1 - cos(g_i, gbar_{y_i})`` between the per-sample gradient of CE_i w.r.t. the true
-    class row of the head and the batch-mean gradient of that row; weight ``(1 - alpha) + alpha *
-    ign ** gamma``. The gradients come from the closed form ``dCE_i/dW_c = (p_ic - [c = y_i]) * m_ic *
-    f_i`` (``m`` = the instance mask, ``p`` = softmax of the masked logits), vectorised over the
-    batch: no per-sample backward and no head copy (the reference ran one backward per sample on a
-    deep copy of the head every step, 6.1.4). The weight carries no gradient.
-
-Decisions on the reference's quirks (reference-protocol 6.2.7):
-
-* The reference adds the *seen-class* mask (not the batch mask) to the logits inside MVP's loss while
-  its training accuracy uses the batch mask. ``MVP.loss`` adds whatever ``logit_mask`` the training
-  loop passes; ``MVP.train_logit_mask = "seen"`` tells a loop which one the reference used.
-* The reference multiplies the batch-mean CE by the per-sample focal weights and then averages, so
-  the weight is a batch-global factor ``mean_i((1 - alpha) + alpha * ign_i ** gamma)``; and its
-  contrastive term broadcasts the selected prompts' masses over all pairs of samples. Both are kept
-  only with ``reference_quirks=True``; by default the focal weight multiplies each sample's own CE,
-  and each sample's distances are divided by its own prompt's mass.
+"""MVP on a frozen timm ViT (docs/protocol.md §4.5): count-scaled prompt selection, instance-wise
+logit masks, and the AFS / MCR / contrastive losses, the MCR gradients in closed form (no per-sample
+backward). Decisions on the reference's quirks are in docs/methods.md, "MVP".
 """
 
 from __future__ import annotations
@@ -44,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, QueryFeatures, register_method
 from .prompting import ConcatPromptMethod, cosine_distance, embed_tokens, resolve_layers
 
@@ -193,7 +161,9 @@ class MVP(ConcatPromptMethod):
         scale = self.mask_scale(selection)
         return logits * (scale if logits.dim() == 2 else scale.unsqueeze(1))
 
-    def auxiliary_loss(self, query: QueryFeatures, selection: Tensor, features: Tensor) -> Tensor:
+    def auxiliary_loss(
+        self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH
+    ) -> Tensor:
         """Contrastive prompt term ``-log(A / (A + Bq) + 1e-6)``.
 
         ``A`` averages ``exp(key_distance[sel, p] / mass)`` over the pool, ``Bq`` averages
@@ -208,21 +178,25 @@ class MVP(ConcatPromptMethod):
             b = (query_distance.unsqueeze(1) / mass.view(1, -1)).exp().mean()
         else:
             # Means over the global batch in a data-parallel run (one process: plain means).
-            a = self.global_mean((key_distance / mass.unsqueeze(1)).exp().mean(dim=1))
-            b = self.global_mean((query_distance / mass).exp())
-            return -(a / (b + a) + 1e-6).log() / self.batch_share
+            a = parallel.global_mean((key_distance / mass.unsqueeze(1)).exp().mean(dim=1))
+            b = parallel.global_mean((query_distance / mass).exp())
+            return -(a / (b + a) + 1e-6).log() / parallel.fraction
         return -(a / (b + a) + 1e-6).log()
 
     def forward(
-        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None
+        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None,
+        parallel: BatchShare = WHOLE_BATCH,
     ) -> MethodOutput:
-        output = super().forward(x, expert=expert, query=query)
+        output = super().forward(x, expert=expert, query=query, parallel=parallel)
         if self.training:
             with torch.no_grad():
-                self.count += self.reduce_sum(torch.bincount(output.selection, minlength=self.num_experts))
+                self.count += parallel.sum(torch.bincount(output.selection, minlength=self.num_experts))
         return output
 
-    def loss(self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+    def loss(
+        self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None,
+        parallel: BatchShare = WHOLE_BATCH,
+    ) -> Tensor:
         """AFS + MCR-weighted cross-entropy on the masked logits, plus the contrastive term."""
         features, selection = output.features, output.selection
         scale = self.mask_scale(selection)
@@ -232,7 +206,7 @@ class MVP(ConcatPromptMethod):
             afs = 1.0 - F.cosine_similarity(weight[target], f, dim=1) + self.margin  # (B,)
             plain = output.logits.detach() if logit_mask is None else output.logits.detach() + logit_mask
             sample_grad, batch_grad = mcr_gradients(
-                f, plain.softmax(dim=1), scale.detach(), target, reduce=self.reduce_sum if self.process_group else None
+                f, plain.softmax(dim=1), scale.detach(), target, reduce=parallel.sum if parallel.group is not None else None
             )
             ign = 1.0 - F.cosine_similarity(sample_grad, batch_grad, dim=1)
             focal = (1.0 - self.alpha) + self.alpha * ign.pow(self.gamma)  # (B,)

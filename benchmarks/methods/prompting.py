@@ -1,26 +1,6 @@
-"""Prompt tuning by concatenation on a frozen timm ViT: the machinery L2P, DualPrompt, MISA, MVP and
-FlyPrompt share.
-
-The reference implementations (FlyGCL) insert prompts the same way in every method:
-
-* the image is embedded as usual (patch embedding, class token, positional embedding);
-* before each *prompt layer* ``n`` the layer's prompt tokens are appended at the **end** of the
-  sequence, block ``n`` runs, and the sequence is cut back to its original length (the prompt outputs
-  are discarded after every block, so later blocks never see them);
-* the feature is the class token after the final LayerNorm.
-
-L2P is the exception (shallow prompting, see ``benchmarks.methods.l2p``); it reuses the helpers
-below for everything but the insertion.
-
-Sizes are taken from the backbone: ``embed_dim`` from ``num_features``/``embed_dim`` and the depth
-from ``len(backbone.blocks)``. Default prompt-layer positions are those of ViT-B/16 in the reference
-protocol; on a shallower backbone the defaults are clamped to the existing blocks (positions past the
-last block are dropped) and a prompt group that ends up empty is an error. Explicit positions are
-never changed: one outside the backbone is an error.
-
-``ConcatPromptMethod`` is the common base of the five methods: it freezes the backbone, builds the
-fresh classifier head, keeps which experts have started, and saves ``current_expert`` in the
-state dict (``get_extra_state``) so that a state-dict round trip restores the training position too.
+"""Prompting by concatenation on a frozen timm ViT, the machinery L2P, DualPrompt, MISA, MVP and
+FlyPrompt share: prompt tokens appended before a block and cut off after it, layer positions fitted
+to the backbone's depth, and ``ConcatPromptMethod``, their common base (docs/methods.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,464 @@
+"""The handle every retrofit returns: the added modules, the per-batch call, checkpoints, verify, undo.
+
+It owns the added :class:`~fly_modules.AnalyticRouter` and :class:`~fly_modules.TemporalEnsembleHead`
+and the :class:`~fly_modules.adapters._install.Installation` of hooks. Families feed it through the
+``record_*`` / ``note_*`` calls; the user's loop adds :meth:`Retrofit.end_batch` (and
+:meth:`Retrofit.start_session` when experts follow sessions).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+from torch import Tensor, nn
+
+from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
+from fly_modules._validation import InvalidParameterError, check_int
+
+from ._install import MARKER, Installation
+from ._options import Schedule
+
+__all__ = ["Retrofit", "StepCounter"]
+
+_STATE_FORMAT = 1
+
+
+class StepCounter:
+    """A method's own step counter (``task_count`` of FlyGCL, ``task_id`` of MISA): which expert's
+    prompts the model trains. ``advance`` moves it to an expert the way the codebase's loop does."""
+
+    def __init__(self, model: nn.Module, attribute: str, advance: Callable[[int], None]) -> None:
+        self.model, self.attribute, self._advance = model, attribute, advance
+
+    def read(self) -> int:
+        return int(getattr(self.model, self.attribute))
+
+    def advance(self, expert: int) -> None:
+        if self.read() != expert:
+            self._advance(expert)
+
+    def restore(self, value: int) -> None:
+        """Set the attribute directly (a resumed model; the codebase's advance already ran before)."""
+        setattr(self.model, self.attribute, int(value))
+
+
+class Retrofit:
+    """Handle returned by every ``retrofit``: the added modules, the per-batch call, checkpoints and undo.
+
+    Attributes:
+        model: the retrofitted model.
+        family: the adapter family that wired it.
+        router: the :class:`~fly_modules.AnalyticRouter` (``None`` when ``router=False``).
+        ensemble: the :class:`~fly_modules.TemporalEnsembleHead` (``None`` when ``ensemble=False``).
+        schedule: the expert-start schedule (``None``: experts start only through :meth:`start_expert`).
+        optimizer: the optimizer whose steps move the EMA copies (``None``: call :meth:`update_ensemble`).
+        current_expert: the expert trained now (the router's target).
+        num_experts: experts the method declared.
+        logit_mask: mask added to the ensemble members before aggregation (:meth:`set_logit_mask`).
+        process_group: ``torch.distributed`` group of a data-parallel run: the ensemble then moves the
+            banks that any rank trained (the router gathers through its own ``process_group``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        family: str = "custom",
+        router: Optional[AnalyticRouter],
+        ensemble: Optional[TemporalEnsembleHead],
+        schedule: Schedule,
+        start_method_expert: Callable[[int], None],
+        banks_of_expert: Callable[[int], Sequence[int]],
+        current_expert: int = 0,
+        num_experts: Optional[int] = None,
+        step_counter: Optional[StepCounter] = None,
+    ) -> None:
+        # Two live retrofits of one model would wrap each other's seams, and removing them in the
+        # order they were made would leave a wrapper behind: refuse the second one.
+        previous = getattr(model, MARKER, None)
+        previous = previous() if previous is not None else None
+        if previous is not None and not previous.removed and previous.model is model:  # (not a deepcopy's)
+            raise RuntimeError(
+                f"{type(model).__name__} is already retrofitted ({previous!r}); call remove() on that handle first"
+            )
+        if num_experts is None and router is not None:
+            num_experts = router.num_experts
+        if schedule is not None and num_experts is not None and schedule.num_experts > num_experts:
+            raise InvalidParameterError(
+                f"Retrofit: the schedule starts {schedule.num_experts} experts but only {num_experts} are declared"
+            )
+        self.model = model
+        self.family = family
+        self.router = router
+        self.ensemble = ensemble
+        self.schedule = schedule
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.current_expert = int(current_expert)
+        self.num_experts = num_experts
+        self.logit_mask: Optional[Tensor] = None
+        self.process_group: Optional[Any] = None
+        self.install = Installation()
+        #: the family's plumbing object, if it keeps per-forward stashes (verify() restores them).
+        self.wiring: Any = None
+        # How verify() evaluates by default when the model's inference is not its forward.
+        self._predict: Optional[Callable[[Any], Any]] = None
+        self._start_method_expert = start_method_expert
+        self._banks_of_expert = banks_of_expert
+        self._step_counter = step_counter
+        self._optimizer_hook: Any = None
+        self._following = False
+        #: what produces the router's query, for error messages ("the forward of original_model").
+        self.query_source = "the query module"
+        # Per stream batch: the first training query, the batch size, the banks the last forward
+        # trained, and how many EMA steps ran (end_batch checks them).
+        self._pending_query: Optional[Tensor] = None
+        self._pending_size: Optional[int] = None
+        self._trained_banks: Optional[Tensor] = None
+        self._ensemble_steps = 0
+        self._warned_no_ema = False
+        # What the hooks observed, for verify() and the one-time check that routing takes effect.
+        self._forced_expert: Optional[int] = None
+        self._confirmed_experts: set = set()
+        self._verifying = False
+        self.observed: Dict[str, Any] = {}
+        model.__dict__[MARKER] = weakref.ref(self)
+        self.install.add_undo(lambda: model.__dict__.pop(MARKER, None))
+
+    @property
+    def removed(self) -> bool:
+        return self.install.removed
+
+    @property
+    def training(self) -> bool:
+        """The retrofitted model's mode (hooks on helper modules such as a frozen query model use it)."""
+        return bool(self.model.training)
+
+    # ------------------------------------------------------------------------- evaluation
+    def set_logit_mask(self, mask: Optional[Tensor]) -> None:
+        """Logit mask added to every ensemble member *before* aggregation at inference.
+
+        Call it once per evaluation with the seen-class mask (``0`` for seen classes, ``-inf``
+        otherwise), shape ``(C,)`` or ``(B, C)``; ``None`` removes it. Adapters that return the
+        ensemble through the model's own head use it; the ``reference`` adapter takes the mask as
+        ``predict``'s argument instead.
+        """
+        if mask is not None and not isinstance(mask, Tensor):
+            raise InvalidParameterError(f"Retrofit.set_logit_mask: expected a tensor or None, got {type(mask).__name__}")
+        if mask is not None and mask.ndim not in (1, 2):
+            raise InvalidParameterError(
+                f"Retrofit.set_logit_mask: expected shape (C,) or (B, C), got {tuple(mask.shape)}"
+            )
+        self.logit_mask = mask
+
+    # ----------------------------------------------------------------- fed by the families
+    def record_query(self, features: Tensor) -> None:
+        """Keep the first query of the batch (later online iterations see the same images)."""
+        if self._pending_query is None:
+            self._pending_query = features.detach()
+        self.record_batch_size(features.shape[0])
+
+    def record_batch_size(self, size: int) -> None:
+        """Samples of the batch's first training forward (the default ``batch_size`` of ``end_batch``)."""
+        if self._pending_size is None:
+            self._pending_size = int(size)
+
+    def record_trained_banks(self, banks: Tensor) -> None:
+        """The ensemble banks the latest training forward used (moved after the optimizer step)."""
+        self._trained_banks = banks.detach()
+
+    def discard_batch(self) -> None:
+        """Forget what the hooks recorded since the last ``end_batch`` (e.g. extra epochs over a batch)."""
+        self._pending_query, self._pending_size, self._trained_banks = None, None, None
+        self._ensemble_steps = 0
+
+    def routing_active(self) -> bool:
+        """Whether inference is routed now: the router is on and fitted (or an expert is forced)."""
+        if self.router is None or self.removed:
+            return False
+        return self._forced_expert is not None or self.router.num_samples > 0
+
+    def route(self, features: Tensor) -> Tensor:
+        if self._forced_expert is not None:
+            return torch.full((features.shape[0],), self._forced_expert, dtype=torch.long, device=features.device)
+        return self.router.route(features.to(self.router.gram.device))
+
+    @property
+    def wants_observation(self) -> bool:
+        """Whether hooks should compute what the model used: until every expert was seen taking effect
+        once, and during verify()."""
+        return self._verifying or len(self._confirmed_experts) < (self.num_experts or 1)
+
+    def note_routed(self, routed: Tensor, used: Optional[Tensor], where: str) -> None:
+        """The experts a routed inference call injected and those the model's output shows it used.
+
+        Routed calls whose use is observable are compared (a host synchronisation each) until every
+        expert was seen taking effect once: a model that ignores the routed value raises instead of
+        evaluating unrouted.
+        """
+        self.observed["routed"], self.observed["used"] = routed.detach(), None if used is None else used.detach()
+        if used is None or not self.wants_observation:
+            return
+        if not torch.equal(used.reshape(-1).to(routed.device).long(), routed.reshape(-1).long()):
+            raise RuntimeError(
+                f"fly_modules.adapters.{self.family}: {where} ignored the routed value: the router chose experts "
+                f"{routed.reshape(-1).tolist()[:8]} but the model used {used.reshape(-1).tolist()[:8]}; the seam does "
+                f"not route this codebase (run handle.verify(batch) for details)"
+            )
+        self._confirmed_experts.update(routed.reshape(-1).unique().tolist())
+
+    def note_trained(self, experts: Tensor) -> None:
+        """The experts whose prompts a training forward used (verify compares them with the current one)."""
+        self.observed["trained"] = experts.detach()
+
+    # ------------------------------------------------------------------------ training calls
+    def attach_optimizer(self, optimizer: Union[torch.optim.Optimizer, str, None]) -> None:
+        """Move the EMA copies of the banks the last forward trained after each ``optimizer.step()``.
+
+        A loop that re-creates its optimizer (the JH-LEE and HiDe loops do at every task with
+        ``reinit_optimizer``) is followed: the first step of another optimizer that trains the same
+        classifier moves the hook to it (or call this method with the new optimizer yourself).
+        ``"auto"``: no optimizer yet; the first one that steps the classifier is attached.
+        """
+        if self.ensemble is None or optimizer is None:
+            return
+        if not self._following:
+            self.install.global_step_post_hook(self._follow_optimizer)
+            self._following = True
+        if optimizer == "auto":
+            return
+        if self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
+
+        def after_step(opt: Any, args: Any, kwargs: Any) -> None:
+            if not self.removed:
+                self.update_ensemble()
+
+        self.optimizer = optimizer
+        self._optimizer_hook = self.install.step_post_hook(optimizer, after_step)
+
+    def _follow_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.removed or self._verifying or optimizer is self.optimizer or self.ensemble is None:
+            return
+        weight = self.ensemble.online.weight
+        if any(p is weight for group in optimizer.param_groups for p in group["params"]):
+            self.attach_optimizer(optimizer)  # the loop re-created its optimizer
+            self.update_ensemble()
+
+    def optimizer_hook_attached(self) -> bool:
+        return self._optimizer_hook is not None and self.install.has_hook(self._optimizer_hook)
+
+    def update_ensemble(self) -> None:
+        """One EMA step (what the optimizer hook runs; call it yourself if you passed no optimizer)."""
+        if self.ensemble is None:
+            return
+        banks = self._trained_banks
+        if banks is not None and self.process_group is not None:
+            from fly_modules.distributed import gather_rows
+
+            banks = gather_rows(banks.reshape(-1), self.process_group)  # the union over the ranks
+        self.ensemble.update(None if banks is None else banks)
+        self._ensemble_steps += 1
+
+    @torch.no_grad()
+    def end_batch(self, batch_size: Optional[int] = None, *, query: Optional[Tensor] = None) -> List[int]:
+        """Call once per stream batch, after its online iterations.
+
+        Adds the batch's query features (recorded by the hooks during training, or ``query`` if
+        given, e.g. features of the un-augmented batch) to the router with the current expert as
+        target, then advances a sample-budget schedule by ``batch_size`` (default: the samples of the
+        batch's first training forward; the baseline variant installs no hook, so pass it there).
+        Returns the experts started.
+
+        Raises ``RuntimeError`` when the router is on and no query was recorded (the query module did
+        not run in training), and when the method's own step counter left the current expert.
+        """
+        self._check_step_counter()
+        features = query if query is not None else self._pending_query
+        if self.router is not None and features is None and not self.removed:
+            seen = "a training forward ran" if self._pending_size is not None else "no training forward was seen"
+            raise RuntimeError(
+                f"Retrofit.end_batch: the router is on but no query features were recorded since the last end_batch "
+                f"({seen}; the router reads them from {self.query_source}). Run it in your training forward with "
+                f"the model in training mode, or pass end_batch(query=features), or retrofit with router=False"
+            )
+        recorded = self._pending_size
+        if batch_size is None:
+            batch_size = features.shape[0] if features is not None else (recorded or 0)
+        if self.ensemble is not None and recorded is not None and self._ensemble_steps == 0 \
+                and not self._warned_no_ema:
+            self._warned_no_ema = True
+            warnings.warn(
+                "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch: pass "
+                "optimizer=... to retrofit, call handle.attach_optimizer(new_optimizer) when your loop re-creates "
+                "it, or call handle.update_ensemble() after each optimizer.step()",
+                RuntimeWarning, stacklevel=3,
+            )
+        if self.router is not None and features is not None:
+            # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
+            self.router.update(features.to(self.router.gram.device), self.current_expert)
+        self._pending_query, self._pending_size, self._ensemble_steps = None, None, 0
+        started: List[int] = []
+        if isinstance(self.schedule, SampleBudgetSchedule):
+            started = self.schedule.step(int(batch_size))
+            for expert in started:
+                self.start_expert(expert)
+        return started
+
+    def _check_step_counter(self) -> None:
+        counter = self._step_counter
+        if counter is None or self.removed or counter.read() == self.current_expert:
+            return
+        raise RuntimeError(
+            f"Retrofit: {type(self.model).__name__}.{counter.attribute} is {counter.read()} but the retrofit's current "
+            f"expert is {self.current_expert}: the model trains one step's prompts while the router learns another's. "
+            f"Let the schedule advance it (remove the increment from your loop), or call "
+            f"handle.start_expert(model.{counter.attribute}) right after advancing it yourself"
+        )
+
+    def start_session(self, session: int) -> List[int]:
+        """Call at the start of each session when experts follow sessions; returns the experts started."""
+        if not isinstance(self.schedule, SessionSchedule):
+            return []
+        started = self.schedule.on_session_start(session)
+        for expert in started:
+            self.start_expert(expert)
+        return started
+
+    def start_expert(self, expert: int) -> None:
+        """Start ``expert``: the method's own start (its step counter, prompt init) and fresh bank copies."""
+        bound = None if self.num_experts is None else self.num_experts - 1
+        try:
+            index = check_int(expert, "expert", owner="Retrofit.start_expert", minimum=0, maximum=bound)
+        except InvalidParameterError:
+            span = f"[0, {self.num_experts})" if self.num_experts is not None else ">= 0"
+            raise InvalidParameterError(f"Retrofit.start_expert: expert must be an int in {span}, got {expert!r}") from None
+        self.current_expert = index
+        self._start_method_expert(index)
+        if self.ensemble is not None:
+            for bank in self._banks_of_expert(index):
+                self.ensemble.start_expert(int(bank))
+
+    # ---------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> Dict[str, Any]:
+        """What the retrofit adds to a run, as tensors, ints, strings and dicts (``weights_only`` loads it).
+
+        Router statistics, ensemble banks (the online head belongs to the model's own state), the
+        schedule, the current expert, the method's step counter when the family drives one, and a
+        stream batch recorded but not ended yet.
+        """
+        state: Dict[str, Any] = {"format": _STATE_FORMAT, "family": self.family, "current_expert": self.current_expert}
+        if self.router is not None:
+            state["router"] = dict(self.router.state_dict())
+        if self.ensemble is not None:
+            state["ensemble"] = {k: v for k, v in self.ensemble.state_dict().items() if not k.startswith("online.")}
+        if self.schedule is not None:
+            state["schedule"] = dict(self.schedule.state_dict())
+        if self._step_counter is not None:
+            state["method_step"] = self._step_counter.read()
+        pending = {"query": self._pending_query, "size": self._pending_size, "trained_banks": self._trained_banks}
+        state["pending"] = {k: v for k, v in pending.items() if v is not None}
+        if self.logit_mask is not None:
+            state["logit_mask"] = self.logit_mask
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`; checks the parts match this retrofit before changing anything."""
+        owner = "Retrofit.load_state_dict"
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise InvalidParameterError(f"{owner}: expected a dict from Retrofit.state_dict() (format {_STATE_FORMAT})")
+        if state.get("family") != self.family:
+            raise InvalidParameterError(f"{owner}: the state is of family {state.get('family')!r}, this is {self.family!r}")
+        for part, present in (("router", self.router), ("ensemble", self.ensemble), ("schedule", self.schedule),
+                              ("method_step", self._step_counter)):
+            if (part in state) != (present is not None):
+                raise InvalidParameterError(
+                    f"{owner}: the state {'has' if part in state else 'lacks'} `{part}` but this retrofit "
+                    f"{'has none' if present is None else 'has one'}"
+                )
+        bound = None if self.num_experts is None else self.num_experts - 1
+        current = check_int(state["current_expert"], "current_expert", owner=owner, minimum=0, maximum=bound)
+        # Each module checks its part before changing anything; the router is put back if the ensemble's
+        # part is then refused, so the handle is never half-loaded.
+        router_before = None if self.router is None else _cloned(self.router.state_dict())
+        try:
+            if self.router is not None:
+                self.router.load_state_dict(state["router"])
+            if self.ensemble is not None:
+                # The online head is the model's own parameter: keep it, load the banks.
+                online = {f"online.{k}": v for k, v in self.ensemble.online.state_dict().items()}
+                self.ensemble.load_state_dict({**online, **state["ensemble"]})
+        except Exception:
+            if router_before is not None:
+                self.router.load_state_dict(router_before)
+            raise
+        if self.schedule is not None:
+            self.schedule.load_state_dict(state["schedule"])
+        if self._step_counter is not None:
+            self._step_counter.restore(state["method_step"])
+        self.current_expert = current
+        pending = state.get("pending", {})
+        self._pending_query = pending.get("query")
+        self._pending_size = None if pending.get("size") is None else int(pending["size"])
+        self._trained_banks = pending.get("trained_banks")
+        self.logit_mask = state.get("logit_mask")
+
+    # ---------------------------------------------------------------------------------- verify
+    def verify(
+        self,
+        batch: Any,
+        *,
+        forward: Optional[Callable[[Any], Any]] = None,
+        loss: Optional[Callable[[Tensor, Tensor], Tensor]] = None,
+        targets: Optional[Tensor] = None,
+        strict: bool = False,
+    ):
+        """Check on one batch that the retrofit works on this model; see ``docs/adapters.md``.
+
+        Runs the model a few times (training and inference, each expert forced in turn, one training
+        step with a throw-away optimizer, the real ``remove()``) and puts the model, its gradients,
+        the random number generators, the user's optimizer and this handle back exactly as they were.
+
+        Args:
+            batch: the model's input (what your loop passes first).
+            forward: ``forward(batch) -> output`` as your loop calls the model (default ``model(batch)``);
+                the output is the logits, or a dict with ``"logits"``, or a tuple starting with them. It is
+                called in training and in eval mode: read ``handle.model.training`` where your loop passes
+                ``train=...``, and ``handle.current_expert`` where it passes the task id.
+            loss: ``loss(logits, targets)`` for the training step (default cross-entropy).
+            targets: labels for that step (default ``arange(B) % C``).
+            strict: raise ``RuntimeError`` listing the failures instead of only reporting them.
+
+        Returns:
+            a :class:`~fly_modules.adapters.VerifyReport` (``ok``, ``checks``; ``print`` it).
+        """
+        from ._verify import verify
+
+        report = verify(self, batch, forward=forward, loss=loss, targets=targets)
+        if strict and not report.ok:
+            raise RuntimeError(f"Retrofit.verify failed:\n{report}")
+        return report
+
+    # ------------------------------------------------------------------------------ undo
+    def remove(self) -> None:
+        """Undo the retrofit: remove every hook and restore every replaced attribute (idempotent)."""
+        self.install.remove()
+
+    def __enter__(self) -> "Retrofit":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return (
+            f"Retrofit(model={type(self.model).__name__}, family={self.family!r}, router={self.router is not None}, "
+            f"ensemble={self.ensemble is not None}, schedule={self.schedule!r}, removed={self.removed})"
+        )
+
+
+def _cloned(state: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()}

@@ -1,0 +1,175 @@
+"""Everything a retrofit changes on the user's objects, recorded so that it can be undone exactly.
+
+An :class:`Installation` registers hooks and swaps instance attributes; :meth:`Installation.remove`
+undoes them, :meth:`Installation.leftovers` lists what a removal failed to restore, and
+:meth:`Installation.snapshot` lets ``verify()`` run the real removal and then put everything back.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["MARKER", "Installation"]
+
+#: Instance attribute holding a weak reference to a model's live retrofit.
+MARKER = "_fly_modules_retrofit"
+
+
+def _holder(obj: Any, name: str) -> Optional[dict]:
+    """The dict of ``obj`` that stores ``name`` now: ``_parameters``, ``_buffers``, ``_modules`` of a
+    module, or the instance ``__dict__``; ``None`` when only the class (or nothing) defines it."""
+    if isinstance(obj, nn.Module):
+        for store in (obj._parameters, obj._buffers, obj._modules):
+            if name in store:
+                return store
+    return vars(obj) if name in vars(obj) else None
+
+
+def _put_back(obj: Any, name: str, store: Optional[dict], value: Any, order: List[str]) -> None:
+    """Make ``store[name]`` hold ``value`` (``store`` ``None``: no instance attribute), at its place in
+    ``order`` (the store's keys when it held it): ``_modules`` order is ``state_dict()`` order."""
+    current = _holder(obj, name)
+    if current is store and store is not None:
+        store[name] = value
+        return
+    if current is not None:
+        del current[name]
+    if store is not None:
+        store[name] = value
+        items = dict(store)
+        store.clear()
+        store.update((key, items[key]) for key in [*(k for k in order if k in items), *(k for k in items if k not in order)])
+
+
+def _hook_dicts(handle: RemovableHandle) -> List[dict]:
+    refs = [getattr(handle, "hooks_dict_ref", None), *getattr(handle, "extra_dict_ref", ())]
+    dicts = [ref() for ref in refs if ref is not None]
+    return [d for d in dicts if d is not None]
+
+
+class _Swap:
+    """One replaced attribute: where the old value lived, the old value, the value put in."""
+
+    def __init__(self, obj: Any, name: str, value: Any) -> None:
+        self.obj, self.name, self.value = obj, name, value
+        self.store = _holder(obj, name)
+        self.old = self.store[name] if self.store is not None else None
+        self.order = list(self.store) if self.store is not None else []
+
+    def undo(self) -> None:
+        _put_back(self.obj, self.name, self.store, self.old, self.order)
+
+    def leftover(self) -> Optional[str]:
+        current = _holder(self.obj, self.name)
+        where = f"{type(self.obj).__name__}.{self.name}"
+        if self.store is None:
+            return None if current is None else f"{where} still holds an instance attribute the retrofit set"
+        if current is not self.store or current[self.name] is not self.old:
+            return f"{where} is not the original object"
+        return None
+
+
+class Installation:
+    """Hooks and attribute swaps of one retrofit, in the order made."""
+
+    def __init__(self) -> None:
+        self._hooks: List[Tuple[RemovableHandle, str]] = []
+        self._swaps: List[_Swap] = []
+        self._undo: List[Callable[[], None]] = []
+        self._modules: "weakref.WeakValueDictionary[int, nn.Module]" = weakref.WeakValueDictionary()
+        self.removed = False
+
+    # --------------------------------------------------------------------------------- install
+    def forward_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
+        handle = module.register_forward_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
+            else module.register_forward_hook(hook)
+        self._keep(handle, f"forward hook on {type(module).__name__}", module)
+
+    def forward_pre_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
+        handle = module.register_forward_pre_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
+            else module.register_forward_pre_hook(hook)
+        self._keep(handle, f"forward pre-hook on {type(module).__name__}", module)
+
+    def step_post_hook(self, optimizer: torch.optim.Optimizer, hook: Callable[..., Any]) -> RemovableHandle:
+        handle = optimizer.register_step_post_hook(hook)
+        self._keep(handle, f"step hook on {type(optimizer).__name__}", None)
+        return handle
+
+    def global_step_post_hook(self, hook: Callable[..., Any]) -> None:
+        """A hook run after every optimizer's step (``torch.optim.optimizer.register_optimizer_step_post_hook``)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._keep(register_optimizer_step_post_hook(hook), "step hook on every optimizer", None)
+
+    def set_attribute(self, obj: Any, name: str, value: Any) -> None:
+        """``setattr`` on an instance, undone by :meth:`remove` into the very dict that held the old
+        value (a module's ``_modules``/``_parameters``/``_buffers`` or ``__dict__``), or deleted so
+        that the class attribute shows through again."""
+        swap = _Swap(obj, name, value)
+        setattr(obj, name, value)
+        self._swaps.append(swap)
+        if isinstance(obj, nn.Module):
+            self._modules[id(obj)] = obj
+
+    def add_undo(self, action: Callable[[], None]) -> None:
+        self._undo.append(action)
+
+    def _keep(self, handle: RemovableHandle, what: str, module: Optional[nn.Module]) -> None:
+        self._hooks.append((handle, what))
+        if module is not None:
+            self._modules[id(module)] = module
+
+    @property
+    def modules(self) -> List[nn.Module]:
+        """Modules that carry a hook or a swapped attribute of this retrofit."""
+        return list(self._modules.values())
+
+    def has_hook(self, handle: RemovableHandle) -> bool:
+        return any(handle.id in d for d in _hook_dicts(handle))
+
+    # ---------------------------------------------------------------------------------- remove
+    def remove(self) -> None:
+        """Remove every hook and restore every attribute, newest first (idempotent)."""
+        if self.removed:
+            return
+        for handle, _ in self._hooks:
+            handle.remove()
+        for action in reversed([*(swap.undo for swap in self._swaps), *self._undo]):
+            action()
+        self.removed = True
+
+    def counts(self) -> tuple:
+        """``(hooks, swapped attributes)`` this installation made."""
+        return len(self._hooks), len(self._swaps)
+
+    def leftovers(self) -> List[str]:
+        """After :meth:`remove`: what is still installed or not restored (empty when all is undone)."""
+        left = [what + " is still installed" for handle, what in self._hooks if self.has_hook(handle)]
+        return left + [text for text in (swap.leftover() for swap in self._swaps) if text is not None]
+
+    def snapshot(self, extra: Tuple[Tuple[Any, str], ...] = ()) -> Callable[[], None]:
+        """A restorer putting every hook dict, swapped attribute and ``extra`` attribute back as now."""
+        dicts: Dict[int, Tuple[dict, dict]] = {}
+        for handle, _ in self._hooks:
+            for hooks in _hook_dicts(handle):
+                dicts.setdefault(id(hooks), (hooks, hooks.copy()))
+        places = [(swap.obj, swap.name) for swap in self._swaps] + list(extra)
+        values = [(obj, name, _holder(obj, name)) for obj, name in places]
+        values = [(obj, name, store, None if store is None else store[name], list(store or ()))
+                  for obj, name, store in values]
+        removed = self.removed
+
+        def restore() -> None:
+            for hooks, saved in dicts.values():
+                hooks.clear()
+                hooks.update(saved)
+            for obj, name, store, value, order in reversed(values):
+                _put_back(obj, name, store, value, order)
+            self.removed = removed
+
+        return restore

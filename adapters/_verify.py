@@ -1,0 +1,371 @@
+"""``Retrofit.verify``: checks, on one batch of the user's own model, that the retrofit does what it
+claims, and reports them in plain words. Everything it touches is snapshotted and put back exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._install import MARKER
+from ._snapshot import Snapshot
+
+if TYPE_CHECKING:  # only annotations: the handle imports this module when verify() runs
+    from ._handle import Retrofit
+
+__all__ = ["Check", "VerifyReport", "verify"]
+
+_SEED = 20260
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One verified claim: ``ok`` is ``True``, ``False``, or ``None`` when it does not apply."""
+
+    name: str
+    ok: Optional[bool]
+    detail: str
+
+    def __str__(self) -> str:
+        mark = {True: "ok  ", False: "FAIL", None: "n/a "}[self.ok]
+        return f"[{mark}] {self.name}: {self.detail}"
+
+
+class VerifyReport:
+    """What :meth:`Retrofit.verify` found; ``print(report)`` reads as a list of plain sentences."""
+
+    def __init__(self, title: str, checks: List[Check]) -> None:
+        self.title = title
+        self.checks = checks
+
+    @property
+    def ok(self) -> bool:
+        """No check failed."""
+        return all(check.ok is not False for check in self.checks)
+
+    @property
+    def failures(self) -> List[Check]:
+        return [check for check in self.checks if check.ok is False]
+
+    def __getitem__(self, name: str) -> Check:
+        for check in self.checks:
+            if check.name == name:
+                return check
+        raise KeyError(name)
+
+    def __str__(self) -> str:
+        verdict = "all checks passed" if self.ok else f"{len(self.failures)} check(s) FAILED"
+        return "\n".join([f"{self.title}: {verdict}", *(f"  {check}" for check in self.checks)])
+
+    def __repr__(self) -> str:
+        return f"VerifyReport(ok={self.ok}, checks={len(self.checks)}, failures={[c.name for c in self.failures]})"
+
+
+# ----------------------------------------------------------------------------------- runs
+def _logits(output: Any) -> Tensor:
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), Tensor):
+        return output["logits"]
+    if isinstance(getattr(output, "logits", None), Tensor):
+        return output.logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    raise TypeError(
+        f"cannot find the logits in the model's output ({type(output).__name__}); pass forward=... returning them"
+    )
+
+
+class _Runner:
+    """Calls the model the user's way, in a given mode, with the same random numbers every time."""
+
+    def __init__(self, handle: Retrofit, batch: Any, forward: Optional[Callable[[Any], Any]]) -> None:
+        self.model, self.batch = handle.model, batch
+        self.train_forward = forward or handle.model
+        self.eval_forward = forward or handle._predict or handle.model
+        self.devices = sorted({p.device.index or 0 for p in handle.model.parameters() if p.device.type == "cuda"})
+
+    def __call__(self, training: bool) -> Tensor:
+        self.model.train(training)
+        with torch.random.fork_rng(devices=self.devices), torch.set_grad_enabled(training):
+            torch.manual_seed(_SEED)
+            return _logits((self.train_forward if training else self.eval_forward)(self.batch))
+
+
+def _differs(a: Tensor, b: Tensor) -> str:
+    if a.shape != b.shape:
+        return f"shapes {tuple(a.shape)} and {tuple(b.shape)}"
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    gap = (a - b)[finite].abs().max().item() if bool(finite.any()) else float("nan")
+    return f"max |difference| {gap:.3g}"
+
+
+def _attempt(name: str, checks: List[Check], action: Callable[[], Optional[Check]]) -> None:
+    """Run one check; an exception becomes a failed check naming it."""
+    try:
+        result = action()
+    except Exception as error:  # noqa: BLE001  (any failure of the user's model is reported)
+        result = Check(name, False, f"raised {type(error).__name__}: {error}")
+    if result is not None:
+        checks.append(result)
+
+
+# ---------------------------------------------------------------------------------- verify
+def verify(
+    handle: Retrofit,
+    batch: Any,
+    *,
+    forward: Optional[Callable[[Any], Any]] = None,
+    loss: Optional[Callable[[Tensor, Tensor], Tensor]] = None,
+    targets: Optional[Tensor] = None,
+) -> VerifyReport:
+    title = f"Retrofit of {type(handle.model).__name__} (family {handle.family!r})"
+    if handle.removed:
+        return VerifyReport(title, [Check("retrofit installed", False, "remove() was called on this handle")])
+    model, run = handle.model, _Runner(handle, batch, forward)
+    modules = [model, *handle.install.modules, *(m for m in (handle.router, handle.ensemble) if m is not None)]
+    handle._verifying = True  # in the snapshot: every restore keeps it on until the end
+    snapshot = Snapshot(modules, [handle, handle.wiring, handle.schedule])
+    checks: List[Check] = []
+    try:
+        handle.discard_batch()
+        removed = _trial_removal(handle, run, snapshot, checks)
+        _check_training(handle, run, snapshot, removed, checks)
+        _check_experts_trained(handle, run, snapshot, checks)
+        _check_ensemble_step(handle, run, snapshot, checks, loss, targets)
+        _check_routing(handle, run, snapshot, checks)
+        _check_ensemble_inference(handle, run, snapshot, checks)
+    finally:
+        snapshot.restore(final=True)
+        handle._verifying = False
+    return VerifyReport(title, checks)
+
+
+def _trial_removal(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> Dict[str, Any]:
+    """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly."""
+    model = handle.model
+    restore_install = handle.install.snapshot(extra=((model, MARKER),))
+    removed: Dict[str, Any] = {}
+    try:
+        handle.install.remove()
+        leftovers = handle.install.leftovers()
+        hooks, swaps = handle.install.counts()
+        checks.append(Check(
+            "remove() restores the model", not leftovers,
+            "; ".join(leftovers) if leftovers else
+            f"the real remove() took out all {hooks} hook(s) and put back all {swaps} replaced attribute(s)",
+        ))
+        removed["parameters"] = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
+        removed["keys"] = list(model.state_dict().keys())
+        removed["train"] = run(True).detach()
+    finally:
+        restore_install()
+        snapshot.restore()
+    return removed
+
+
+def _check_training(handle: Retrofit, run: _Runner, snapshot: Snapshot, removed: Dict[str, Any],
+                    checks: List[Check]) -> None:
+    model = handle.model
+    now = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
+    before = removed.get("parameters", [])
+    keys, keys_before = list(model.state_dict().keys()), removed.get("keys", [])
+    differ = sorted({n for n, *_ in set(now) ^ set(before)} | set(keys).symmetric_difference(keys_before))
+    if not differ and (now != before or keys != keys_before):
+        differ = ["(their order)"]
+    trainable = sum(1 for _, _, grad in now if grad)
+    checks.append(Check(
+        "training parameters untouched", not differ,
+        f"the same {len(now)} parameter objects ({trainable} trainable) with the same requires_grad and state_dict "
+        f"keys as without the retrofit" if not differ else
+        f"parameters or state_dict keys differ from the un-retrofitted model's: {differ[:6]}; an optimizer or "
+        "checkpoint made without the retrofit would not match what the model uses",
+    ))
+
+    def training_outputs() -> Check:
+        logits = run(True).detach()
+        snapshot.restore()
+        if "train" not in removed:
+            return Check("training outputs unchanged", None, "the un-retrofitted model could not be run")
+        equal = torch.equal(logits, removed["train"])
+        return Check(
+            "training outputs unchanged", equal,
+            "training-mode logits are bit-identical to the un-retrofitted model's" if equal else
+            f"training-mode logits differ from the un-retrofitted model's ({_differs(logits, removed['train'])})",
+        )
+
+    _attempt("training outputs unchanged", checks, training_outputs)
+    if handle.router is None:
+        checks.append(Check("router receives queries", None, "router=False"))
+        return
+
+    def router_query() -> Check:
+        handle._pending_query = None
+        run(True)
+        query = handle._pending_query
+        snapshot.restore()
+        name = "router receives queries"
+        if query is None:
+            return Check(name, False, (
+                f"a training forward recorded no query features: {handle.query_source} did not run. end_batch() "
+                "would raise; run it in your training loop (or pass end_batch(query=...))"
+            ))
+        shape_ok = query.ndim == 2 and query.shape[1] == handle.router.in_features
+        finite = bool(torch.isfinite(query).all())
+        return Check(name, shape_ok and finite, (
+            f"each training batch gives the router a {tuple(query.shape)} query from {handle.query_source}"
+            + ("" if shape_ok else f", but the router expects width {handle.router.in_features}")
+            + ("" if finite else ", holding NaN or infinite values")
+        ))
+
+    _attempt("router receives queries", checks, router_query)
+
+
+def _check_experts_trained(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
+    """Starting an expert must make the model train that expert's prompts (the method's own counter)."""
+    name = "training follows the current expert"
+    current = handle.current_expert
+    experts = [current] + ([current + 1] if handle.num_experts is not None and current + 1 < handle.num_experts else [])
+    seen: List[str] = []
+    for expert in experts:
+        handle.start_expert(expert)
+        handle.observed.pop("trained", None)
+        try:
+            run(True)
+        except Exception as error:  # noqa: BLE001
+            snapshot.restore()
+            checks.append(Check(name, False, f"a training forward after start_expert({expert}) raised "
+                                             f"{type(error).__name__}: {error}"))
+            return
+        trained = handle.observed.get("trained")
+        snapshot.restore()
+        if trained is None:
+            checks.append(Check(name, None, "this family does not tie the prompts trained to an expert"))
+            return
+        used = sorted(set(trained.reshape(-1).tolist()))
+        if used != [expert]:
+            checks.append(Check(name, False, (
+                f"after start_expert({expert}) the model trained the prompts of expert(s) {used}: the router would "
+                f"learn expert {expert} for samples that trained another's prompts. The method's own step counter "
+                "must follow the retrofit (no start_expert override that skips it; pass the task id your loop "
+                "passes as handle.current_expert)"
+            )))
+            return
+        seen.append(str(expert))
+    checks.append(Check(name, True, f"after start_expert(e) the model trains expert e's prompts (e = {', '.join(seen)})"))
+
+
+def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check],
+                         loss: Optional[Callable[[Tensor, Tensor], Tensor]], targets: Optional[Tensor]) -> None:
+    name = "ensemble banks move after an optimizer step"
+    ensemble = handle.ensemble
+    if ensemble is None:
+        checks.append(Check(name, None, "ensemble=False"))
+        return
+
+    def step() -> Check:
+        handle._trained_banks = None
+        logits = run(True)
+        labels = targets if targets is not None else torch.arange(logits.shape[0], device=logits.device) % logits.shape[-1]
+        (loss or F.cross_entropy)(logits.float(), labels.to(logits.device)).backward()
+        trainable = [p for p in handle.model.parameters() if p.grad is not None]
+        before_online = ensemble.online.weight.detach().clone()
+        before = ensemble.ema_weight.detach().clone()
+        torch.optim.SGD(trainable, lr=0.5).step()  # a throw-away optimizer: the user's is never stepped
+        head_moved = not torch.equal(before_online, ensemble.online.weight)
+        handle.update_ensemble()
+        moved = sorted(set((before != ensemble.ema_weight).flatten(1).any(1).nonzero().flatten().tolist()))
+        recorded = handle._trained_banks
+        expected = sorted(set(recorded.reshape(-1).tolist())) if recorded is not None else [int(ensemble.active_expert)]
+        snapshot.restore()
+        if handle.optimizer is not None:
+            hooked = handle.optimizer_hook_attached()
+            how = (f"after each step of your {type(handle.optimizer).__name__} (its hook is attached)" if hooked else
+                   f"but the hook on your {type(handle.optimizer).__name__} is gone")
+        elif handle._following:
+            hooked, how = True, "after each step of the first optimizer that trains the classifier (optimizer='auto')"
+        else:
+            hooked, how = True, "when you call handle.update_ensemble() after each optimizer.step() (no optimizer given)"
+        if not head_moved:
+            return Check(name, False, "the classifier the ensemble copies got no gradient: the loss does not reach it")
+        ok = bool(moved) and moved == expected and hooked
+        detail = (f"a step moved the EMA copies of bank(s) {moved}, those the forward trained, {how}" if ok else
+                  f"a step moved bank(s) {moved} but the forward trained {expected}; {how}")
+        return Check(name, ok, detail)
+
+    _attempt(name, checks, step)
+
+
+def _check_routing(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
+    router = handle.router
+    if router is None:
+        checks.append(Check("forcing each expert selects its prompts", None, "router=False"))
+        return
+    outputs: List[Tensor] = []
+    usage: List[str] = []
+    for expert in range(int(handle.num_experts or router.num_experts)):
+        handle._forced_expert = expert
+        handle.observed.pop("used", None)
+        handle.observed.pop("routed", None)
+        try:
+            outputs.append(run(False).detach())
+        except Exception as error:  # noqa: BLE001
+            snapshot.restore()
+            checks.append(Check("forcing each expert selects its prompts", False,
+                                f"an inference forward with expert {expert} forced raised {type(error).__name__}: {error}"))
+            return
+        used, routed = handle.observed.get("used"), handle.observed.get("routed")
+        snapshot.restore()
+        if routed is None:
+            checks.append(Check("forcing each expert selects its prompts", False, (
+                f"no routed value was injected at inference (expert {expert} forced): the routed module did not run, "
+                f"or no query reached it from {handle.query_source}"
+            )))
+            return
+        if used is not None:
+            wrong = sorted(set(used.reshape(-1).tolist()) - {expert})
+            if wrong:
+                checks.append(Check("forcing each expert selects its prompts", False,
+                                    f"with expert {expert} forced the model used the prompts of expert(s) {wrong}"))
+                return
+            usage.append(str(expert))
+    checks.append(Check(
+        "forcing each expert selects its prompts", True if usage else None,
+        f"the model's outputs show it used the forced expert's prompts (experts {', '.join(usage)})" if usage else
+        "this family's outputs do not show which prompt was used; judged by the logits below",
+    ))
+    same = [e for e in range(1, len(outputs)) if torch.equal(outputs[e], outputs[0])]
+    checks.append(Check(
+        "forcing each expert changes the logits", (not same) if len(outputs) > 1 else None,
+        f"the {len(outputs)} experts give {len(outputs)} different outputs" if not same and len(outputs) > 1 else
+        "only one expert" if len(outputs) < 2 else
+        f"expert(s) {same} give the same logits as expert 0: the model ignores the routed value",
+    ))
+    fitted = router.num_samples
+    checks.append(Check("router fitted", None if fitted == 0 else True, (
+        f"holds {fitted} samples; inference is routed" if fitted else
+        "holds no samples yet: inference uses the method's own selection until the first end_batch()"
+    )))
+
+
+def _check_ensemble_inference(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
+    name = "inference uses the ensemble"
+    if handle.ensemble is None:
+        checks.append(Check(name, None, "ensemble=False"))
+        return
+
+    def infer() -> Check:
+        handle.observed.pop("banks", None)
+        run(False)
+        banks = handle.observed.get("banks")
+        snapshot.restore()
+        if banks is None:
+            return Check(name, False, "the ensembled head did not run at inference: the model's logits come from "
+                                      "another classifier than the one the adapter wrapped")
+        shown = sorted(set(banks.reshape(-1).tolist())) if isinstance(banks, Tensor) else [int(banks)]
+        return Check(name, True, f"the inference output ensembles the online head with the EMA copies of bank(s) {shown}")
+
+    _attempt(name, checks, infer)

@@ -1,0 +1,261 @@
+"""Scoring a trained method on the test subset of an evaluation point.
+
+:class:`VariantEvaluator` scores every requested variant on the same test batches: one query pass,
+one prompted pass per distinct selection (own, REAR-routed, oracle), the online head and the
+ensemble on each; it also counts the diagnostics (docs/diagnostics.md). The forced-expert matrix,
+one prompted pass per trained expert, is computed at the end of the stream only.
+:class:`PredictEvaluator` scores one variant through ``model.predict`` (the reference path).
+Every count is summed over the processes of a data-parallel run in one all-reduce per evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from fly_modules import seen_class_mask
+
+from .diagnostics import ExpertUsage, expert_matrix_summary, member_summary, routing_summary
+from .methods.base import MethodOutput, PromptMethod
+from .metrics import EvaluationLog, count_correct
+from .parallel import DataParallel
+from .stream import Exposure
+from .variants import VARIANTS
+
+__all__ = ["EvaluationPoint", "PredictEvaluator", "VariantEvaluator"]
+
+# (kind, timestamp, samples_seen, session, final): where in the stream an evaluation runs.
+EvaluationPoint = Tuple[str, int, int, int, bool]
+
+
+class _TestSubset:
+    """The test samples of the exposed classes at an evaluation point, this process's share of them."""
+
+    def __init__(self, test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device) -> None:
+        self.test, self.exposure, self.parallel, self.device = test, exposure, parallel, device
+
+    def select(self, samples_seen: int) -> Tuple[int, Tensor, Tensor, Tensor, Tensor]:
+        """``(exposed, seen-class mask, all targets, this rank's indices, this rank's targets)``."""
+        exposed = self.exposure.num_exposed(samples_seen)
+        indices, targets = self.exposure.eval_subset(self.test.targets, samples_seen)
+        mask = seen_class_mask(exposed, len(self.test.classes), device=self.device)
+        return exposed, mask, targets, self.parallel.split(indices), self.parallel.split(targets)
+
+    def batches(self, indices: Tensor, targets: Tensor, batch_size: int):
+        for chunk, labels in zip(torch.split(indices, batch_size), torch.split(targets, batch_size)):
+            yield self.test.get_batch(chunk)[0].to(self.device), labels.to(self.device)
+
+
+class PredictEvaluator:
+    """One evaluation log from ``model.predict(x, seen-class mask)`` (the retrofit's inference)."""
+
+    def __init__(
+        self, model: PromptMethod, *, test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device,
+        batch_size: int, meta: Dict[str, Any],
+    ) -> None:
+        self.model, self.batch_size, self.parallel = model, int(batch_size), parallel
+        self.subset = _TestSubset(test, exposure, parallel, device)
+        self.log = EvaluationLog(meta=meta)
+
+    @torch.no_grad()
+    def __call__(self, kind: str, *, timestamp: int, samples_seen: int, session: int, final: bool) -> None:
+        exposed, mask, _, indices, targets = self.subset.select(samples_seen)
+        correct = torch.zeros(exposed, dtype=torch.long, device=self.subset.device)
+        for images, labels in self.subset.batches(indices, targets, self.batch_size):
+            correct += count_correct(self.model.predict(images, mask).argmax(dim=1), labels, exposed)[0]
+        total = count_correct(targets, targets, exposed)[1].to(correct.device)
+        counts = self.parallel.sum_counts(torch.stack([correct, total])).cpu()
+        self.log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
+                        correct=counts[0], total=counts[1])
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"log": self.log.to_dict()}
+
+
+class VariantEvaluator:
+    """Every requested variant of one trained method, scored on the same test batches.
+
+    Args:
+        model: the trained method; forced and routed selections go through ``model(x, expert=ids, query=q)``.
+        components: its REAR and TE2 (``benchmarks.components``): ``route`` and ``ensemble``.
+        usage: the class x expert training counts (true experts, docs/diagnostics.md).
+        variants: names from ``benchmarks.variants.VARIANTS``.
+        member_names: names of the ensemble's members (online head, then one per decay).
+        meta: the evaluation logs' meta (the variant's spec is added).
+    """
+
+    def __init__(
+        self, model: PromptMethod, components: Any, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
+        exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
+        member_names: Sequence[str], meta: Dict[str, Dict[str, Any]],
+    ) -> None:
+        self.model, self.components, self.usage = model, components, usage
+        self.variants = [VARIANTS[name] for name in variants]
+        self.batch_size, self.parallel = int(batch_size), parallel
+        self.subset = _TestSubset(test, exposure, parallel, device)
+        self.member_names = list(member_names)
+        self.logs = {v.name: EvaluationLog(meta=meta[v.name]) for v in self.variants}
+        self.member_logs = {
+            v.name: [EvaluationLog() for _ in self.member_names] for v in self.variants if v.head == "ensemble"
+        }
+        self.routing: List[Dict[str, Any]] = []
+        self.expert_matrix: Optional[Dict[str, Any]] = None
+        self.true_experts: Optional[List[int]] = None  # modal expert of each class at the end of the stream
+        self.selections = sorted({v.selection for v in self.variants} | {"own"})
+        self.ensemble_selections = {v.selection for v in self.variants if v.head == "ensemble"}
+        self.per_class_counts = [v.name for v in self.variants] + [
+            f"{name}/{member}" for name in self.member_logs for member in range(len(self.member_names))
+        ]
+
+    # -------------------------------------------------------------------------- one evaluation
+    @torch.no_grad()
+    def __call__(self, kind: str, *, timestamp: int, samples_seen: int, session: int, final: bool) -> None:
+        exposed, mask, all_targets, indices, targets = self.subset.select(samples_seen)
+        modal, trained_any, trained = self.usage.modal_expert(), self.usage.trained_any(), self.usage.trained_experts()
+        if bool((modal[all_targets.to(modal.device)] < 0).any()):
+            raise RuntimeError("an exposed test class has no training sample counted: the usage table is out of step")
+        tally = _Tally(self.per_class_counts, exposed, self.usage.num_experts, self.subset.device)
+        matrix_experts = torch.nonzero(trained).flatten().tolist() if final else []
+        for images, labels in self.subset.batches(indices, targets, self.batch_size):
+            self._score_batch(images, labels, mask, modal, trained_any, matrix_experts, tally)
+        counts = tally.unpack(self.parallel.sum_counts(tally.pack()))
+        for name, log in self.logs.items():
+            log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
+                       correct=counts[name].cpu(), total=counts["total"].cpu())
+        for name, logs in self.member_logs.items():
+            for member, log in enumerate(logs):
+                log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
+                           correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
+        self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained))
+        if final:
+            self.expert_matrix = expert_matrix_summary(counts["matrix"], counts["group_sizes"], trained)
+            self.true_experts = modal[:exposed].tolist()
+
+    def _score_batch(
+        self, images: Tensor, labels: Tensor, mask: Tensor, modal: Tensor, trained_any: Tensor,
+        matrix_experts: List[int], tally: "_Tally",
+    ) -> None:
+        model = self.model
+        query = model.compute_query(images)
+        true_expert = modal[labels]
+        outputs: Dict[str, MethodOutput] = {"own": model(images, query=query)}
+        own_experts = model.expert_of(outputs["own"].selection)
+        routed = self.components.route(query.router)
+        rear_experts = own_experts if routed is None else routed.to(own_experts.device)
+        if "routed" in self.selections:
+            outputs["routed"] = outputs["own"] if routed is None else model(images, expert=routed, query=query)
+        if "oracle" in self.selections:
+            outputs["oracle"] = model(images, expert=true_expert, query=query)
+        members = {s: self._member_scores(outputs[s], mask) for s in self.ensemble_selections}
+        for variant in self.variants:
+            if variant.head == "online":
+                scores = outputs[variant.selection].logits + mask
+            else:
+                scores = self.components.ensemble.aggregate_members(members[variant.selection])
+                for member in range(len(self.member_names)):
+                    tally.add_correct(f"{variant.name}/{member}", members[variant.selection][:, member], labels)
+            tally.add_correct(variant.name, scores, labels)
+        tally.add_total(labels)
+        tally.add_routing("own", own_experts, true_expert, trained_any[labels])
+        tally.add_routing("rear", rear_experts, true_expert, trained_any[labels])
+        if matrix_experts:
+            tally.add_groups(true_expert)
+        for expert in matrix_experts:
+            forced = model(images, expert=torch.full_like(labels, expert), query=query)
+            tally.add_forced(expert, forced.logits + mask, labels, true_expert)
+
+    def _member_scores(self, output: MethodOutput, mask: Tensor) -> Tensor:
+        """``(B, members, C)`` masked logits of the online head and each EMA copy of the samples' banks."""
+        model, ensemble = self.model, self.components.ensemble
+        members = model.transform_logits(ensemble.member_logits(output.features, model.bank_of(output.selection)),
+                                         output.selection)
+        return members + mask
+
+    @staticmethod
+    def _routing_entry(
+        kind: str, samples_seen: int, counts: Dict[str, Tensor], targets: Tensor, trained_any: Tensor, trained: Tensor
+    ) -> Dict[str, Any]:
+        experts = max(int(trained.sum()), 1)
+        entry: Dict[str, Any] = {"kind": kind, "samples_seen": samples_seen, "samples": int(targets.numel())}
+        for name in ("own_modal", "own_any", "rear_modal", "rear_any"):
+            entry[name] = int(counts[name])
+        # Expected hits of an expert drawn uniformly from the trained ones.
+        entry["chance_modal"] = targets.numel() / experts
+        entry["chance_any"] = float(trained_any[targets.to(trained_any.device)].sum()) / experts
+        return entry
+
+    # ------------------------------------------------------------------------------- results
+    def diagnostics(self, variant: str) -> Dict[str, Any]:
+        """The diagnostics of ``variant``'s run record (JSON: plain floats and lists)."""
+        spec = VARIANTS[variant]
+        result: Dict[str, Any] = {
+            "selection": spec.selection,
+            "head": spec.head,
+            "true_expert_of_class": self.true_experts,
+            "routing": routing_summary(self.routing),
+            "expert_matrix": self.expert_matrix,
+        }
+        if variant in self.member_logs:
+            names = [*self.member_names, "ensemble"]
+            result["members"] = member_summary(names, [*self.member_logs[variant], self.logs[variant]])
+        return result
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "logs": {name: log.to_dict() for name, log in self.logs.items()},
+            "member_logs": {name: [log.to_dict() for log in logs] for name, logs in self.member_logs.items()},
+            "routing": [dict(entry) for entry in self.routing],
+            "expert_matrix": self.expert_matrix,
+            "true_experts": self.true_experts,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.logs = {name: EvaluationLog.from_dict(log) for name, log in state["logs"].items()}
+        self.member_logs = {name: [EvaluationLog.from_dict(log) for log in logs]
+                            for name, logs in state["member_logs"].items()}
+        self.routing = [dict(entry) for entry in state["routing"]]
+        self.expert_matrix = state["expert_matrix"]
+        self.true_experts = state["true_experts"]
+
+
+class _Tally:
+    """The counts of one evaluation, packed into one tensor for the all-reduce over processes.
+
+    Every rank creates the same entries in the same order (also a rank without test samples).
+    """
+
+    def __init__(self, per_class: Sequence[str], exposed: int, num_experts: int, device: torch.device) -> None:
+        self.exposed, self.num_experts = exposed, num_experts
+        shapes: Dict[str, Tuple[int, ...]] = {name: (exposed,) for name in ("total", *per_class)}
+        shapes.update({name: () for name in ("own_modal", "own_any", "rear_modal", "rear_any")})
+        shapes.update(matrix=(num_experts, num_experts), group_sizes=(num_experts,))
+        self.counts = {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in shapes.items()}
+
+    def add_correct(self, name: str, scores: Tensor, labels: Tensor) -> None:
+        self.counts[name] += count_correct(scores.argmax(dim=1), labels, self.exposed)[0]
+
+    def add_total(self, labels: Tensor) -> None:
+        self.counts["total"] += torch.bincount(labels, minlength=self.exposed)
+
+    def add_routing(self, who: str, experts: Tensor, true_expert: Tensor, trained_any: Tensor) -> None:
+        self.counts[f"{who}_modal"] += (experts == true_expert).sum()
+        self.counts[f"{who}_any"] += trained_any.gather(1, experts.unsqueeze(1)).sum()
+
+    def add_groups(self, true_expert: Tensor) -> None:
+        self.counts["group_sizes"] += torch.bincount(true_expert, minlength=self.num_experts)
+
+    def add_forced(self, expert: int, scores: Tensor, labels: Tensor, true_expert: Tensor) -> None:
+        right = scores.argmax(dim=1) == labels
+        self.counts["matrix"][:, expert] += torch.bincount(true_expert[right], minlength=self.num_experts)
+
+    def pack(self) -> Tensor:
+        return torch.cat([tensor.reshape(-1) for tensor in self.counts.values()])
+
+    def unpack(self, flat: Tensor) -> Dict[str, Tensor]:
+        out, offset = {}, 0
+        for name, tensor in self.counts.items():
+            out[name] = flat[offset : offset + tensor.numel()].view(tensor.shape)
+            offset += tensor.numel()
+        return out

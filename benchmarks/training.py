@@ -1,0 +1,221 @@
+"""The online training loop: one pass over a Si-Blurry stream, calling the method's hooks, the
+components' steps and the evaluations in the order docs/methods.md ("The training loop") documents
+and tests/test_runner.py checks. Every piece of run state lives in an object with ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Dict, Optional
+
+import torch
+from torch import Tensor
+
+from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, seen_class_mask
+
+from .diagnostics import ExpertUsage
+from .methods.base import MethodOutput, PromptMethod
+from .metrics import AnytimeEvalTrigger
+from .parallel import BatchShare, DataParallel
+from .stream import Exposure, SiBlurryStream, StreamBatch
+
+__all__ = ["MixedPrecision", "OnlineTrainer", "StreamPosition"]
+
+
+class MixedPrecision:
+    """float16 autocast and a GradScaler on CUDA when enabled; plain fp32 steps otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = bool(enabled)
+        if hasattr(torch.amp, "GradScaler"):  # torch >= 2.3
+            self.scaler = torch.amp.GradScaler("cuda", enabled=self.enabled)
+        else:
+            self.scaler = torch.cuda.amp.GradScaler(enabled=self.enabled)
+
+    def autocast(self) -> Any:
+        # torch < 2.1 rejects a float16 CPU autocast even when it is disabled: no context at all then.
+        return torch.autocast("cuda", dtype=torch.float16) if self.enabled else contextlib.nullcontext()
+
+    def step(self, loss: Tensor, optimizer: torch.optim.Optimizer, parameters: list, share: BatchShare) -> bool:
+        """Backward of ``loss`` (scaled by the share), gradients summed over the processes, one step.
+
+        Returns whether the optimizer stepped (AMP skips a step whose gradients overflowed).
+        """
+        scale = self.scaler.get_scale() if self.enabled else 1.0
+        self.scaler.scale(loss * share.fraction).backward()
+        DataParallel.sum_gradients(parameters, share)
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return not self.enabled or self.scaler.get_scale() >= scale
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.scaler.state_dict()
+
+
+@dataclass
+class StreamPosition:
+    """Where the loop is: the current session (-1 before the first), samples consumed, training time."""
+
+    session: int = -1
+    samples_seen: int = 0
+    batches: int = 0
+    train_seconds: float = 0.0
+
+    def state_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+
+class OnlineTrainer:
+    """Trains ``model`` on ``stream`` and calls ``evaluate(kind, ...)`` at every evaluation point.
+
+    Args:
+        model: the method (``benchmarks.methods`` seam contract).
+        components: its REAR and TE2 (``benchmarks.components``), started and stepped with it.
+        evaluate: called as ``evaluate(kind, timestamp=, samples_seen=, session=, final=)`` in eval mode.
+        usage: the class x expert counts of the training forwards.
+        protocol: ``benchmarks.runner.Protocol``.
+        train: the training set (``benchmarks.data`` record: ``get_raw_batch``, ``get_batch``, ``train_transform``).
+        lr: Adam's learning rate.
+    """
+
+    def __init__(
+        self, model: PromptMethod, components: Any, evaluate: Callable[..., None], usage: ExpertUsage, *,
+        protocol: Any, train: Any, stream: SiBlurryStream, exposure: Exposure, parallel: DataParallel,
+        device: torch.device, lr: float,
+    ) -> None:
+        self.model, self.components, self.evaluate_at, self.usage = model, components, evaluate, usage
+        self.protocol, self.train_set, self.stream, self.exposure = protocol, train, stream, exposure
+        self.parallel, self.device = parallel, device
+        self.num_classes = len(train.classes)
+        if model.session_aware:
+            self.schedule: Any = SessionSchedule(model.num_experts)
+        else:
+            self.schedule = SampleBudgetSchedule.from_stream_size(len(stream), model.num_experts)
+        self.parameters = list(model.trainable_parameters())
+        self.optimizer = torch.optim.Adam(self.parameters, lr=lr)
+        self.precision = MixedPrecision(protocol.amp and device.type == "cuda")
+        self.augment = train.train_transform if protocol.augment else None
+        self.trigger = AnytimeEvalTrigger(protocol.eval_period)
+        self.position = StreamPosition()
+
+    # ---------------------------------------------------------------------------- the stream
+    def train(self, progress: Optional[Any] = None) -> None:
+        """One pass over the stream; ``progress`` is a tqdm-like bar (``update``, ``set_postfix``)."""
+        self.model.train()
+        for batch in self.stream.batches(self.protocol.batch_size, rank=None):  # whole global batches
+            self.advance_to(batch.session)
+            loss = self.train_batch(batch)
+            self.after_batch(batch)
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{float(loss):.3f}", session=batch.session)
+        self.advance_to(self.stream.num_sessions)  # the last session and trailing empty ones
+
+    def advance_to(self, session: int) -> None:
+        """Finish the sessions before ``session`` and start the next ones, up to ``session`` itself."""
+        while self.position.session < session:
+            if self.position.session >= 0:
+                self.finish_session(self.position.session)
+            self.position.session += 1
+            if self.position.session < self.stream.num_sessions:
+                self.start_session(self.position.session)
+
+    def start_session(self, session: int) -> None:
+        if isinstance(self.schedule, SessionSchedule):
+            for expert in self.schedule.on_session_start(session):
+                self.components.start_expert(expert)
+
+    def finish_session(self, session: int) -> None:
+        seen = self.position.samples_seen
+        self.evaluate("session_end", seen, seen, session)
+        self.model.on_session_end(session)
+
+    # ------------------------------------------------------------------------------ one batch
+    def train_batch(self, batch: StreamBatch) -> Tensor:
+        """The batch's online iterations and its per-batch hooks; returns the last loss (detached)."""
+        started = time.perf_counter()
+        local, share = self.parallel.share(batch.indices)
+        raw, labels = self.train_set.get_raw_batch(local)
+        targets = self.exposure.to_exposure(labels).to(self.device)
+        mask = self.training_mask(batch)
+        clean = None if self.augment else self.train_set.get_batch(local)[0].to(self.device)
+        first: Optional[MethodOutput] = None
+        for _ in range(self.protocol.online_iter):
+            images = self.augment(raw).to(self.device) if self.augment else clean
+            output, loss = self.train_step(images, targets, mask, share)
+            first = output if first is None else first
+        first = self.with_router_features(first, clean, local)
+        self.model.on_batch_end(images, targets, first, share)
+        self.components.end_batch(first.query.router, share)
+        if isinstance(self.schedule, SampleBudgetSchedule):
+            for expert in self.schedule.step(batch.global_size):
+                self.components.start_expert(expert)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.position.train_seconds += time.perf_counter() - started
+        return loss.detach()
+
+    def train_step(self, images: Tensor, targets: Tensor, mask: Tensor, share: BatchShare):
+        """One optimizer step on one (augmented) copy of the batch; returns ``(output, loss)``."""
+        with self.precision.autocast():
+            output = self.model(images, parallel=share)
+            loss = self.model.loss(output, targets, mask, parallel=share)
+        self.usage.add(targets, self.model.expert_of(output.selection), share)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.precision.step(loss, self.optimizer, self.parameters, share):
+            self.model.on_optimizer_step(output)
+            self.components.after_optimizer_step(output, share)
+        return output, loss
+
+    def training_mask(self, batch: StreamBatch) -> Tensor:
+        """The classes of the global batch, or every exposed class for ``train_logit_mask == "seen"``."""
+        if self.model.train_logit_mask == "seen":
+            return seen_class_mask(self.exposure.num_exposed(batch.samples_seen), self.num_classes, device=self.device)
+        return batch_seen_class_mask(self.exposure.to_exposure(batch.targets), self.num_classes, device=self.device)
+
+    def with_router_features(self, first: MethodOutput, clean: Optional[Tensor], local: Tensor) -> MethodOutput:
+        """``first`` whose ``query.router`` are the batch's router features (``Protocol.router_query``).
+
+        Without augmentation or autocast the first iteration's query pass already is the clean fp32
+        pass over the un-augmented batch; only otherwise does "clean" cost a second backbone pass.
+        """
+        if self.protocol.router_query != "clean" or not (self.augment is not None or self.precision.enabled):
+            return first
+        unaugmented = clean if clean is not None else self.train_set.get_batch(local)[0].to(self.device)
+        with torch.no_grad():  # the test transform, fp32: what the router sees at test time
+            router = self.model.compute_query(unaugmented).router
+        return replace(first, query=replace(first.query, router=router))
+
+    def after_batch(self, batch: StreamBatch) -> None:
+        self.position.samples_seen = batch.samples_seen
+        self.position.batches += 1
+        stamp = self.trigger.step(batch.samples_seen, batch.global_size)
+        if stamp is not None:
+            self.evaluate("anytime", stamp, batch.samples_seen, batch.session)
+
+    # ---------------------------------------------------------------------------- evaluation
+    def evaluate(self, kind: str, timestamp: int, samples_seen: int, session: int) -> None:
+        self.model.eval()
+        self.model.on_evaluate()
+        final = kind == "session_end" and session == self.stream.num_sessions - 1
+        self.evaluate_at(kind, timestamp=timestamp, samples_seen=samples_seen, session=session, final=final)
+        self.model.train()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Every piece of training state, for a checkpoint (the evaluator keeps its own)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "precision": self.precision.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "trigger": self.trigger.state_dict(),
+            "usage": self.usage.state_dict(),
+            "components": self.components.state_dict(),
+            "position": self.position.state_dict(),
+        }

@@ -1,0 +1,236 @@
+"""Kernels and solvers of the analytic router's ridge system ``(G + ridge I) W = Q`` (private).
+
+``gram`` always holds ``G``'s lower triangle; what lies above the diagonal is unspecified, and every
+function here reads the lower triangle only. Kernels that walk ``G`` in row panels take the panel
+height as an argument: a tuning knob, not a storage format. One function per solver (scikit-learn's
+``_ridge.py`` layout), each returning a :class:`RidgeSolution` that carries an estimate of the
+system's condition number; the router decides what to do with it. ``benchmarks/bench_router.py``
+imports this module directly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
+    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound",
+]
+
+# G is updated in row panels of PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], a fraction
+# 1/2 + rows/(2M) of the dense flops (53% at M = 10,000). Shorter panels waste fewer flops, but each
+# GEMM is smaller and is a synchronisation point of the BLAS threads; 512 rows measured best on 2-core
+# AVX-512 CPUs (benchmarks/bench_router.py prints the kernel ratio).
+PANEL_ROWS = 512
+
+
+class RouterSolveError(RuntimeError):
+    """The ridge system could not be factorised (not positive definite in floating point)."""
+
+
+class RidgeSolution(NamedTuple):
+    """A solve's answer and what is known about its accuracy."""
+
+    weights: Tensor  #: ``W``, ``(M, num_experts)``
+    ridge: float  #: the ridge used (the GCV choice for ``ridge="auto"``)
+    solver: str  #: ``"mixed"``, ``"cholesky"`` or ``"eigh"``
+    condition: float  #: cond_2(G + ridge I): exact for eigh, a lower bound from the factor otherwise
+    precision: torch.dtype  #: the precision the answer is accurate to, up to ``condition``
+    refinement_steps: int = 0  #: float64 residual products of the mixed solver
+
+
+def error_bound(solution: RidgeSolution) -> float:
+    """A-priori bound on the relative error of ``W``: condition number times the unit roundoff."""
+    return solution.condition * torch.finfo(solution.precision).eps
+
+
+# ============================================================================ panelled kernels
+def panels(size: int, panel_rows: int) -> List[Tuple[int, int]]:
+    return [(start, min(start + panel_rows, size)) for start in range(0, size, panel_rows)]
+
+
+def accumulate_lower_gram(gram: Tensor, phi: Tensor, panel_rows: int = PANEL_ROWS) -> None:
+    """Add ``phi^T phi`` to the lower triangle of ``gram`` (plus, harmlessly, the panels' diagonal blocks)."""
+    for start, stop in panels(gram.shape[0], panel_rows):
+        gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
+
+
+def symmetrize_lower(block: Tensor) -> Tensor:
+    """The symmetric matrix whose lower triangle is ``block``'s (the upper triangle is never read)."""
+    return torch.tril(block) + torch.tril(block, -1).mT
+
+
+def symmetric_matmul(gram: Tensor, x: Tensor, panel_rows: int = PANEL_ROWS) -> Tensor:
+    """``G @ x`` from the lower triangle of ``gram`` without materialising the full matrix."""
+    out = torch.zeros_like(x)
+    for start, stop in panels(gram.shape[0], panel_rows):
+        out[start:stop] += symmetrize_lower(gram[start:stop, start:stop]) @ x[start:stop]
+        if start:
+            # Strictly below the diagonal: stored once for both triangles.
+            left = gram[start:stop, :start]
+            out[start:stop] += left @ x[:start]
+            out[:start] += left.t() @ x[start:stop]
+    return out
+
+
+def symmetric_abs_row_sums(gram: Tensor, panel_rows: int = PANEL_ROWS) -> Tensor:
+    """Row sums of ``|G|`` (the infinity norm's ingredients) from the lower triangle of ``gram``."""
+    sums = gram.new_zeros(gram.shape[0])
+    for start, stop in panels(gram.shape[0], panel_rows):
+        sums[start:stop] += symmetrize_lower(gram[start:stop, start:stop]).abs().sum(dim=1)
+        if start:
+            left = gram[start:stop, :start].abs()
+            sums[start:stop] += left.sum(dim=1)
+            sums[:start] += left.sum(dim=0)
+    return sums
+
+
+# ==================================================================================== Cholesky
+def cholesky_factor(gram: Tensor, ridge: float, dtype: torch.dtype) -> Tuple[Tensor, int]:
+    """Lower Cholesky factor of ``G + ridge I`` in ``dtype``, in one copy of G; and LAPACK's ``info``.
+
+    LAPACK factorises column-major matrices in place; the transposed view of a row-major copy is one,
+    so factorising it as *upper* (its upper triangle is the copy's lower triangle) needs no second
+    M x M buffer (``cholesky_ex(system, out=system)`` on the row-major copy would make one internally).
+    """
+    system = gram.to(dtype=dtype, copy=True)
+    system.diagonal().add_(ridge)
+    column_major = system.mT
+    info = torch.empty((), dtype=torch.int32, device=gram.device)
+    torch.linalg.cholesky_ex(column_major, upper=True, out=(column_major, info))
+    return system, int(info)
+
+
+def cholesky_solve(factor: Tensor, rhs: Tensor) -> Tensor:
+    """Solve ``L L^T x = rhs`` with two triangular solves on views of ``factor`` (lower triangle = L).
+
+    ``torch.cholesky_solve`` would copy the whole M x M factor on every call.
+    """
+    return torch.linalg.solve_triangular(factor.mT, torch.linalg.solve_triangular(factor, rhs, upper=False), upper=True)
+
+
+def diagonal_ratio_squared(factor: Tensor) -> float:
+    """``(max L_ii / min L_ii)^2``: a free lower bound on cond_2 of the factorised matrix."""
+    diagonal = factor.diagonal().abs().double()
+    return float((diagonal.max() / diagonal.min()) ** 2)
+
+
+def inverse_iteration_probe(size: int, like: Tensor) -> Tensor:
+    """A fixed random start vector ``(size, 1)`` (drawn on the CPU: the same on every device)."""
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    return torch.randn(size, 1, generator=generator, dtype=torch.float64).to(device=like.device, dtype=like.dtype)
+
+
+def suggested_ridge(ridge: float, largest_diagonal: float, dtype: torch.dtype) -> float:
+    """A ridge worth trying instead: 100x larger, and at least 1e-8 max diag(G) in float64 (scaled by
+    the precision's epsilon), which keeps cond(G + ridge I) <= M * 1e8 * eps64 / eps."""
+    scale = torch.finfo(dtype).eps / torch.finfo(torch.float64).eps
+    return max(ridge * 100, largest_diagonal * 1e-8 * scale)
+
+
+def factorisation_failure(info: int, dtype: torch.dtype, ridge: float, gram: Tensor) -> RouterSolveError:
+    largest = float(gram.diagonal().max())
+    return RouterSolveError(
+        f"AnalyticRouter: the Cholesky factorisation of (G + ridge*I) failed at column {info} in {dtype}: "
+        f"the system is not positive definite to working precision (ridge={ridge:g}, largest diagonal entry "
+        f"of G={largest:.3g}). Increase `ridge` (e.g. to {suggested_ridge(ridge, largest, dtype):.3g}) or pass "
+        f"ridge='auto'" + (", or accumulate in float64 (stats_dtype=torch.float64)." if dtype != torch.float64 else ".")
+    )
+
+
+def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float) -> RidgeSolution:
+    """Cholesky solve in ``gram``'s dtype; raises :class:`RouterSolveError` when the factorisation fails.
+
+    The condition estimate costs one extra pair of triangular solves: a probe vector rides along with
+    ``Q`` (``y1 = A^-1 x``), one more solve gives ``y2 = A^-1 y1``, and ``||y1|| / ||y2|| >= lambda_min``
+    while ``max diag(A) <= lambda_max``, so their ratio is a lower bound on cond_2(A) that two steps of
+    inverse iteration make close for the clusters of small eigenvalues ridge systems have.
+    """
+    factor, info = cholesky_factor(gram, ridge, gram.dtype)
+    if info:
+        raise factorisation_failure(info, gram.dtype, ridge, gram)
+    probe = inverse_iteration_probe(gram.shape[0], gram)
+    solved = cholesky_solve(factor, torch.cat([cross, probe], dim=1))
+    weights, first = solved[:, :-1], solved[:, -1:]
+    second = cholesky_solve(factor, first)
+    largest_diagonal = float(gram.diagonal().max()) + ridge
+    growth = float(second.double().norm() / first.double().norm())  # in float64: float32 would overflow
+    condition = max(diagonal_ratio_squared(factor), largest_diagonal * growth)
+    return RidgeSolution(weights.contiguous(), ridge, "cholesky", condition, gram.dtype)
+
+
+def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = PANEL_ROWS,
+                max_iter: int = 30) -> Optional[RidgeSolution]:
+    """Float32 Cholesky factor + float64 iterative refinement; ``None`` when it does not converge.
+
+    Each step solves the float64 residual ``Q - (G + lambda I) x`` with the float32 factor; the error
+    contracts by about ``cond(G + lambda I) * 2^-24`` per step. It stops once the residual is at the
+    float64 rounding level of the product, ``||r|| <= eps64 * ||A|| * ||x||`` (infinity norms), where
+    the answer is as accurate as a float64 Cholesky or LU solve. When a step fails to halve the
+    correction, it accepts the solution if the residual meets LAPACK ``dsposv``'s looser
+    ``sqrt(M)`` criterion (refinement has stalled at rounding noise) and gives up otherwise
+    (``cond * 2^-24`` near 1 or above). Convergence itself bounds the condition number by about
+    ``2^24``, so the float32 factor's diagonal ratio (free) is the estimate reported.
+    """
+    factor, info = cholesky_factor(gram, ridge, torch.float32)
+    if info:
+        return None
+    eps = torch.finfo(torch.float64).eps
+    norm = float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge
+    solution = cholesky_solve(factor, cross.float()).double()
+    condition = diagonal_ratio_squared(factor)
+    previous = math.inf
+    for steps in range(1, max_iter + 1):
+        residual = cross - symmetric_matmul(gram, solution, panel_rows) - ridge * solution
+        size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
+        if size_r <= eps * norm * size_x:
+            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps)
+        correction = cholesky_solve(factor, residual.float()).double()
+        size = float(correction.abs().max())
+        if size > 0.5 * previous:
+            stalled_at_rounding_noise = size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x
+            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps) if stalled_at_rounding_noise else None
+        solution += correction
+        previous = size
+    return None
+
+
+# ======================================================================================= eigh
+def solve_eigh(gram: Tensor, cross: Tensor, ridge: Optional[float], *, grid: Optional[Sequence[float]] = None,
+               num_samples: int = 0) -> RidgeSolution:
+    """Solve through ``G = V diag(s) V^T``; with ``ridge=None`` choose it by GCV over ``grid`` first.
+
+    Generalised cross-validation needs only the statistics: with ``q = V^T Q`` and ``n`` samples whose
+    targets are one-hot (so ``sum ||y||^2 = n``),
+    ``RSS(l) = n - sum_i ||q_i||^2 (s_i + 2 l) / (s_i + l)^2`` and ``tr H(l) = sum_i s_i / (s_i + l)``,
+    and ``GCV(l) = n * RSS(l) / (n - tr H(l))^2``. The condition number is exact from the eigenvalues.
+    """
+    eigenvalues, eigenvectors = torch.linalg.eigh(gram)  # reads the lower triangle only
+    eigenvalues = eigenvalues.clamp_min(0)
+    rotated = eigenvectors.t() @ cross
+    if ridge is None:
+        chosen = _gcv_ridge(eigenvalues, rotated, grid, num_samples)
+    else:
+        chosen = float(ridge)
+    weights = eigenvectors @ (rotated / (eigenvalues + chosen).unsqueeze(1))
+    condition = float((eigenvalues.max() + chosen) / (eigenvalues.min() + chosen))
+    return RidgeSolution(weights, chosen, "eigh", condition, gram.dtype)
+
+
+def _gcv_ridge(eigenvalues: Tensor, rotated: Tensor, grid: Optional[Sequence[float]], num_samples: int) -> float:
+    if grid is None:
+        mean = float(eigenvalues.mean()) or 1.0
+        grid = [mean * 10.0 ** (k / 4) for k in range(-24, 25)]
+    candidates = torch.tensor(list(grid), dtype=eigenvalues.dtype, device=eigenvalues.device)
+    energy = rotated.pow(2).sum(dim=1)
+    s = eigenvalues.unsqueeze(0)
+    lam = candidates.unsqueeze(1)
+    rss = num_samples - (energy * (s + 2 * lam) / (s + lam) ** 2).sum(dim=1)
+    dof = (s / (s + lam)).sum(dim=1)
+    gcv = num_samples * rss.clamp_min(0) / (num_samples - dof).pow(2)
+    gcv = torch.where(dof < num_samples - 1e-9, gcv, torch.full_like(gcv, math.inf))
+    return float(candidates[int(torch.argmin(gcv))])

@@ -1,0 +1,162 @@
+"""Import layers: the core imports neither the adapters nor the benchmarks, the adapters do not import the
+benchmarks, nothing imports the tests, and no modules import each other in a cycle.
+
+Read from the source with ``ast`` (nothing is imported). Imports inside functions count like
+module-level ones: they run on the first call and close the same cycles. Imports under
+``if TYPE_CHECKING:`` do not count: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Source folder -> the name it is imported under (adapters/ is installed as fly_modules.adapters).
+PACKAGES = {"fly_modules": "fly_modules", "adapters": "fly_modules.adapters", "benchmarks": "benchmarks"}
+
+
+def module_files() -> Dict[str, Path]:
+    """Every module of the three source folders, by its import name."""
+    modules = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def runtime_imports(tree: ast.Module) -> Iterator[ast.stmt]:
+    """Import statements that can run: every one except those under ``if TYPE_CHECKING:``."""
+    skipped: Set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skipped:
+            yield node
+
+
+def imported_names(module: str, path: Path) -> Iterator[Tuple[str, int]]:
+    """Absolute names (``a.b.c``) this module imports, with the line; ``from p import x`` yields ``p.x``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in runtime_imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join(anchor + ([base] if base else []))
+        for alias in node.names:
+            yield f"{base}.{alias.name}", node.lineno
+
+
+def resolve(name: str, modules: Dict[str, Path]) -> Optional[str]:
+    """The project module ``name`` refers to (itself, or the package whose attribute it is), if any."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> Dict[str, Dict[str, int]]:
+    """module -> {imported project module: line of the first such import}."""
+    modules = module_files()
+    graph: Dict[str, Dict[str, int]] = {module: {} for module in modules}
+    for module, path in modules.items():
+        for name, line in imported_names(module, path):
+            target = resolve(name, modules)
+            if target is not None and target != module:
+                graph[module].setdefault(target, line)
+    return graph
+
+
+def all_imports() -> List[Tuple[str, str, int]]:
+    """(module, imported name, line) for every runtime import of the three folders, project or not."""
+    return [(module, name, line) for module, path in module_files().items() for name, line in imported_names(module, path)]
+
+
+def strongly_connected(graph: Dict[str, Dict[str, int]]) -> List[List[str]]:
+    """Tarjan's strongly connected components with more than one module (the import cycles)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    cycles: List[List[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def describe(cycle: List[str], graph: Dict[str, Dict[str, int]]) -> str:
+    members = set(cycle)
+    edges = [f"{a} -> {b} (line {line})" for a in cycle for b, line in graph[a].items() if b in members]
+    return "; ".join(edges)
+
+
+def in_layer(module: str, layer: str) -> bool:
+    return module == layer or module.startswith(layer + ".")
+
+
+@pytest.mark.parametrize(
+    "importer, forbidden",
+    [
+        ("fly_modules", ("fly_modules.adapters", "adapters", "benchmarks", "tests")),
+        ("fly_modules.adapters", ("benchmarks", "tests", "adapters")),
+        ("benchmarks", ("tests", "adapters")),
+    ],
+)
+def test_no_upward_imports(importer, forbidden):
+    """``adapters`` is forbidden as a top-level name everywhere: it is installed as fly_modules.adapters."""
+    found = [
+        f"{module}:{line} imports {name}"
+        for module, name, line in all_imports()
+        if in_layer(module, importer)
+        and not (importer == "fly_modules" and in_layer(module, "fly_modules.adapters"))
+        and any(in_layer(name, layer) for layer in forbidden)
+    ]
+    assert not found, "; ".join(found)
+
+
+def test_the_import_graph_is_read():
+    """The checks below would pass vacuously on an empty graph."""
+    graph = import_graph()
+    assert "fly_modules._ridge" in graph["fly_modules.router"]
+    assert "fly_modules" in graph["fly_modules.adapters._handle"]
+    assert "fly_modules.router" in graph["fly_modules.distributed"]
+    assert strongly_connected({"a": {"b": 1}, "b": {"a": 2}, "c": {}}) == [["a", "b"]]
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    cycles = strongly_connected(graph)
+    assert not cycles, " | ".join(describe(cycle, graph) for cycle in cycles)

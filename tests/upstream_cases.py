@@ -1,0 +1,337 @@
+"""One :class:`Case` per (codebase, family) pair of the stand-ins: how to build the model, call it the way
+the codebase's own loop does, and read which prompt it selected."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fly_modules.adapters import generic, retrofit
+from torch import Tensor, nn
+from upstream_standins import (
+    JLL2P,
+    MVP,
+    TASK_OF_CLASS,
+    E,
+    FlyGCLDualPrompt,
+    FlyGCLL2P,
+    FlyGCLMVP,
+    HDModel,
+    JLDualPrompt,
+    MISADualPrompt,
+    Original,
+    hide_eval_forward,
+    hide_train_forward,
+    jhlee_forward,
+    norga_train_forward,
+)
+
+ROUTER = dict(expansion_dim=128, ridge=1e-4)
+
+
+class Case:
+    """One codebase: how to build it, call it the codebase's way, and read its selection."""
+
+    method = ""
+    schedule = "session"
+    craftable = True
+
+    def build(self) -> Tuple[nn.Module, Optional[nn.Module]]:
+        raise NotImplementedError
+
+    def adapter_kwargs(self, model: nn.Module, original: Optional[nn.Module]) -> Dict[str, Any]:
+        return {"num_experts": E}
+
+    def head(self, model: nn.Module) -> Tuple[nn.Module, str]:
+        return model, "head"
+
+    def forward(self, model, original, x, *, task: int = 0, query: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """``(logits, selection)``; ``query`` replaces the query features (the router's too)."""
+        raise NotImplementedError
+
+    def expert_of(self, selection: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def bank_of(self, selection: Tensor, handle) -> Tensor:
+        raise NotImplementedError
+
+    def check_routed(self, model, selection: Tensor, experts: Tensor, query: Tensor) -> None:
+        assert torch.equal(self.expert_of(selection), experts)
+
+    def train_loss(self, model, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits, y)
+
+    def transform(self, model, selection: Tensor) -> Optional[Tensor]:
+        return None
+
+    def advance(self, model: nn.Module, handle) -> None:
+        """What the loop does at a session start besides ``handle.start_session`` (nothing by default)."""
+
+
+class JLL2PCase(Case):
+    method = "l2p"
+
+    def __init__(self, query_module: bool = False) -> None:
+        # query_module: the router reads original_model's output through a hook instead of the
+        # prompt call's cls_features (so crafted cls_features no longer reach the router)
+        self.query_module, self.craftable = query_module, not query_module
+
+    def build(self):
+        return JLL2P(), Original()
+
+    def adapter_kwargs(self, model, original):
+        return {"num_experts": E, **({"query_module": original} if self.query_module else {})}
+
+    def router_features(self, model, original, x):
+        with torch.no_grad():
+            return original(x)["pre_logits"]
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        out = jhlee_forward(model, original, x, task, cls_features=query)
+        return out["logits"], out["prompt_idx"]
+
+    def expert_of(self, selection):
+        return (selection[:, 0] // 3).clamp(max=E - 1)
+
+    bank_of = lambda self, selection, handle: self.expert_of(selection)  # noqa: E731
+
+    def check_routed(self, model, selection, experts, query):
+        keys = model.prompt.prompt_key
+        for b, expert in enumerate(experts.tolist()):
+            similarity = F.normalize(query[b], dim=0) @ F.normalize(keys[3 * expert : 3 * expert + 3], dim=1).t()
+            assert selection[b].tolist() == (similarity.topk(2).indices + 3 * expert).tolist()
+
+
+class JLDualPromptCase(Case):
+    method = "dualprompt"
+
+    def build(self):
+        return JLDualPrompt(), Original()
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        out = jhlee_forward(model, original, x, task, cls_features=query)
+        return out["logits"], out["prompt_idx"]
+
+    def expert_of(self, selection):  # use_prompt_mask: task t owns slot t (top_k = 1)
+        return selection[:, 0]
+
+    def bank_of(self, selection, handle):
+        return selection[:, 0]
+
+
+def _used_slots(pool: torch.Tensor, used: Tensor) -> Tensor:
+    """Slot of the pool row each sample's first selected prompt equals."""
+    return (used[:, 0].flatten(1).unsqueeze(1) == pool.detach().flatten(1).unsqueeze(0)).all(-1).float().argmax(1)
+
+
+def _with_query(model: nn.Module, x: Tensor, query: Optional[Tensor]) -> Tensor:
+    """``model(x)`` with its frozen query replaced by ``query`` (the router's features too)."""
+    if query is not None:
+        model.query = lambda inputs: query
+    try:
+        return model(x)
+    finally:
+        vars(model).pop("query", None)
+
+
+class KeyPoolCase(Case):
+    """FlyGCL DualPrompt, or a MISA DualPrompt whose gather was patched (``prompts[i + s]``)."""
+
+    method = "dualprompt"
+    schedule = "budget"
+
+    def __init__(self, make: type, method: str = "dualprompt") -> None:
+        self.make, self.method = make, method
+
+    def build(self):
+        return self.make(), None
+
+    def adapter_kwargs(self, model, original):
+        return {}  # num_experts from task_num, slots from num_pt_per_task
+
+    def head(self, model):
+        return model.backbone, "fc"
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        return _with_query(model, x, query), _used_slots(model.e_prompt.prompts, model.used_prompts)
+
+    def expert_of(self, selection):
+        return selection // 2
+
+    def bank_of(self, selection, handle):
+        return selection
+
+    def check_routed(self, model, selection, experts, query):
+        super().check_routed(model, selection, experts, query)
+        for b, expert in enumerate(experts.tolist()):
+            match = 1 - F.cosine_similarity(query[b : b + 1], model.e_prompt.key[2 * expert : 2 * expert + 2], dim=-1)
+            assert int(selection[b]) == 2 * expert + int(match.argmin())
+
+
+class FlyGCLL2PCase(KeyPoolCase):
+    """FlyGCL L2P: 6 keys, 2 slices of 3, top-2 inside the routed slice; one bank per slice."""
+
+    method = "l2p"
+
+    def __init__(self) -> None:
+        super().__init__(FlyGCLL2P, "l2p")
+
+    def adapter_kwargs(self, model, original):
+        return {"num_experts": E}
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        return _with_query(model, x, query), model.prompt.last_selected_indices
+
+    def expert_of(self, selection):
+        return selection[:, 0] // 3
+
+    def bank_of(self, selection, handle):
+        return selection[:, 0] // 3
+
+    def check_routed(self, model, selection, experts, query):
+        Case.check_routed(self, model, selection, experts, query)
+        keys = model.prompt.key
+        for b, expert in enumerate(experts.tolist()):
+            match = 1 - F.cosine_similarity(query[b : b + 1], keys[3 * expert : 3 * expert + 3], dim=-1)
+            assert selection[b].tolist() == (match.topk(2, largest=False).indices + 3 * expert).tolist()
+
+
+class MVPCase(Case):
+    method = "mvp"
+    schedule = "budget"
+    craftable = False
+
+    def __init__(self, flygcl: bool, use_last_layer: bool = True) -> None:
+        self.flygcl, self.use_last_layer = flygcl, use_last_layer
+
+    def build(self):
+        return (FlyGCLMVP(self.use_last_layer) if self.flygcl else MVP(False, self.use_last_layer)), None
+
+    def adapter_kwargs(self, model, original):
+        return {}
+
+    def head(self, model):
+        return model.backbone, "fc" if self.flygcl else "head"
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        logits = model(x)
+        return logits, model.selected
+
+    def router_features(self, model, original, x):
+        """What the adapter feeds the router: final-norm class token of the query pass."""
+        with torch.no_grad():
+            return model.backbone.forward_features(x)[:, 0]
+
+    def expert_of(self, selection):
+        return selection
+
+    def bank_of(self, selection, handle):
+        return selection
+
+    def train_loss(self, model, logits, y):
+        return model.loss_fn(logits, y)
+
+    def transform(self, model, selection):
+        return 2 * torch.sigmoid(getattr(model, model.mask_name)[selection])
+
+
+class HiDeCase(Case):
+    """HiDe-Prompt (TII through original_model in training and at evaluation) and NoRGa (its training
+    loop passes ``prompt_id=task_id`` and never runs original_model)."""
+
+    method = "hide"
+    task_of_class = TASK_OF_CLASS
+
+    def __init__(self, method: str = "hide", use_generic: bool = False) -> None:
+        self.method, self.use_generic = ("generic" if use_generic else method), use_generic
+        self.gated = method == "norga"
+
+    def build(self):
+        return HDModel(gated=self.gated), Original()
+
+    def adapter_kwargs(self, model, original):
+        if not self.use_generic:
+            return {"num_experts": E, "original_model": original}
+        return dict(
+            num_experts=E, query_module=original, query_from_output=lambda out: out["pre_logits"],
+            route_module=model.e_prompt, route_kwarg="prompt_idx",
+            route_value=lambda experts, module, args, kwargs: experts.unsqueeze(1),
+            head_owner=model, head_name="head", bank_from_output=lambda out: out["prompt_idx"][:, 0],
+        )
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        if query is not None:  # the TII model's features are the router's
+            real = original.forward
+            original.forward = lambda images: {**real(images), "pre_logits": query}
+        try:
+            if model.training and self.gated:
+                out = norga_train_forward(model, x, task)
+            elif model.training:
+                out = hide_train_forward(model, original, x, task)
+            else:
+                out = hide_eval_forward(model, original, x, task)
+        finally:
+            vars(original).pop("forward", None)
+        return out["logits"], out["prompt_idx"][:, 0]
+
+    def expert_of(self, selection):
+        return selection
+
+    def bank_of(self, selection, handle):
+        return selection if not handle.model.training else torch.full_like(selection, handle.current_expert)
+
+
+class GenericDefaultBanksCase(HiDeCase):
+    """Generic seams without ``bank_from_output``: banks = routed experts, else the active bank."""
+
+    def __init__(self) -> None:
+        super().__init__(use_generic=True)
+
+    def adapter_kwargs(self, model, original):
+        kwargs = super().adapter_kwargs(model, original)
+        del kwargs["bank_from_output"], kwargs["head_owner"], kwargs["head_name"]
+        return kwargs
+
+    def bank_of(self, selection, handle):
+        if handle.model.training:
+            return torch.full_like(selection, handle.current_expert)
+        return selection if handle.routing_active() else torch.full_like(selection, handle.ensemble.active_expert)
+
+
+CASES: Dict[str, Case] = {
+    "jhlee-l2p": JLL2PCase(),
+    "jhlee-l2p-query-module": JLL2PCase(query_module=True),
+    "jhlee-dualprompt": JLDualPromptCase(),
+    "flygcl-dualprompt": KeyPoolCase(FlyGCLDualPrompt),
+    "misa-patched-gather": KeyPoolCase(lambda: MISADualPrompt(fixed_gather=True), method="misa"),
+    "flygcl-l2p": FlyGCLL2PCase(),
+    "siblurry-mvp": MVPCase(flygcl=False),
+    "flygcl-mvp": MVPCase(flygcl=True, use_last_layer=False),
+    "hide": HiDeCase("hide"),
+    "norga": HiDeCase("norga"),
+    "generic": HiDeCase(use_generic=True),
+    "generic-default-banks": GenericDefaultBanksCase(),
+}
+
+
+def adapt(case: Case, model, original, **kwargs):
+    kwargs = {**case.adapter_kwargs(model, original), **ROUTER, **kwargs}
+    if case.method == "generic":
+        return generic.retrofit(model, **kwargs)
+    return retrofit(model, case.method, **kwargs)
+
+
+def batch(seed: int = 1, n: int = 8, shift: float = 0.0) -> Tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 32, 32, generator=gen) + shift, torch.randint(0, 5, (n,), generator=gen)
+
+
+def hook_counts(*modules: Optional[nn.Module]):
+    return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for module in modules if module is not None
+            for m in module.modules()]
+
+
+def trainable(model: nn.Module):
+    return [p for p in model.parameters() if p.requires_grad]
+
