@@ -78,45 +78,62 @@ def test_pretrain_script_quick_run_writes_a_loadable_checkpoint(tmp_path):
     sidecar = json.loads(output.with_suffix(".json").read_text())
     assert sidecar["sha256"] == _sha256(output) and sidecar["sha256"] in finished.stdout
     assert sidecar["command"].startswith("python benchmarks/pretrain_proxy.py --quick")
-    assert sidecar["quick"] is True
+    assert sidecar["quick"] is True and 0 < sidecar["cpu_seconds"]
     _assert_loads_through_runner(output, sidecar["model_kwargs"])
 
 
 def test_committed_checkpoint_matches_its_sidecar_and_loads():
     sidecar = json.loads(SIDECAR.read_text())
-    assert CHECKPOINT.stat().st_size <= 12 * 10**6
+    assert CHECKPOINT.stat().st_size <= 16 * 10**6
     assert _sha256(CHECKPOINT) == sidecar["sha256"]
     assert sidecar["quick"] is False and sidecar["model_kwargs"] == MODEL_KWARGS
     assert sidecar["command"].startswith("python benchmarks/pretrain_proxy.py")
     _assert_loads_through_runner(CHECKPOINT, MODEL_KWARGS)
-    proxy = PRESETS["proxy"]["protocol"]
-    assert Path(proxy.weights) == CHECKPOINT and proxy.model_kwargs == MODEL_KWARGS
+    for name in ("proxy", "proxy-short"):
+        protocol = PRESETS[name]["protocol"]
+        assert Path(protocol.weights) == CHECKPOINT and protocol.model_kwargs == MODEL_KWARGS
 
 
 def test_reduced_proxy_cross_ablation_end_to_end(tmp_path):
-    """The proxy preset (pretrained checkpoint, hard downstream classes) on a few hundred samples."""
+    """The proxy preset (pretrained checkpoint, hard downstream classes, reference baselines, GCV ridge) on a
+    few hundred samples, with the oracle variant and the diagnostics."""
     output = tmp_path / "proxy"
-    argv = ["--preset", "proxy", "--seeds", "1", "--methods", "dualprompt,flyprompt", "--variants", "baseline,both",
-            "--synthetic-classes", "20", "--synthetic-train-per-class", "12", "--synthetic-test-per-class", "3",
-            "--eval-period", "120", "--online-iter", "1", "--expansion-dim", "128", "--no-progress",
-            "--output", str(output)]
+    argv = ["--preset", "proxy", "--seeds", "1", "--methods", "dualprompt,flyprompt",
+            "--variants", "baseline,router,oracle", "--synthetic-classes", "5", "--synthetic-train-per-class", "48",
+            "--synthetic-test-per-class", "4", "--eval-period", "120", "--online-iter", "1", "--expansion-dim", "24",
+            "--no-progress", "--output", str(output)]
     assert cross_ablation.main(argv) == 0
     rows = json.loads((output / "table.json").read_text())
     assert {(r["method"], r["variant"]) for r in rows} == {
-        ("dualprompt", "baseline"), ("dualprompt", "both"), ("flyprompt", "full")}
-    run = json.loads((output / "runs" / "synthetic" / "flyprompt" / "full" / "seed1.json").read_text())
-    assert run["stream_length"] == 240 and run["protocol"]["weights"] == str(CHECKPOINT)
+        ("dualprompt", "baseline"), ("dualprompt", "router"), ("dualprompt", "oracle"),
+        ("flyprompt", "full"), ("flyprompt", "oracle")}
     assert all(0 <= r["A_auc_mean"] <= 100 for r in rows)
-    protocol = json.loads((output / "protocol.json").read_text())
-    assert protocol["preset"] == "proxy"
+    run = json.loads((output / "runs" / "synthetic" / "dualprompt" / "baseline" / "seed1.json").read_text())
+    assert run["stream_length"] == 240 and run["protocol"]["weights"] == str(CHECKPOINT)
+    assert run["protocol"]["ridge"] == "auto" and run["protocol"]["router_query"] == "clean"
+    assert run["protocol"]["method_kwargs"]["dualprompt"] == {"reference_quirks": True}
+    diagnostics = run["diagnostics"]
+    assert 0 <= diagnostics["routing"]["rear"]["modal"]["last"] <= 1
+    assert len(diagnostics["expert_matrix"]["accuracy"]) == len(diagnostics["expert_matrix"]["groups"])
+    assert json.loads((output / "protocol.json").read_text())["preset"] == "proxy"
 
 
-def test_proxy_presets_cover_the_issue_protocol():
-    proxy, short = PRESETS["proxy"], PRESETS["proxy-short"]
-    assert proxy["methods"] == ["l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt"]
-    assert proxy["seeds"] == [1, 2, 3] and len(short["seeds"]) == 1
-    p = proxy["protocol"]
-    assert (p.num_sessions, p.disjoint_ratio, p.blurry_ratio) == (5, 0.5, 0.1)
-    assert proxy["synthetic"]["num_classes"] == 100 and proxy["synthetic"]["difficulty"] == "hard"
-    assert proxy["synthetic"]["class_offset"] == json.loads(SIDECAR.read_text())["data"]["upstream_class_ids"][1] + 1
+@pytest.mark.parametrize("name", ["proxy", "proxy-short"])
+def test_proxy_presets_follow_the_papers_comparisons(name):
+    """Reference baselines, clean router query, and the documented router rule (docs/proxy.md): ridge by
+    generalised cross-validation, M a tenth of the stream; the stream's classes are not pretraining classes."""
+    preset = PRESETS[name]
+    protocol, data = preset["protocol"], preset["synthetic"]
+    assert protocol.method_kwargs == PRESETS["paper"]["protocol"].method_kwargs
+    assert protocol.method_kwargs is not PRESETS["paper"]["protocol"].method_kwargs
+    assert protocol.router_query == "clean" and protocol.ridge == "auto"
+    assert protocol.expansion_dim == data["num_classes"] * data["train_per_class"] // 10
+    assert (protocol.num_sessions, protocol.disjoint_ratio, protocol.blurry_ratio) == (5, 0.5, 0.1)
+    assert data["difficulty"] == "hard"
+    assert data["class_offset"] == json.loads(SIDECAR.read_text())["data"]["upstream_class_ids"][1] + 1
+    assert preset["methods"] == ["l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt"]
+
+
+def test_proxy_runs_three_seeds_and_the_default_is_proxy_short():
+    assert PRESETS["proxy"]["seeds"] == [1, 2, 3] and len(PRESETS["proxy-short"]["seeds"]) == 1
     assert cross_ablation.build_parser().parse_args([]).preset == "proxy-short"
