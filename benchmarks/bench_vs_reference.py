@@ -64,7 +64,11 @@ VARIANTS = ("baseline", "official", "ours")
 # ================================================================================== variants
 @dataclass
 class Variant:
-    """One model with its official trainer; ``handle`` is set for ours, ``collect`` for the official."""
+    """One model with its official trainer; ``handle`` is set for ours, ``collect`` for the official.
+
+    ``solve_seconds`` and ``part_seconds`` collect the durations of the router solves and of the calls
+    that are the router's and the ensemble's share of a stream batch (see ``build_variants``).
+    """
 
     name: str
     model: nn.Module
@@ -72,6 +76,7 @@ class Variant:
     handle: Optional[Retrofit] = None
     collect: bool = False
     solve_seconds: List[float] = field(default_factory=list)
+    part_seconds: List[float] = field(default_factory=list)
 
 
 class EvalBatches:
@@ -155,6 +160,12 @@ def build_variants(checkout: ref.Checkout, method: str, args: argparse.Namespace
     sync = synchronizer(args.device)
     record_seconds(official.rp_head, "update", variants["official"].solve_seconds, sync)
     record_seconds(handle.router, "solve", variants["ours"].solve_seconds, sync)
+    # The router's and the ensemble's own calls per stream batch; hook costs inside the model's
+    # forward (ours) are not among them, the end-to-end difference includes everything.
+    record_seconds(variants["official"].trainer, "_collect_rp_features", variants["official"].part_seconds, sync)
+    record_seconds(official, "update_ema_fc", variants["official"].part_seconds, sync)
+    record_seconds(handle, "end_batch", variants["ours"].part_seconds, sync)
+    record_seconds(handle, "update_ensemble", variants["ours"].part_seconds, sync)
     return variants
 
 
@@ -184,6 +195,7 @@ def make_batch(generator: torch.Generator, size: int, args: argparse.Namespace) 
 @dataclass
 class Timings:
     train: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
+    train_parts: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     eval_fresh: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     eval_repeat: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     solve_fresh: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
@@ -214,9 +226,11 @@ def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argpar
         order = [variants[name] for name in VARIANTS[shift:] + VARIANTS[:shift]]
         images, labels = make_batch(generator, args.train_batch, args)
         for variant in order:
+            parts = len(variant.part_seconds)
             seconds = timed(functools.partial(stream_batch, variant, images, labels, args.online_iter))
             if measured:
                 timings.train[variant.name].append(seconds)
+                timings.train_parts[variant.name].append(sum(variant.part_seconds[parts:]))
         for phase, total, solve in (("fresh", timings.eval_fresh, timings.solve_fresh),
                                     ("repeat", timings.eval_repeat, timings.solve_repeat)):
             for variant in order:
@@ -242,11 +256,18 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
         print(f"  {name:<9} {format_seconds(train[name]):>12}{overhead}")
     ours_overhead = 100.0 * (train["ours"] / train["baseline"] - 1.0)
     official_overhead = 100.0 * (train["official"] / train["baseline"] - 1.0)
+    best = {name: min(values) for name, values in timings.train.items()}
+    parts = {name: median(values) for name, values in timings.train_parts.items()}
     print(f"  official / ours: {train['official'] / train['ours']:.2f}x; router + ensemble overhead: "
-          f"official {official_overhead:+.1f}%, ours {ours_overhead:+.1f}%")
+          f"official {official_overhead:+.1f}%, ours {ours_overhead:+.1f}% (fastest rounds: official "
+          f"{percent(best['official'], best['baseline'])}, ours {percent(best['ours'], best['baseline'])})")
+    print(f"  time inside the router's and the ensemble's own calls, per stream batch: official "
+          f"{format_seconds(parts['official'])} = {100 * parts['official'] / train['baseline']:.1f}% of the baseline "
+          f"(_collect_rp_features, update_ema_fc), ours {format_seconds(parts['ours'])} = "
+          f"{100 * parts['ours'] / train['baseline']:.1f}% (end_batch, update_ensemble)")
 
     samples = test_set.samples
-    print(f"evaluation = {len(test_set)} batches of {args.eval_batch} ({samples} samples) through the official "
+    print(f"evaluation = {len(test_set)} batch(es) of {args.eval_batch} ({samples} samples) through the official "
           f"trainer's online_evaluate; median of {args.rounds} rounds")
     figures: Dict[str, float] = {}
     for phase, totals, solves in (("after new statistics", timings.eval_fresh, timings.solve_fresh),
@@ -268,9 +289,11 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
                  detail=f"evaluation throughput ours / official after new statistics, batch {args.eval_batch}; "
                         f"unchanged statistics: {totals_ratio(timings.eval_repeat, 'official', 'ours'):.2f}x")
     return {
-        "train_seconds": train, "train_overhead_percent": {"official": official_overhead, "ours": ours_overhead},
+        "train_seconds": train, "train_seconds_all": timings.train, "train_part_seconds": parts,
+        "train_overhead_percent": {"official": official_overhead, "ours": ours_overhead},
         "train_official_over_ours": train["official"] / train["ours"], "eval_samples": samples,
-        "eval_seconds": figures, "eval_speedup_fresh": fresh,
+        "eval_seconds": figures, "eval_seconds_all": {"fresh": timings.eval_fresh, "repeat": timings.eval_repeat},
+        "solve_seconds_all": {"fresh": timings.solve_fresh, "repeat": timings.solve_repeat}, "eval_speedup_fresh": fresh,
         "eval_speedup_repeat": totals_ratio(timings.eval_repeat, "official", "ours"),
     }
 
@@ -449,7 +472,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.threads = args.threads or 1
         args.vit, args.expansion_dim, args.num_classes = "micro", 256, 10
         args.train_batch, args.eval_batch, args.eval_batches = 8, 16, 2
-        args.online_iter, args.rounds, args.warmup_rounds = 2, 2, 1
+        args.online_iter, args.rounds, args.warmup_rounds, args.num_experts = 2, 1, 0, 2
     for name in ("expansion_dim", "num_classes", "online_iter", "warmup_batches", "rounds", "profile_rows"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
