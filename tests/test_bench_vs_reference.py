@@ -36,7 +36,8 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     figures = tmp_path_factory.mktemp("bench") / "figures.json"
-    result = run_script("--reference-repo", str(FAKE.relative_to(ROOT)), "--quick", "--json", str(figures))
+    result = run_script("--reference-repo", str(FAKE.relative_to(ROOT)), "--quick", "--clock", "process",
+                        "--json", str(figures))
     assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}\n{result.stderr}"
     return result.stdout, json.loads(figures.read_text())
 
@@ -79,6 +80,7 @@ def test_loading_leaves_no_checkout_module_or_path_behind():
     from benchmarks import _reference_checkout as ref
 
     sentinel = types.ModuleType("utils")  # an unrelated top-level `utils` of the user's process
+    previous = sys.modules.get("utils")
     sys.modules["utils"] = sentinel
     path_before = list(sys.path)
     try:
@@ -91,7 +93,10 @@ def test_loading_leaves_no_checkout_module_or_path_behind():
             device=torch.device("cpu"),
         )
     finally:
-        sys.modules.pop("utils", None)
+        if previous is None:
+            sys.modules.pop("utils", None)
+        else:
+            sys.modules["utils"] = previous
     assert official.rp_head is not None and baseline.rp_head is None
     shared = [k for k in official.state_dict() if not k.startswith(("rp_head.", "experts_fc."))]
     assert all(torch.equal(official.state_dict()[k], baseline.state_dict()[k]) for k in shared)
