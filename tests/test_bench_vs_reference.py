@@ -1,0 +1,120 @@
+"""``benchmarks/bench_vs_reference.py`` end to end on a fake FlyGCL checkout (tests/fixtures/fake_flygcl).
+
+The fake has the official code's layout, class names, signatures and attributes, with small bodies of
+our own. No timing is asserted; the tests check that the script runs from the repository root as
+documented, reports every target, leaves no trace of the checkout in the process, fails early with a
+one-line message on bad input, and that the retrofit trains the same weights and predicts the same
+classes as the checkout's own router and EMA heads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("timm")
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ROOT / "tests" / "fixtures" / "fake_flygcl"
+SCRIPT = "benchmarks/bench_vs_reference.py"
+TARGETS = [f"vs_reference.{method}.{figure}" for method in ("dualprompt", "mvp")
+           for figure in ("train_overhead", "eval_speedup")]
+TARGET_LINE = re.compile(r"^\[(PASS|FAIL)\] (?P<key>[\w.]+): \S+ \(target (>=|<=) [^)]+\)", re.MULTILINE)
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    figures = tmp_path_factory.mktemp("bench") / "figures.json"
+    result = run_script("--reference-repo", str(FAKE.relative_to(ROOT)), "--quick", "--clock", "process",
+                        "--json", str(figures))
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    return result.stdout, json.loads(figures.read_text())
+
+
+def test_quick_run_reports_every_target_and_the_environment(quick_run):
+    output, figures = quick_run
+    assert [m.group("key") for m in TARGET_LINE.finditer(output)] == TARGETS, output
+    assert re.search(r"^\d+/4 targets passed", output, re.MULTILINE), output
+    assert "timm" in output and "load average" in output and "torch threads 1" in output, output
+    for method in ("dualprompt", "mvp"):
+        timing = figures[method]["timing"]
+        assert set(timing["train_seconds"]) == {"baseline", "official", "ours"}
+        assert all(seconds > 0 for seconds in timing["train_seconds"].values())
+        assert timing["eval_speedup_fresh"] > 0 and timing["eval_speedup_repeat"] > 0
+    assert figures["environment"]["threads"] == 1
+
+
+@pytest.mark.parametrize("method", ["dualprompt", "mvp"])
+def test_retrofit_trains_like_the_checkouts_router_and_ema_heads(quick_run, method):
+    # Same initial weights, same batches: the retrofit must not change training, its EMA copies must
+    # follow the checkout's EMA heads bank by bank, and its statistics (float64) the checkout's (float32).
+    training = quick_run[1][method]["training_equivalence"]
+    assert training["weights"] <= 1e-6
+    assert training["ema"] <= 1e-5
+    assert training["gram"] <= 1e-5 and training["cross"] <= 1e-5
+
+
+@pytest.mark.parametrize("method", ["dualprompt", "mvp"])
+def test_identical_state_routes_and_predicts_like_the_checkout(quick_run, method):
+    # Float32 LU against a float64 solve: a near-tie may flip one of the 32 samples, a wiring error many.
+    inference = quick_run[1][method]["inference_agreement"]
+    assert inference["scores"] <= 1e-4
+    assert inference["routed"] >= 0.9 and inference["predictions"] >= 0.9
+    assert inference["probabilities"] <= 1e-3
+    if method == "dualprompt":
+        assert inference["slots"] >= 0.9
+
+
+def test_loading_leaves_no_checkout_module_or_path_behind():
+    from benchmarks import _reference_checkout as ref
+
+    sentinel = types.ModuleType("utils")  # an unrelated top-level `utils` of the user's process
+    previous = sys.modules.get("utils")
+    sys.modules["utils"] = sentinel
+    path_before = list(sys.path)
+    try:
+        checkout = ref.load_checkout(str(FAKE))
+        leaked = sorted(name for name in sys.modules if name.split(".")[0] in ("models", "methods", "datasets"))
+        assert leaked == [] and sys.modules["utils"] is sentinel and "utils.data_loader" not in sys.modules
+        assert sys.path == path_before
+        baseline, official = ref.build_models(
+            checkout, "dualprompt", "micro", num_classes=4, num_experts=2, expansion_dim=16, ridge=1.0, seed=0,
+            device=torch.device("cpu"),
+        )
+    finally:
+        if previous is None:
+            sys.modules.pop("utils", None)
+        else:
+            sys.modules["utils"] = previous
+    assert official.rp_head is not None and baseline.rp_head is None
+    shared = [k for k in official.state_dict() if not k.startswith(("rp_head.", "experts_fc."))]
+    assert all(torch.equal(official.state_dict()[k], baseline.state_dict()[k]) for k in shared)
+    assert not hasattr(checkout.vit, "bench_vit_micro")  # the swapped ViT factory was put back
+
+
+def test_a_folder_that_is_not_a_checkout_fails_with_one_line(tmp_path):
+    result = run_script("--reference-repo", str(tmp_path), "--quick")
+    assert result.returncode != 0
+    message = result.stderr.strip()
+    assert "\n" not in message and "missing models/__init__.py" in message, message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message printed when CUDA is absent")
+def test_cuda_without_cuda_fails_with_one_line():
+    from benchmarks.bench_vs_reference import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--reference-repo", str(FAKE), "--device", "cuda", "--quick"])
+    message = str(stopped.value.code)
+    assert "\n" not in message and "CUDA is not available" in message
