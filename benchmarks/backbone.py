@@ -98,7 +98,9 @@ def build_backbone(model: str, model_kwargs: dict, *, pretrained: bool, weights:
         if weights is None:
             check_backbone_available(model, pretrained, None)  # raises with the fix
     if weights is not None:
-        kwargs["pretrained_cfg_overlay"] = dict(file=weights)
+        # custom_load routes a file to the model's own JAX .npz reader; timm releases differ in whether that
+        # reader also accepts safetensors/.pth, so only .npz files take it and the rest timm's state-dict loader.
+        kwargs["pretrained_cfg_overlay"] = dict(file=weights, custom_load=str(weights).endswith(".npz"))
     try:
         return timm.create_model(model, pretrained=pretrained or weights is not None, num_classes=0, **kwargs)
     except Exception as error:  # timm raises several types for unreadable weights (hub, file, config)

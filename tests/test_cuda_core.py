@@ -36,7 +36,7 @@ def clustered(n: int, d: int, experts: int, seed: int = 0):
 @pytest.mark.parametrize("solver", ["auto", "cholesky", "eigh"])
 @pytest.mark.parametrize("stats_dtype", [torch.float64, torch.float32])
 def test_router_on_cuda_equals_the_cpu_float64_reference(stats_dtype, solver):
-    n, d, m, experts, ridge = 600, 32, 256, 4, 1e5
+    n, d, m, experts, ridge = 600, 32, 256, 4, 3e5  # condition number 46: float32 bound 0.005
     features, ids = clustered(n, d, experts)
     reference = AnalyticRouter(d, experts, expansion_dim=m, ridge=ridge)
     reference.update(features, ids)

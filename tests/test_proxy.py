@@ -69,6 +69,31 @@ def _assert_loads_through_runner(path: Path, model_kwargs) -> None:
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, model_kwargs["embed_dim"])
 
 
+def test_safetensors_weights_never_take_the_jax_npz_reader(monkeypatch):
+    """timm 1.0.29 keeps the registry's ``custom_load`` (True for the augreg ViTs) when a local file is
+    given, and then hands the file to the ViT's JAX .npz reader, which rejects safetensors. Emulated here:
+    an overlay without ``custom_load`` gets the registry's value, and the reader accepts .npz only."""
+    import timm
+    from timm.models import get_pretrained_cfg
+    from timm.models.vision_transformer import VisionTransformer
+
+    create_model = timm.create_model
+
+    def keeps_registry_custom_load(name, **kwargs):
+        overlay = kwargs.get("pretrained_cfg_overlay")
+        if overlay is not None and "custom_load" not in overlay:
+            kwargs["pretrained_cfg_overlay"] = dict(overlay, custom_load=get_pretrained_cfg(name).custom_load)
+        return create_model(name, **kwargs)
+
+    def npz_only(self, checkpoint_path, prefix=""):
+        raise ValueError(f"expected a JAX .npz checkpoint, got {checkpoint_path}")
+
+    assert get_pretrained_cfg(MODEL_NAME).custom_load  # otherwise this test shows nothing
+    monkeypatch.setattr(timm, "create_model", keeps_registry_custom_load)
+    monkeypatch.setattr(VisionTransformer, "load_pretrained", npz_only)
+    _assert_loads_through_runner(CHECKPOINT, MODEL_KWARGS)
+
+
 def test_pretrain_script_quick_run_writes_a_loadable_checkpoint(tmp_path):
     output = tmp_path / "proxy.safetensors"
     command = [sys.executable, str(REPO / "benchmarks" / "pretrain_proxy.py"), "--quick", "--no-progress",
