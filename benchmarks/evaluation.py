@@ -44,6 +44,9 @@ class _TestSubset:
         return exposed, mask, targets, self.parallel.split(indices), self.parallel.split(targets)
 
     def batches(self, indices: Tensor, targets: Tensor, batch_size: int):
+        # Nothing to score (no class exposed yet, or a rank's empty share): torch.split would yield one empty batch.
+        if len(indices) == 0:
+            return
         for chunk, labels in zip(torch.split(indices, batch_size), torch.split(targets, batch_size)):
             yield self.test.get_batch(chunk)[0].to(self.device), labels.to(self.device)
 

@@ -107,3 +107,13 @@ def test_routing_accuracies_are_fractions_shared_by_the_training(runs):
             assert 0 <= modal["last"] <= any_["last"] <= 1 and 0 <= modal["anytime_mean"] <= any_["anytime_mean"] <= 1
     flyprompt = runs["flyprompt"]["full"]["diagnostics"]["routing"]
     assert flyprompt["rear"] == flyprompt["own"]  # its own selection is its router
+
+
+def test_an_empty_first_session_is_evaluated_on_no_sample():
+    """Random cut points can leave a session empty (seed 4 here: sizes 0, 24, 24, 12, 12): its session-end
+    evaluation scores no test sample instead of passing an empty batch to the model and the ensemble."""
+    data = make_synthetic_train_test(6, train_per_class=12, test_per_class=5, seed=0, image_size=32)
+    record = run_training("dualprompt", "synthetic", 4, ["baseline", "ensemble"], PROTOCOL, *data, device=CPU)["ensemble"]
+    first = record["log"]["records"][0]
+    assert (first["kind"], first["samples_seen"], first["total"]) == ("session_end", 0, [])
+    assert 0 <= record["metrics"]["A_last"] <= 100
