@@ -49,7 +49,7 @@ STAGES = ("environment", "cuda_tests", "kernels", "proxy", "vs_reference")
 STAGE_BUDGETS = {"environment": 10, "cuda_tests": 60, "kernels": 110, "proxy": 240, "vs_reference": 60}
 TOTAL_BUDGET = 480
 KERNEL_ENSEMBLE_RESERVE = 35  # seconds of the kernels stage kept for bench_ensemble.py
-PROXY_SWEEP_RESERVE = 70  # seconds of the proxy stage kept for the sweep after the pretraining
+PROXY_SWEEP_RESERVE = 110  # seconds kept for the sweep (H100: 45 s DualPrompt, 54 s HiDe-Prompt on the proxy stream)
 MIN_STAGE_SECONDS = 10  # a stage with less time left is skipped
 TAIL_CHARACTERS = 6000
 #: Everything written to --output: kept to 8 files, what a short-lived remote GPU machine typically returns.
@@ -306,8 +306,9 @@ class Suite:
         return 1 if crashed or "interrupted" in self.summary else 0
 
     def run_stage(self, name: str) -> None:
-        # A smaller --budget shrinks every stage in proportion, so each still gets its share.
-        budget = STAGE_BUDGETS[name] * min(1.0, self.args.budget / TOTAL_BUDGET)
+        # A smaller --budget shrinks every stage in proportion, so each still gets its share, but never below
+        # the minimum that would skip it (the environment stage's 10 s would otherwise be skipped at once).
+        budget = max(STAGE_BUDGETS[name] * min(1.0, self.args.budget / TOTAL_BUDGET), MIN_STAGE_SECONDS)
         limit = self.remaining() if name == STAGES[-1] else min(budget, self.remaining())
         record: Dict[str, Any] = {"stage": name, "started": now(), "limit_seconds": round(limit, 1)}
         if limit < MIN_STAGE_SECONDS:

@@ -120,6 +120,14 @@ def test_stages_are_skipped_when_the_budget_is_spent(tmp_path):
     assert proxy["status"] == "skipped" and "budget" in proxy["reason"]
 
 
+def test_a_smaller_budget_still_runs_the_shortest_stage(tmp_path):
+    """--budget 420 scales the environment stage's 10 s to 8.75 s, below the skip threshold: it still runs."""
+    args = gpu_suite.parse_args(["--device", "cpu", "--output", str(tmp_path), "--stages", "proxy", "--budget", "420"])
+    assert ScriptedSuite(args).run() == 0
+    stages = json.loads((tmp_path / "summary.json").read_text())["stages"]
+    assert stages["environment"]["status"] == "passed" and stages["proxy"]["status"] == "passed"
+
+
 def test_targets_are_read_from_the_report_lines(capsys):
     report = Report()
     report.check("router.update_speedup", 2.345, ">=", 1.6, unit="x", detail="reference 1 ms vs ours 0.4 ms")
