@@ -80,11 +80,11 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "synthetic": dict(num_classes=20, train_per_class=40, test_per_class=10, image_size=32),
         "threads": 1,
     },
-    # The paper's protocol (reference-protocol section 0): ViT-B/16 with the original ImageNet-21k
+    # The paper's protocol (docs/protocol.md §0): ViT-B/16 with the original ImageNet-21k
     # weights, CIFAR-100 / ImageNet-R / CUB-200, r_D 0.5, r_B 0.1, 5 sessions, batch 64, 3 online
     # iterations, Adam 0.005 (0.003 for HiDe-Prompt/NoRGa), AMP, evaluation every 1000 samples,
     # seeds 1-5, M = 10,000, lambda = 1e4, decays 0.9/0.99, softmax-max. The baselines keep the
-    # reference's behaviour where it differs from our defaults (reference-protocol 4.2, 4.5, 4.9):
+    # reference's behaviour where it differs from our defaults (docs/protocol.md §4.2, 4.5, 4.9):
     # DualPrompt/MISA select over the whole pool at test time, MVP's loss terms are batch-global, and
     # HiDe-Prompt/NoRGa's router reads g_mlp outputs; the router sees the clean batch (router_query).
     "paper": {

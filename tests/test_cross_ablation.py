@@ -212,7 +212,7 @@ def test_router_query_clean_is_the_unaugmented_batch(tmp_path, monkeypatch):
 
 
 def test_paper_preset_keeps_the_reference_baselines():
-    """The paper preset's method settings exist and select the reference behaviour (reference-protocol 4.x)."""
+    """The paper preset's method settings exist and select the reference behaviour (docs/protocol.md §4)."""
     import timm
 
     from benchmarks.methods.base import create_method

@@ -95,7 +95,7 @@ def _resize_batch(images: Tensor, size: int) -> Tensor:
 
 
 class BatchTrainTransform:
-    """The reference training augmentation, applied to a whole batch at once (reference-protocol 1.8).
+    """The reference training augmentation, applied to a whole batch at once (docs/protocol.md §1.8).
 
     ``uint8 batch -> Resize(S, S) -> RandomCrop(S, padding=4) -> RandomHorizontalFlip ->
     AutoAugment(policy) -> /255 -> Normalize(mean, std)``. Float input in ``[0, 1]`` is first turned
