@@ -140,7 +140,8 @@ def test_torchrun_with_two_gloo_processes_matches_one_process(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    args = [*REDUCED, "--methods", "mvp,hide,l2p,flyprompt", "--variants", "both"]
+    # A fixed ridge: the generalised cross-validation choice is discrete, so rounding could change it.
+    args = [*REDUCED, "--methods", "mvp,hide,l2p,flyprompt", "--variants", "both", "--ridge", "1e4"]
     single, parallel = tmp_path / "one", tmp_path / "two"
     assert cross_ablation.main([*args, "--output", str(single)]) == 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -157,10 +158,15 @@ def test_torchrun_with_two_gloo_processes_matches_one_process(tmp_path):
         one = json.loads(path.read_text())
         two = json.loads((parallel / path.relative_to(single)).read_text())
         assert two["world_size"] == 2
-        # Same evaluations, class by class (summation order could in principle flip a prediction;
-        # on these sizes it does not).
-        assert [r["correct"] for r in two["log"]["records"]] == [r["correct"] for r in one["log"]["records"]]
-        assert two["metrics"] == pytest.approx(one["metrics"], nan_ok=True)
+        # Same evaluations of the same test samples. Two processes sum the statistics in another order, which
+        # may flip a near-tie prediction on some CPU: a few samples of slack, far below what a wrong shard,
+        # a lost batch or unsynchronised statistics would change.
+        records_one, records_two = one["log"]["records"], two["log"]["records"]
+        assert [r["total"] for r in records_two] == [r["total"] for r in records_one]
+        flipped = sum(abs(a - b) for r1, r2 in zip(records_one, records_two)
+                      for a, b in zip(r1["correct"], r2["correct"]))
+        assert flipped <= 0.02 * sum(sum(r["total"]) for r in records_one), path
+        assert two["metrics"] == pytest.approx(one["metrics"], abs=0.02, nan_ok=True)
 
 
 @pytest.mark.parametrize(
