@@ -33,7 +33,7 @@ from benchmarks.backbone import BackboneLoadError, check_backbone_available, dow
 from benchmarks.checkpoint import CheckpointError
 from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
 from benchmarks.data.records import DatasetNotFoundError
-from benchmarks.methods import list_methods
+from benchmarks.methods import list_methods, method_class
 from benchmarks.parallel import DataParallel
 from benchmarks.preemption import RESUMABLE_EXIT_CODE, RunInterrupted, StopSignals, any_process
 from benchmarks.presets import PRESETS
@@ -423,9 +423,10 @@ def execute(
         resuming = f"{resumable} training{' resumes' if resumable == 1 else 's resume'} from a checkpoint"
         print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished, {resuming}; results in {sweep.output}",
               flush=True)
-        if "misa" in sweep.methods and not sweep.protocol.misa_prompts:
-            print("warning: no --misa-prompts: the 'misa' rows are DualPrompt with 10 G-prompt tokens and a uniform "
-                  "prompt initialisation, not MISA's pretrained prompts", file=sys.stderr, flush=True)
+        for method in sweep.methods:
+            note = method_class(method).protocol_notes(sweep.protocol)
+            if note:
+                print(f"warning: the {method!r} rows: {note}", file=sys.stderr, flush=True)
     progress = _progress(not show_progress or not lead)
     data_cache: Dict[str, Any] = {}
     outer = progress(total=len(todo), desc="runs") if progress else None

@@ -187,7 +187,10 @@ class MISA(DualPrompt):
 
     @classmethod
     def protocol_notes(cls, protocol: Any) -> str:
-        return "" if protocol.misa_prompts else "MISA without pretrained prompts (uniform init)"
+        if protocol.misa_prompts:
+            return ""
+        return ("no --misa-prompts: DualPrompt with MISA's 10 G-prompt tokens and a uniform prompt initialisation, "
+                "not MISA's pretrained prompts")
 
     def __init__(
         self,
