@@ -47,7 +47,8 @@ DISK_SPEEDS = {"local NVMe, 1 GB/s": 1e9, "network file system, 200 MB/s": 2e8}
 def measure(args: argparse.Namespace, report: Report) -> None:
     flags = ["--preset", "proxy", "--methods", args.method, "--seeds", "1", "--threads", str(args.threads)]
     if args.quick:
-        flags += ["--synthetic-classes", "20", "--eval-period", "80"]
+        flags += ["--synthetic-classes", "5", "--synthetic-train-per-class", "40", "--eval-period", "80",
+                  "--expansion-dim", "20"]
     sweep = cross_ablation.resolve(cross_ablation.build_parser().parse_args(flags))
     configure_threads(sweep.threads)
     train, test = cross_ablation.load_data("synthetic", sweep, "data", False)
