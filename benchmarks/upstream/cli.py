@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from benchmarks.upstream.registry import HARNESSES, REPOSITORIES
+from benchmarks.upstream.registry import HARNESSES, REPOSITORIES, checkout_commit
 from benchmarks.upstream.table import markdown_table, status_line, summarise
 
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding benchmarks/ (the child's -m needs it)
@@ -88,7 +88,8 @@ def run_harness(name: str, checkout: Path, args: argparse.Namespace) -> Dict[str
                         checks=result["checks"])
     last = (process.stderr or "").strip().splitlines()[-1:] if not args.verbose else []
     reason = last[0] if last else f"exit status {process.returncode}"
-    return dict(name=name, outcome="crashed", detail=f"crashed: {reason}"[:300], meta={}, checks=[])
+    return dict(name=name, outcome="crashed", detail=f"crashed: {reason}"[:300],
+                meta=dict(upstream_commit=checkout_commit(checkout)), checks=[])
 
 
 def environment() -> Dict[str, Any]:

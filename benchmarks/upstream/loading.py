@@ -65,6 +65,7 @@ def import_upstream(checkout: Path, modules: Sequence[str], allowed_stubs: Seque
     stubbed: List[str] = []
     for name in modules:
         for _ in range(20):
+            loaded = set(sys.modules)
             try:
                 importlib.import_module(name)
                 break
@@ -72,6 +73,8 @@ def import_upstream(checkout: Path, modules: Sequence[str], allowed_stubs: Seque
                 missing = error.name or ""
                 if missing.split(".")[0] not in allowed_stubs:
                     raise
+                for partial in set(sys.modules) - loaded:  # a failed import leaves half-run modules behind
+                    del sys.modules[partial]
                 install_stub(missing)
                 stubbed.append(missing)
     return stubbed
