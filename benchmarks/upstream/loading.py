@@ -73,8 +73,9 @@ def import_upstream(checkout: Path, modules: Sequence[str], allowed_stubs: Seque
                 missing = error.name or ""
                 if missing.split(".")[0] not in allowed_stubs:
                     raise
-                for partial in set(sys.modules) - loaded:  # a failed import leaves half-run modules behind
-                    del sys.modules[partial]
+                for partial in set(sys.modules) - loaded:  # a failed import leaves half-run checkout modules
+                    if str(getattr(sys.modules[partial], "__file__", None) or "").startswith(str(checkout)):
+                        del sys.modules[partial]
                 install_stub(missing)
                 stubbed.append(missing)
     return stubbed
