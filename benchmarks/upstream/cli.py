@@ -1,4 +1,4 @@
-"""``python -m benchmarks.upstream --checkouts DIR [--only NAME ...] [--json FILE] [--threads N]``
+"""``python -m benchmarks.upstream --checkouts DIR [--only NAME ...] [--json FILE] [--markdown FILE] [--threads N]``
 
 Runs every harness (or those named: a harness name or a checkout folder name) in its own process,
 one after the other, with the checkout ``DIR/<folder>``; prints a progress line per harness, the
@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkouts", required=True, type=Path, help="folder holding one checkout per repository")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="harness or checkout folder names")
     parser.add_argument("--json", type=Path, default=None, help="write every harness's rows and metadata here")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="write the table, each harness's statuses and the versions here (for docs/results/)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per harness (default: 1)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the models and the generated stream")
     parser.add_argument("--verbose", action="store_true", help="show each harness's output and the upstream code's")
@@ -57,8 +59,10 @@ def resolve(args: argparse.Namespace) -> List[str]:
                          f"{args.checkouts}")
     if args.threads < 1:
         raise UsageError(f"--threads: expected an integer >= 1, got {args.threads}")
-    if args.json is not None and not args.json.parent.is_dir():
-        raise UsageError(f"--json: expected a file in an existing folder, found no folder {args.json.parent}")
+    for option in ("json", "markdown"):
+        path = getattr(args, option)
+        if path is not None and not path.parent.is_dir():
+            raise UsageError(f"--{option}: expected a file in an existing folder, found no folder {path.parent}")
     if args.only is None:
         return list(HARNESSES)
     unknown = [name for name in args.only if name not in HARNESSES and name not in REPOSITORIES]
@@ -103,6 +107,19 @@ def environment() -> Dict[str, Any]:
                 fly_modules=getattr(fly_modules, "__version__", "unknown"), platform=platform.platform())
 
 
+def markdown_report(results: Dict[str, Dict[str, Any]], env: Dict[str, Any]) -> str:
+    """The table as docs/results/ keeps it: with the checkout commits, each harness's statuses and versions."""
+    lines = ["# The adapters on the upstream repositories", "",
+             "`python -m benchmarks.upstream --checkouts DIR --threads 1` (see `docs/adapters.md`).", "",
+             markdown_table(results, adapters_link="../../adapters.md"), "", "| harness | checkout | commit | checks |",
+             "|---|---|---|---|"]
+    for name, result in results.items():
+        commit = result["meta"].get("upstream_commit", "—")
+        lines.append(f"| {name} | {result['checkout']} | `{commit}` | {status_line(result)} |")
+    lines += ["", ", ".join(f"{key} {value}" for key, value in env.items()), ""]
+    return "\n".join(lines)
+
+
 def execute(names: Sequence[str], args: argparse.Namespace) -> int:
     results: Dict[str, Dict[str, Any]] = {}
     for index, name in enumerate(names, 1):
@@ -121,9 +138,12 @@ def execute(names: Sequence[str], args: argparse.Namespace) -> int:
         documented = REPOSITORIES[HARNESSES[name]].commit
         note = f" (documented: {documented[:10]})" if commit and commit != documented else ""
         print(f"{name} {commit[:10]}{note}: {status_line(result)}")
+    env = environment()
     if args.json is not None:
-        args.json.write_text(json.dumps(dict(environment=environment(), harnesses=list(results.values()),
+        args.json.write_text(json.dumps(dict(environment=env, harnesses=list(results.values()),
                                              table=markdown_table(results)), indent=2) + "\n")
+    if args.markdown is not None:
+        args.markdown.write_text(markdown_report(results, env))
     failed = any(r["outcome"] == "crashed" or any(c["status"] in ("FAIL", "ERROR") for c in r["checks"])
                  for r in results.values())
     return 1 if failed else 0

@@ -69,5 +69,8 @@ def status_line(result: Dict[str, Any], columns: Sequence[str] = STATUS_COLUMNS)
     if result["outcome"] != "ran":
         return result["detail"]
     status = {row["check"]: row["status"] for row in result["checks"]}
+    probes = [k for k in status if k.startswith("r:")]
+    if probes:  # a refusal probe has only these
+        return " ".join(f"{k}={status[k]}" for k in probes)
     extra = [k for k in status if k not in columns and k != "info"]
-    return " ".join(f"{k}={status.get(k, '-')}" for k in (*columns, *extra) if k in status or k in columns)
+    return " ".join(f"{k}={status.get(k, '-')}" for k in (*columns, *extra))
