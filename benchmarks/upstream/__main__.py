@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.upstream.cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""One harness in its own process: ``python -m benchmarks.upstream.child NAME --checkout DIR --json FILE``.
+
+Run by ``cli.py`` (one process per harness, so one repository's top-level ``models`` / ``utils``
+packages never meet another's). Writes the harness's rows and metadata to ``--json``; the upstream
+code's own printing is hidden unless ``--verbose``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("name")
+    parser.add_argument("--checkout", required=True, type=Path)
+    parser.add_argument("--json", required=True, type=Path)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    sys.dont_write_bytecode = True  # never leave __pycache__ folders in the checkout
+    warnings.filterwarnings("ignore")  # the upstream code on a recent torch / timm: deprecation noise only
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from benchmarks.upstream.checks import Settings
+    from benchmarks.upstream.loading import isolated_cwd, no_cuda_sync
+    from benchmarks.upstream.registry import checkout_commit
+
+    harness = importlib.import_module(f"benchmarks.upstream.harnesses.{args.name}")
+    checkout = args.checkout.resolve()
+    commit = checkout_commit(checkout)
+    isolated_cwd()
+    no_cuda_sync()
+    report = harness.run(checkout, Settings(seed=args.seed, verbose=args.verbose))
+    result = report.to_dict()
+    result["meta"] = dict(upstream_commit=commit, **result["meta"])
+    args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""One module per upstream repository x method family (``run(checkout, settings)``), and per-repository
+import and construction helpers (the ``_`` modules)."""
