@@ -110,6 +110,10 @@ def _diagnostics_means(diagnostics: Sequence[Optional[Dict[str, Any]]]) -> Dict[
     return out
 
 
+#: Below this oracle gap (A_auc points) the verdict gives REAR's change, not the share of the gap it recovers.
+MIN_GAP_POINTS = 1.0
+
+
 def verdicts(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """One line per (dataset, method) with an oracle row: the oracle's A_auc gap over the method's own
     selection, and the share of it REAR recovers (docs/diagnostics.md)."""
@@ -121,10 +125,14 @@ def verdicts(rows: Sequence[Dict[str, Any]]) -> List[str]:
         name = f"{METHOD_NAMES.get(method, method)} ({dataset})"
         if "baseline" in score and "oracle" in score:
             gap = score["oracle"] - score["baseline"]
+            rear = "" if "router" not in score else f"; REAR {score['router'] - score['baseline']:+.2f} points"
             if gap <= 0:
-                lines.append(f"{name}: no gap (oracle - baseline A_auc {gap:+.2f} points): no router can gain here")
+                lines.append(f"{name}: no gap (oracle - baseline A_auc {gap:+.2f} points): no router can gain here"
+                             + rear)
             elif "router" not in score:
                 lines.append(f"{name}: oracle gap {gap:.2f} points")
+            elif gap < MIN_GAP_POINTS:  # a share of a near-zero gap is noise divided by noise
+                lines.append(f"{name}: oracle gap {gap:.2f} points, too small to measure a share of it" + rear)
             else:
                 recovered = 100 * (score["router"] - score["baseline"]) / gap
                 lines.append(f"{name}: oracle gap {gap:.2f} points; REAR recovers {recovered:.0f}% of it")

@@ -235,3 +235,16 @@ def test_paper_preset_keeps_the_reference_baselines():
         method = create_method(name, backbone, 10, num_experts=5, **kwargs.get(name, {}), **extra)
         for option, value in kwargs.get(name, {}).items():
             assert getattr(method, option) == value, (name, option)
+
+
+def test_verdicts_share_out_only_a_gap_worth_measuring():
+    def rows(baseline, router, oracle):
+        return [{"dataset": "d", "method": "dualprompt", "variant": v, "A_auc_mean": a}
+                for v, a in (("baseline", baseline), ("router", router), ("oracle", oracle))]
+
+    assert report.verdicts(rows(80.0, 82.0, 84.0)) == [
+        "DualPrompt (d): oracle gap 4.00 points; REAR recovers 50% of it"]
+    assert report.verdicts(rows(80.0, 70.0, 80.13)) == [
+        "DualPrompt (d): oracle gap 0.13 points, too small to measure a share of it; REAR -10.00 points"]
+    assert report.verdicts(rows(80.0, 79.0, 79.5)) == [
+        "DualPrompt (d): no gap (oracle - baseline A_auc -0.50 points): no router can gain here; REAR -1.00 points"]
