@@ -1,19 +1,28 @@
-"""The online trainers of FlyGCL, Si-Blurry and MISA (``methods/_trainer.py`` and its subclasses).
+"""The online trainers of FlyGCL, Si-Blurry and MISA (``methods/_trainer.py`` and its subclasses), and
+the Pair that drives them.
 
 Their trainers are built in ``main_worker`` from dataset files, log folders and GPUs. Here a trainer
 object is created without ``__init__`` and given the attributes its per-batch methods read (model,
 optimizer, scheduler, masks, transforms off so two runs compare bitwise); every training and
 evaluation step then goes through the repository's own ``online_step`` / ``online_train`` /
-``online_evaluate``.
+``online_evaluate``. A harness declares the checkout's import, the model and trainer classes and their
+options; ``OnlineTrainerPair`` builds them the same way for every repository.
 """
 
 from __future__ import annotations
 
-from typing import Any, List
+import importlib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.upstream.observe import capture_outputs
+from benchmarks.upstream.observe import PromptFuncCapture, capture_outputs
+from benchmarks.upstream.pair import Pair, active_handle
+from benchmarks.upstream.stream import CLASSES_PER_TASK, NUM_TASKS
+
+NUM_CLASSES = NUM_TASKS * CLASSES_PER_TASK
 
 
 def make_trainer(cls: type, model: torch.nn.Module, optimizer: Any, scheduler: Any, *, n_classes: int,
@@ -79,3 +88,87 @@ def evaluate(trainer: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Ten
     with capture_outputs(model) as outputs:
         trainer.online_evaluate([(x, y)])
     return outputs[-1].detach()
+
+
+class OnlineTrainerPair(Pair):
+    """A model of ``models.<module>`` trained by a trainer of ``methods.<module>``, one ``online_step`` a batch.
+
+    Declared by a harness: ``import_checkout(checkout, modules)`` (a staticmethod: the repository's import,
+    returning the stand-ins made), ``modules`` it imports, ``backbone``, ``model_class`` / ``trainer_class`` (module
+    path and class name), ``model_options`` (constructor keywords besides the backbone),
+    ``model_flags`` (attributes set on the built model), ``scheduler_gamma`` (None: the repository's
+    scheduler call passes none) and ``trainer_options`` (attributes of the trainer).
+    """
+
+    schedule = "samples"
+    import_checkout: Callable[[Path, Sequence[str]], List[str]]
+    modules: Sequence[str] = ()
+    backbone = ""
+    model_class = ""
+    trainer_class = ""
+    model_options: Dict[str, Any] = {}
+    model_flags: Dict[str, Any] = {}
+    model_description = ""
+    scheduler_gamma: Optional[float] = 0.9999
+    masks_logits = True  # the evaluation's seen-class mask is the handle's logit mask
+
+    def __init__(self, checkout: Path) -> None:
+        self.stubs = self.import_checkout(checkout, self.modules)
+        from utils.train_utils import select_optimizer, select_scheduler
+
+        self.model_cls = _resolve(self.model_class)
+        self.trainer_cls = _resolve(self.trainer_class)
+        self.select_optimizer, self.select_scheduler = select_optimizer, select_scheduler
+
+    def meta(self):
+        return dict(stubbed_modules=self.stubs or "none", model=self.model_description)
+
+    def trainer_options(self) -> Dict[str, Any]:
+        return {}
+
+    def build(self, seed):
+        torch.manual_seed(seed)
+        model = self.model_cls(backbone_name=self.backbone, **self.model_options)
+        for key, value in self.model_flags.items():
+            setattr(model, key, value)
+        optimizer = self.select_optimizer("adam", 5e-3, model)
+        gamma = () if self.scheduler_gamma is None else (self.scheduler_gamma,)
+        scheduler = self.select_scheduler("default", optimizer, *gamma)
+        trainer = make_trainer(self.trainer_cls, model, optimizer, scheduler, n_classes=NUM_CLASSES,
+                               **self.trainer_options())
+        return SimpleNamespace(model=model, optimizer=optimizer, trainer=trainer, losses=record_losses(trainer))
+
+    def start_task(self, ctx, task, own_advance):
+        ctx.trainer.online_before_task(task)
+
+    def train_batch(self, ctx, x, y, task):
+        return train_batch(ctx, x, y)
+
+    def selection_capture(self, ctx) -> ContextManager:
+        """Records what the evaluation forward selected; ``used_rows`` reads it."""
+        return PromptFuncCapture(ctx.model)
+
+    def used_rows(self, ctx, capture) -> torch.Tensor:
+        """The pool row each sample used, from what ``selection_capture`` recorded."""
+        raise NotImplementedError
+
+    def eval_logits(self, ctx, x, y):
+        handle = active_handle(ctx)
+        if self.masks_logits and handle is not None:
+            handle.set_logit_mask(ctx.trainer.mask.clone())
+        ctx.model.eval()
+        with self.selection_capture(ctx) as capture:
+            logits = evaluate(ctx.trainer, ctx.model, x, y)
+        return logits, self.used_rows(ctx, capture)
+
+    def slots_per_expert(self, ctx) -> int:
+        return 1
+
+    def expert_slots(self, ctx, expert):
+        size = self.slots_per_expert(ctx)
+        return list(range(expert * size, (expert + 1) * size))
+
+
+def _resolve(qualified: str) -> type:
+    module, _, name = qualified.rpartition(".")
+    return getattr(importlib.import_module(module), name)

@@ -13,69 +13,53 @@ slot a step trains shows in the key gradient (the only per-step part), recorded 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from benchmarks.upstream.checks import Settings, run_checks
-from benchmarks.upstream.harnesses import _misa, _online_trainer
-from benchmarks.upstream.observe import PromptFuncCapture, match_rows
-from benchmarks.upstream.pair import Pair
-from benchmarks.upstream.stream import CLASSES_PER_TASK, NUM_TASKS
-
-NUM_CLASSES = NUM_TASKS * CLASSES_PER_TASK
-MODEL_OPTIONS = dict(load_pt=False, learnable_mask=False, imbalance=False, memory_size=0, isa=False, e_proj=False,
-                     g_proj=False)
+from benchmarks.upstream.harnesses import _misa
+from benchmarks.upstream.harnesses._online_trainer import NUM_CLASSES, OnlineTrainerPair, replay_settings
+from benchmarks.upstream.observe import match_rows
+from benchmarks.upstream.stream import NUM_TASKS
 
 
-class MISADualPrompt(Pair):
+class MISADualPrompt(OnlineTrainerPair):
     name = "MISA / MISA (DualPrompt-based)"
     method = "misa"
-    schedule = "samples"
     counter_name = "model.task_id"
+    import_checkout = staticmethod(_misa.import_misa)
+    modules = ("models.dualprompt", "methods.dualprompt")
+    backbone = _misa.BACKBONE
+    model_class, trainer_class = "models.dualprompt.DualPrompt", "methods.dualprompt.DualPrompt"
+    model_options = dict(class_num=NUM_CLASSES, load_pt=False, learnable_mask=False, imbalance=False, memory_size=0,
+                         isa=False, e_proj=False, g_proj=False)
+    model_description = "models.dualprompt.DualPrompt(class_num=4): task_num 10, e_pool 10, 1 slot per task"
+    scheduler_gamma = None
+    masks_logits = False  # MISA's online_evaluate adds no seen-class mask
 
-    def __init__(self, checkout: Path) -> None:
-        self.stubs = _misa.import_misa(checkout, ["models.dualprompt", "methods.dualprompt"])
-        import methods.dualprompt as trainers
-        import models.dualprompt as models
-        from utils.train_utils import select_optimizer, select_scheduler
-
-        self.trainers, self.models = trainers, models
-        self.select_optimizer, self.select_scheduler = select_optimizer, select_scheduler
-
-    def meta(self):
-        return dict(stubbed_modules=self.stubs or "none",
-                    model="models.dualprompt.DualPrompt(class_num=4): task_num 10, e_pool 10, 1 slot per task")
+    def trainer_options(self):
+        return dict(nobatchmask=False, sessionmask=False, task_id=0, dataset="cifar100", n_tasks=NUM_TASKS,
+                    **replay_settings())
 
     def build(self, seed):
-        torch.manual_seed(seed)
-        model = self.models.DualPrompt(backbone_name=_misa.BACKBONE, class_num=NUM_CLASSES, **MODEL_OPTIONS)
-        optimizer = self.select_optimizer("adam", 5e-3, model)
-        scheduler = self.select_scheduler("default", optimizer)
-        trainer = _online_trainer.make_trainer(
-            self.trainers.DualPrompt, model, optimizer, scheduler, n_classes=NUM_CLASSES, nobatchmask=False,
-            sessionmask=False, task_id=0, dataset="cifar100", n_tasks=NUM_TASKS, **_online_trainer.replay_settings())
-        losses = _online_trainer.record_losses(trainer)
-        return SimpleNamespace(model=model, optimizer=optimizer, trainer=trainer, losses=losses,
-                               key_usage=torch.zeros(model.e_pool))
+        ctx = super().build(seed)
+        ctx.key_usage = torch.zeros(ctx.model.e_pool)
+        return ctx
 
     def start_task(self, ctx, task, own_advance):
         if task > 0 and own_advance:
             ctx.trainer.online_after_task(task - 1)
-        ctx.trainer.online_before_task(task)
+        super().start_task(ctx, task, own_advance)
 
     def train_batch(self, ctx, x, y, task):
-        losses = _online_trainer.train_batch(ctx, x, y)
+        losses = super().train_batch(ctx, x, y, task)
         grad = ctx.model.e_prompt.key.grad
         if grad is not None:
             ctx.key_usage += (grad.abs().sum(1) > 0).float()
         return losses
 
-    def eval_logits(self, ctx, x, y):
-        ctx.model.eval()
-        with PromptFuncCapture(ctx.model) as capture:
-            logits = _online_trainer.evaluate(ctx.trainer, ctx.model, x, y)
-        return logits, match_rows(capture.seen[-1][:, 0], ctx.model.e_prompt.prompts)
+    def used_rows(self, ctx, capture):
+        return match_rows(capture.seen[-1][:, 0], ctx.model.e_prompt.prompts)
 
     def counter(self, ctx):
         return int(ctx.model.task_id)
@@ -83,9 +67,8 @@ class MISADualPrompt(Pair):
     def slot_usage(self, ctx):
         return ctx.key_usage.clone()
 
-    def expert_slots(self, ctx, expert):
-        size = ctx.model.num_pt_per_task
-        return list(range(expert * size, (expert + 1) * size))
+    def slots_per_expert(self, ctx):
+        return ctx.model.num_pt_per_task
 
 
 def run(checkout: Path, settings: Settings):

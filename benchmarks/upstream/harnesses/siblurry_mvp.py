@@ -10,73 +10,40 @@ on, alpha / gamma / margin at the configuration defaults 0.5 / 2.0 / 0.5 (the tr
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from benchmarks.upstream.checks import Settings, run_checks
-from benchmarks.upstream.harnesses import _online_trainer, _siblurry
-from benchmarks.upstream.observe import PromptFuncCapture, match_rows
-from benchmarks.upstream.pair import Pair, active_handle
-from benchmarks.upstream.stream import CLASSES_PER_TASK, NUM_TASKS
+from benchmarks.upstream.harnesses import _siblurry
+from benchmarks.upstream.harnesses._online_trainer import NUM_CLASSES, OnlineTrainerPair, replay_settings
+from benchmarks.upstream.observe import match_rows
+from benchmarks.upstream.stream import NUM_TASKS
 
-NUM_CLASSES = NUM_TASKS * CLASSES_PER_TASK
 FLAGS = dict(use_mask=True, use_contrastiv=False, use_last_layer=False)
 
 
-class SiBlurryMVP(Pair):
+class SiBlurryMVP(OnlineTrainerPair):
     name = "Si-Blurry / MVP"
     method = "mvp"
-    schedule = "samples"
     counter_name = None
     counter_na = "MVP trains the prompt its count-scaled key match picks; Si-Blurry's MVP keeps no step counter"
+    import_checkout = staticmethod(_siblurry.import_siblurry)
+    modules = ("models.mvp", "methods.mvp")
+    backbone = _siblurry.BACKBONE
+    model_class, trainer_class = "models.mvp.MVP", "methods.mvp.MVP"
+    model_options = dict(task_num=NUM_TASKS, num_classes=NUM_CLASSES)
+    model_flags = FLAGS
+    model_description = f"models.mvp.MVP(task_num=2, num_classes=4) {FLAGS}: e_pool = 2"
 
-    def __init__(self, checkout: Path) -> None:
-        self.stubs = _siblurry.import_siblurry(checkout, ["models.mvp", "methods.mvp"])
-        import methods.mvp as trainers
-        import models.mvp as models
-        from utils.train_utils import select_optimizer, select_scheduler
+    def trainer_options(self):
+        return dict(labels=torch.empty(0), use_afs=True, use_gsf=True, alpha=0.5, gamma=2.0, margin=0.5, **FLAGS,
+                    **replay_settings())
 
-        self.trainers, self.models = trainers, models
-        self.select_optimizer, self.select_scheduler = select_optimizer, select_scheduler
-
-    def meta(self):
-        return dict(stubbed_modules=self.stubs or "none",
-                    model=f"models.mvp.MVP(task_num=2, num_classes=4) {FLAGS}: e_pool = 2")
-
-    def build(self, seed):
-        torch.manual_seed(seed)
-        model = self.models.MVP(backbone_name=_siblurry.BACKBONE, task_num=NUM_TASKS, num_classes=NUM_CLASSES)
-        for key, value in FLAGS.items():
-            setattr(model, key, value)
-        optimizer = self.select_optimizer("adam", 5e-3, model)
-        scheduler = self.select_scheduler("default", optimizer, 0.9999)
-        trainer = _online_trainer.make_trainer(
-            self.trainers.MVP, model, optimizer, scheduler, n_classes=NUM_CLASSES, labels=torch.empty(0),
-            use_afs=True, use_gsf=True, alpha=0.5, gamma=2.0, margin=0.5, **FLAGS, **_online_trainer.replay_settings())
-        losses = _online_trainer.record_losses(trainer)
-        return SimpleNamespace(model=model, optimizer=optimizer, trainer=trainer, losses=losses)
-
-    def start_task(self, ctx, task, own_advance):
-        ctx.trainer.online_before_task(task)
-
-    def train_batch(self, ctx, x, y, task):
-        return _online_trainer.train_batch(ctx, x, y)
-
-    def eval_logits(self, ctx, x, y):
-        handle = active_handle(ctx)
-        if handle is not None:
-            handle.set_logit_mask(ctx.trainer.mask.clone())
-        ctx.model.eval()
-        with PromptFuncCapture(ctx.model) as capture:
-            logits = _online_trainer.evaluate(ctx.trainer, ctx.model, x, y)
-        return logits, match_rows(capture.seen[-1], ctx.model.e_prompts)
+    def used_rows(self, ctx, capture):
+        return match_rows(capture.seen[-1], ctx.model.e_prompts)
 
     def slot_usage(self, ctx):
         return ctx.model.count.detach().clone()
-
-    def expert_slots(self, ctx, expert):
-        return [expert]
 
 
 def run(checkout: Path, settings: Settings):
