@@ -15,36 +15,27 @@ statistics, classifier alignment and the end-of-task prompt momentum of ``train_
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from benchmarks.upstream.checks import Settings, run_checks
-from benchmarks.upstream.harnesses import _task_loop
-from benchmarks.upstream.loading import import_upstream
-from benchmarks.upstream.observe import capture_outputs
-from benchmarks.upstream.pair import Pair
+from benchmarks.upstream.harnesses._task_loop import TaskLoopPair, target_task_map
 
 POOL, LENGTH = 10, 5
 ENGINES = {"hide": "engines.hide_promtp_wtp_and_tap_engine", "norga": "engines.norga_prompt_engine"}
 
 
-class HiDeLayout(Pair):
-    schedule = "session"
+class HiDeLayout(TaskLoopPair):
     counter_name = "the loop's task_id (prompt-mask slots)"
+    pool, top_k = POOL, 1
+    original_options = dict(mlp_structure=[2])
+    run_args = dict(prompt_momentum=0.01, reg=0.1, larger_prompt_lr=True, pull_constraint_coeff=1.0)
 
     def __init__(self, checkout: Path, variant: str, name: str) -> None:
         self.method, self.name = variant, name
-        vit_module = f"vits.{variant}_prompt_vision_transformer"
-        self.stubs = import_upstream(checkout, [vit_module, ENGINES[variant]])
-        from timm.optim import create_optimizer
-
-        self.vit = importlib.import_module(vit_module).VisionTransformer
-        self.engine = importlib.import_module(ENGINES[variant])
+        super().__init__(checkout, f"vits.{variant}_prompt_vision_transformer", ENGINES[variant])
         self.engine.cls_mean, self.engine.cls_cov = {}, {}
-        self.create_optimizer = create_optimizer
         self.prompt = dict(
             prompt_length=LENGTH, embedding_key="cls", prompt_init="uniform", prompt_pool=True, prompt_key=False,
             pool_size=POOL, top_k=1, batchwise_prompt=False, prompt_key_init="uniform", head_type="token",
@@ -66,40 +57,14 @@ class HiDeLayout(Pair):
                        weight_decay=args.weight_decay) for is_prompt, scale in ((True, 1.0), (False, 0.1))]
         return self.create_optimizer(args, groups)
 
-    def build(self, seed):
-        torch.manual_seed(seed)
-        original_model = self.vit(**_task_loop.TINY, mlp_structure=[2])
-        model = self.vit(**_task_loop.TINY, **self.prompt)
-        _task_loop.freeze(model, original_model)
-        args = _task_loop.base_args(prompt_momentum=0.01, reg=0.1, larger_prompt_lr=True, pull_constraint_coeff=1.0)
-        return SimpleNamespace(model=model, original_model=original_model, optimizer=self.optimizer_for(args, model),
-                               args=args, task_id=0, usage=torch.zeros(POOL))
-
     def family_options(self, ctx):
         return dict(original_model=ctx.original_model)
 
-    def start_task(self, ctx, task, own_advance):
-        ctx.task_id = task
-        if task > 0 and ctx.args.reinit_optimizer:
-            ctx.optimizer = self.optimizer_for(ctx.args, ctx.model)
+    def train_options(self, ctx):
+        return dict(target_task_map=target_task_map())
 
-    def train_batch(self, ctx, x, y, task):
-        with capture_outputs(ctx.model) as outputs:
-            stats = self.engine.train_one_epoch(
-                model=ctx.model, original_model=ctx.original_model, criterion=torch.nn.CrossEntropyLoss(),
-                data_loader=[(x, y)], optimizer=ctx.optimizer, device=torch.device("cpu"), epoch=0,
-                max_norm=ctx.args.clip_grad, set_training_mode=True, task_id=ctx.task_id,
-                class_mask=_task_loop.class_mask(), target_task_map=_task_loop.target_task_map(), args=ctx.args)
-        _task_loop.prompt_usage(ctx, outputs, POOL)
-        return [stats["Loss"]]
-
-    def eval_logits(self, ctx, x, y):
-        with capture_outputs(ctx.model) as outputs:
-            self.engine.evaluate(model=ctx.model, original_model=ctx.original_model, data_loader=[(x, y)],
-                                 device=torch.device("cpu"), i=ctx.task_id, task_id=ctx.task_id,
-                                 class_mask=_task_loop.class_mask(), target_task_map=_task_loop.target_task_map(),
-                                 args=ctx.args)
-        return outputs[-1]["logits"].detach(), outputs[-1]["prompt_idx"][:, 0].detach()
+    def evaluate_options(self, ctx):
+        return dict(i=ctx.task_id, target_task_map=target_task_map())
 
     def verify_forward(self, ctx, handle):
         def forward(x):
@@ -110,12 +75,6 @@ class HiDeLayout(Pair):
 
     def counter(self, ctx):
         return int(ctx.task_id)
-
-    def slot_usage(self, ctx):
-        return ctx.usage.clone()
-
-    def expert_slots(self, ctx, expert):
-        return [expert]
 
 
 def run_variant(checkout: Path, settings: Settings, variant: str, name: str):

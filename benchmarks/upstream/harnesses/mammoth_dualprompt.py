@@ -14,14 +14,11 @@ from pathlib import Path
 from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses import _mammoth
 from benchmarks.upstream.harnesses._mammoth_pair import MammothPair
+from benchmarks.upstream.harnesses._prompt_options import dualprompt_prompt
 from benchmarks.upstream.harnesses._task_loop import TINY
 
 POOL, TOP_K = 10, 1
-PROMPT = dict(prompt_length=5, embedding_key="cls", prompt_init="uniform", prompt_pool=True, prompt_key=True,
-              pool_size=POOL, top_k=TOP_K, batchwise_prompt=True, prompt_key_init="uniform", head_type="token",
-              use_prompt_mask=True, use_g_prompt=True, g_prompt_length=5, g_prompt_layer_idx=[0, 1],
-              use_prefix_tune_for_g_prompt=True, use_e_prompt=True, e_prompt_layer_idx=[2, 3, 4],
-              use_prefix_tune_for_e_prompt=True, same_key_value=False)
+PROMPT = dualprompt_prompt(POOL, TOP_K)
 
 
 class MammothDualPrompt(MammothPair):

@@ -15,12 +15,11 @@ from pathlib import Path
 from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses import _mammoth
 from benchmarks.upstream.harnesses._mammoth_pair import MammothPair
+from benchmarks.upstream.harnesses._prompt_options import l2p_prompt
 from benchmarks.upstream.harnesses._task_loop import TINY
 
 POOL, TOP_K = 10, 5
-PROMPT = dict(prompt_length=5, embedding_key="cls", prompt_init="uniform", prompt_pool=True, prompt_key=True,
-              pool_size=POOL, top_k=TOP_K, batchwise_prompt=False, prompt_key_init="uniform", head_type="prompt",
-              use_prompt_mask=False)
+PROMPT = l2p_prompt(POOL, TOP_K, batchwise_prompt=False)
 
 
 class MammothL2P(MammothPair):

@@ -12,13 +12,10 @@ from pathlib import Path
 
 from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses._pilot import PilotPair
+from benchmarks.upstream.harnesses._prompt_options import dualprompt_prompt
 
 POOL, TOP_K = 10, 1
-PROMPT = dict(prompt_length=5, embedding_key="cls", prompt_init="uniform", prompt_pool=True, prompt_key=True,
-              pool_size=POOL, top_k=TOP_K, batchwise_prompt=True, prompt_key_init="uniform", head_type="token",
-              use_prompt_mask=True, use_g_prompt=True, g_prompt_length=5, g_prompt_layer_idx=[0, 1],
-              use_prefix_tune_for_g_prompt=True, use_e_prompt=True, e_prompt_layer_idx=[2, 3, 4],
-              use_prefix_tune_for_e_prompt=True, same_key_value=False)
+PROMPT = dualprompt_prompt(POOL, TOP_K)
 ARGS = dict(size=POOL, top_k=TOP_K, pull_constraint_coeff=0.1, shared_prompt_pool=True, shared_prompt_key=False,
             use_prefix_tune_for_e_prompt=True)
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses._pilot import PilotPair
+from benchmarks.upstream.harnesses._prompt_options import l2p_prompt
 
 POOL, TOP_K = 10, 5
-PROMPT = dict(prompt_length=5, embedding_key="cls", prompt_init="uniform", prompt_pool=True, prompt_key=True,
-              pool_size=POOL, top_k=TOP_K, batchwise_prompt=True, prompt_key_init="uniform", head_type="prompt",
-              use_prompt_mask=False)
+PROMPT = l2p_prompt(POOL, TOP_K, batchwise_prompt=True)
 ARGS = dict(size=POOL, top_k=TOP_K, pull_constraint_coeff=0.1, shared_prompt_pool=False, shared_prompt_key=False)
 
 
