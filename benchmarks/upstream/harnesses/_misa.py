@@ -30,9 +30,7 @@ def import_misa(checkout: Path, modules: Sequence[str]) -> List[str]:
     from timm.models import register_model
 
     models.mvp.load = False
-    for name in modules:
-        if name.startswith("methods."):
-            replay_loader_off(sys.modules[name])
+    replay_loader_off(*(sys.modules[name] for name in modules if name.startswith("methods.")))
     if not timm.list_models(BACKBONE):
         @register_model
         def fly_harness_tiny_misa(pretrained=False, num_classes=1000, **kwargs):

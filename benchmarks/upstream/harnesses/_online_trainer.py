@@ -76,20 +76,6 @@ def record_losses(trainer: Any) -> List[float]:
     return losses
 
 
-def train_batch(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> List[float]:
-    """The trainer's own ``online_step`` on one stream batch; the losses of its online iterations."""
-    start = len(ctx.losses)
-    ctx.trainer.online_step(x, y, None)
-    return ctx.losses[start:]
-
-
-def evaluate(trainer: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The trainer's own ``online_evaluate`` on one batch; the model output it computed."""
-    with capture_outputs(model) as outputs:
-        trainer.online_evaluate([(x, y)])
-    return outputs[-1].detach()
-
-
 class OnlineTrainerPair(Pair):
     """A model of ``models.<module>`` trained by a trainer of ``methods.<module>``, one ``online_step`` a batch.
 
@@ -142,7 +128,10 @@ class OnlineTrainerPair(Pair):
         ctx.trainer.online_before_task(task)
 
     def train_batch(self, ctx, x, y, task):
-        return train_batch(ctx, x, y)
+        """The trainer's own ``online_step`` on the batch; the losses of its online iterations."""
+        start = len(ctx.losses)
+        ctx.trainer.online_step(x, y, None)
+        return ctx.losses[start:]
 
     def selection_capture(self, ctx) -> ContextManager:
         """Records what the evaluation forward selected; ``used_rows`` reads it."""
@@ -157,9 +146,9 @@ class OnlineTrainerPair(Pair):
         if self.masks_logits and handle is not None:
             handle.set_logit_mask(ctx.trainer.mask.clone())
         ctx.model.eval()
-        with self.selection_capture(ctx) as capture:
-            logits = evaluate(ctx.trainer, ctx.model, x, y)
-        return logits, self.used_rows(ctx, capture)
+        with self.selection_capture(ctx) as capture, capture_outputs(ctx.model) as outputs:
+            ctx.trainer.online_evaluate([(x, y)])
+        return outputs[-1].detach(), self.used_rows(ctx, capture)
 
     def slots_per_expert(self, ctx) -> int:
         return 1

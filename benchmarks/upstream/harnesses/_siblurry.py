@@ -42,9 +42,7 @@ def import_siblurry(checkout: Path, modules: Sequence[str]) -> List[str]:
     from timm.models import register_model
     from timm.models.vision_transformer import VisionTransformer
 
-    for name in modules:
-        if name.startswith("methods."):
-            replay_loader_off(sys.modules[name])
+    replay_loader_off(*(sys.modules[name] for name in modules if name.startswith("methods.")))
     if not timm.list_models(BACKBONE):
         @register_model
         def fly_harness_tiny_timm(pretrained=False, num_classes=1000, **kwargs):
