@@ -41,6 +41,16 @@ class ExpertUsage:
         modal = self.counts.argmax(dim=1)
         return torch.where(self.counts.sum(dim=1) > 0, modal, torch.full_like(modal, -1))
 
+    def first_expert(self) -> Tensor:
+        """``(classes,)`` the lowest expert id that trained each class, -1 if none.
+
+        With experts that start in order (sessions, sample budgets) this is the expert that was training
+        when the class first appeared: the one HiDe-Prompt's task-identity gate maps a class to.
+        """
+        trained = self.counts > 0
+        first = trained.int().argmax(dim=1)
+        return torch.where(trained.any(dim=1), first, torch.full_like(first, -1))
+
     def trained_any(self) -> Tensor:
         """``(classes, experts)`` bool: the expert trained at least one sample of the class."""
         return self.counts > 0
@@ -70,21 +80,26 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(finite)) if finite else math.nan
 
 
+#: What a routed expert is compared with: the expert that trained most of the sample's class, any expert
+#: that trained it, the first expert that trained it (docs/diagnostics.md).
+ROUTING_VERSIONS = ("modal", "any", "first")
+
+
 def routing_summary(entries: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, float]]]:
     """Routing accuracies from the evaluator's per-evaluation hit counts.
 
     Returns ``{who: {version: {"last", "anytime_mean"}}}`` for ``who`` in ``own``, ``rear``, ``chance``
-    and ``version`` in ``modal``, ``any``: fractions at the last evaluation (the end of the stream) and
-    the mean over the anytime evaluations.
+    and ``version`` in ``modal``, ``any``, ``first``: fractions at the last evaluation (the end of the
+    stream) and the mean over the anytime evaluations (NaN for a version the entries do not count).
     """
     summary: Dict[str, Dict[str, Dict[str, float]]] = {}
     anytime = [e for e in entries if e["kind"] == "anytime"]
     for who in ("own", "rear", "chance"):
         summary[who] = {}
-        for version in ("modal", "any"):
+        for version in ROUTING_VERSIONS:
             key = f"{who}_{version}"
-            last = _fraction(entries[-1][key], entries[-1]["samples"]) if entries else math.nan
-            mean = _mean([_fraction(e[key], e["samples"]) for e in anytime])
+            last = _fraction(entries[-1].get(key, math.nan), entries[-1]["samples"]) if entries else math.nan
+            mean = _mean([_fraction(e.get(key, math.nan), e["samples"]) for e in anytime])
             summary[who][version] = {"last": last, "anytime_mean": mean}
     return summary
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from fly_modules import seen_class_mask
 
-from .diagnostics import ExpertUsage, expert_matrix_summary, member_summary, routing_summary
+from .diagnostics import ROUTING_VERSIONS, ExpertUsage, expert_matrix_summary, member_summary, routing_summary
 from .methods.base import MethodOutput, PromptMethod
 from .metrics import EvaluationLog, count_correct
 from .parallel import DataParallel
@@ -117,12 +117,13 @@ class VariantEvaluator:
     def __call__(self, kind: str, *, timestamp: int, samples_seen: int, session: int, final: bool) -> None:
         exposed, mask, all_targets, indices, targets = self.subset.select(samples_seen)
         modal, trained_any, trained = self.usage.modal_expert(), self.usage.trained_any(), self.usage.trained_experts()
+        first = self.usage.first_expert()
         if bool((modal[all_targets.to(modal.device)] < 0).any()):
             raise RuntimeError("an exposed test class has no training sample counted: the usage table is out of step")
         tally = _Tally(self.per_class_counts, exposed, self.usage.num_experts, self.subset.device)
         matrix_experts = torch.nonzero(trained).flatten().tolist() if final else []
         for images, labels in self.subset.batches(indices, targets, self.batch_size):
-            self._score_batch(images, labels, mask, modal, trained_any, matrix_experts, tally)
+            self._score_batch(images, labels, mask, modal, first, trained_any, matrix_experts, tally)
         counts = tally.unpack(self.parallel.sum_counts(tally.pack()))
         for name, log in self.logs.items():
             log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
@@ -137,7 +138,7 @@ class VariantEvaluator:
             self.true_experts = modal[:exposed].tolist()
 
     def _score_batch(
-        self, images: Tensor, labels: Tensor, mask: Tensor, modal: Tensor, trained_any: Tensor,
+        self, images: Tensor, labels: Tensor, mask: Tensor, modal: Tensor, first: Tensor, trained_any: Tensor,
         matrix_experts: List[int], tally: "_Tally",
     ) -> None:
         model = self.model
@@ -161,8 +162,8 @@ class VariantEvaluator:
                     tally.add_correct(f"{variant.name}/{member}", members[variant.selection][:, member], labels)
             tally.add_correct(variant.name, scores, labels)
         tally.add_total(labels)
-        tally.add_routing("own", own_experts, true_expert, trained_any[labels])
-        tally.add_routing("rear", rear_experts, true_expert, trained_any[labels])
+        tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
+        tally.add_routing("rear", rear_experts, true_expert, first[labels], trained_any[labels])
         if matrix_experts:
             tally.add_groups(true_expert)
         for expert in matrix_experts:
@@ -182,10 +183,10 @@ class VariantEvaluator:
     ) -> Dict[str, Any]:
         experts = max(int(trained.sum()), 1)
         entry: Dict[str, Any] = {"kind": kind, "samples_seen": samples_seen, "samples": int(targets.numel())}
-        for name in ("own_modal", "own_any", "rear_modal", "rear_any"):
+        for name in _ROUTING_COUNTS:
             entry[name] = int(counts[name])
         # Expected hits of an expert drawn uniformly from the trained ones.
-        entry["chance_modal"] = targets.numel() / experts
+        entry["chance_modal"] = entry["chance_first"] = targets.numel() / experts
         entry["chance_any"] = float(trained_any[targets.to(trained_any.device)].sum()) / experts
         return entry
 
@@ -223,6 +224,9 @@ class VariantEvaluator:
         self.true_experts = state["true_experts"]
 
 
+_ROUTING_COUNTS = tuple(f"{who}_{version}" for who in ("own", "rear") for version in ROUTING_VERSIONS)
+
+
 class _Tally:
     """The counts of one evaluation, packed into one tensor for the all-reduce over processes.
 
@@ -232,7 +236,7 @@ class _Tally:
     def __init__(self, per_class: Sequence[str], exposed: int, num_experts: int, device: torch.device) -> None:
         self.exposed, self.num_experts = exposed, num_experts
         shapes: Dict[str, Tuple[int, ...]] = {name: (exposed,) for name in ("total", *per_class)}
-        shapes.update({name: () for name in ("own_modal", "own_any", "rear_modal", "rear_any")})
+        shapes.update({name: () for name in _ROUTING_COUNTS})
         shapes.update(matrix=(num_experts, num_experts), group_sizes=(num_experts,))
         self.counts = {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in shapes.items()}
 
@@ -242,8 +246,9 @@ class _Tally:
     def add_total(self, labels: Tensor) -> None:
         self.counts["total"] += torch.bincount(labels, minlength=self.exposed)
 
-    def add_routing(self, who: str, experts: Tensor, true_expert: Tensor, trained_any: Tensor) -> None:
+    def add_routing(self, who: str, experts: Tensor, true_expert: Tensor, first: Tensor, trained_any: Tensor) -> None:
         self.counts[f"{who}_modal"] += (experts == true_expert).sum()
+        self.counts[f"{who}_first"] += (experts == first).sum()
         self.counts[f"{who}_any"] += trained_any.gather(1, experts.unsqueeze(1)).sum()
 
     def add_groups(self, true_expert: Tensor) -> None:

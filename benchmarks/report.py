@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from .diagnostics import ROUTING_VERSIONS
 from .results import write_json_atomic
 from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 
@@ -83,8 +84,8 @@ def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]
     return rows
 
 
-ROUTING_COLUMNS = [f"routing_{who}_{version}_{when}" for version in ("modal", "any") for when in ("last", "anytime_mean")
-                   for who in ("own", "rear", "chance")]
+ROUTING_COLUMNS = [f"routing_{who}_{version}_{when}" for version in ROUTING_VERSIONS
+                   for when in ("last", "anytime_mean") for who in ("own", "rear", "chance")]
 
 
 def _mean_or_none(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -98,7 +99,9 @@ def _diagnostics_means(diagnostics: Sequence[Optional[Dict[str, Any]]]) -> Dict[
     out: Dict[str, Optional[float]] = {}
     for column in ROUTING_COLUMNS:
         _, who, version, when = column.split("_", 3)
-        out[column] = _mean_or_none([100 * d["routing"][who][version][when] for d in found])
+        # Records written before a version was counted lack it: the mean is over those that have it.
+        values = [d["routing"][who].get(version, {}).get(when) for d in found]
+        out[column] = _mean_or_none([100 * v for v in values if v is not None])
     out["expert_matrix_contrast"] = _mean_or_none(
         [100 * d["expert_matrix"]["diagonal_minus_off_diagonal"] for d in found if d.get("expert_matrix")]
     )
@@ -156,14 +159,15 @@ def _diagnostics_markdown(rows: Sequence[Dict[str, Any]]) -> List[str]:
         return []
     lines = [
         "",
-        "Routing accuracy (%) against the true expert at the end of the stream, modal / any (docs/diagnostics.md); "
+        "Routing accuracy (%) at the end of the stream against the expert that trained most of the class / any "
+        "expert that trained it / the first one (docs/diagnostics.md); "
         "contrast: diagonal minus mean off-diagonal of the forced-expert matrix (points).",
         "",
         "| dataset | method | own selection | REAR | chance | anytime mean own / REAR (modal) | contrast |",
         "|---|---|---|---|---|---|---|",
     ]
     for (dataset, method), r in trainings.items():
-        pair = [f"{_percent(r[f'routing_{who}_modal_last'])} / {_percent(r[f'routing_{who}_any_last'])}"
+        pair = [" / ".join(_percent(r[f"routing_{who}_{version}_last"]) or "n/a" for version in ROUTING_VERSIONS)
                 for who in ("own", "rear", "chance")]
         anytime = f"{_percent(r['routing_own_modal_anytime_mean'])} / {_percent(r['routing_rear_modal_anytime_mean'])}"
         lines.append(f"| {dataset} | {METHOD_NAMES.get(method, method)} | {' | '.join(pair)} | {anytime} | "

@@ -28,6 +28,9 @@ def test_expert_usage_counts_modal_and_any_experts():
     usage.add(torch.tensor([2]), torch.tensor([0]))
     assert usage.counts.tolist() == [[0, 2, 1], [1, 0, 1], [1, 0, 1], [0, 0, 0]]
     assert usage.modal_expert().tolist() == [1, 0, 0, -1]  # ties go to the lowest id; -1: never trained
+    assert usage.first_expert().tolist() == [1, 0, 0, -1]
+    usage.add(torch.tensor([0, 0, 0]), torch.tensor([0, 2, 2]))  # class 0: expert 0 trains it once more
+    assert usage.modal_expert()[0] == 2 and usage.first_expert()[0] == 0
     assert usage.trained_any()[1].tolist() == [True, False, True]
     assert usage.trained_experts().tolist() == [True, True, True]
     copy = ExpertUsage(4, 3, CPU)
@@ -56,6 +59,18 @@ def test_routing_summary_takes_the_last_evaluation_and_the_anytime_mean():
     summary = routing_summary([entry("anytime", 1, 4), entry("anytime", 3, 4), entry("session_end", 2, 8)])
     assert summary["own"]["modal"] == {"last": 0.25, "anytime_mean": 0.5}
     assert summary["chance"]["any"]["anytime_mean"] == 0.5
+    # Entries counted before the "first" version existed (resumed runs) give NaN for it, not an error.
+    assert math.isnan(summary["rear"]["first"]["last"]) and math.isnan(summary["rear"]["first"]["anytime_mean"])
+
+
+def test_routing_hits_against_the_modal_the_first_and_any_expert():
+    from benchmarks.evaluation import _Tally
+
+    tally = _Tally([], 2, 3, CPU)
+    experts, modal, first = torch.tensor([0, 1, 2, 1]), torch.tensor([0, 1, 1, 1]), torch.tensor([0, 0, 2, 1])
+    trained_any = torch.tensor([[True, False, False], [True, True, False], [False, True, True], [False, False, True]])
+    tally.add_routing("own", experts, modal, first, trained_any)
+    assert [int(tally.counts[f"own_{v}"]) for v in ("modal", "first", "any")] == [3, 3, 3]
 
 
 @pytest.fixture(scope="module")
