@@ -12,6 +12,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
 #: the methods of the paper's cross-ablation table
 PAPER_METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga")
 ROUTER_QUERIES = ("clean", "first_iteration")
+_REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -73,7 +75,14 @@ class Protocol:
     router_query: str = "clean"
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """The protocol as recorded; weight files of the checkout by their path in it, so that a record
+        does not depend on where the repository lies (and names no folder of the machine)."""
+        record = asdict(self)
+        if self.weights is not None:
+            path = Path(self.weights).resolve()
+            if path.is_relative_to(_REPOSITORY):
+                record["weights"] = path.relative_to(_REPOSITORY).as_posix()
+        return record
 
 
 @dataclass(frozen=True)

@@ -59,3 +59,12 @@ def test_nothing_points_outside_the_repository():
         text = path.read_text()
         for needle in ("../shared", "/work/", "reference-protocol"):
             assert needle not in text, f"{path.relative_to(ROOT)} mentions {needle!r}"
+
+
+def test_committed_results_name_no_folder_of_the_machine_that_wrote_them():
+    for path in sorted((ROOT / "docs" / "results").rglob("*")):
+        if path.suffix not in (".json", ".md", ".csv", ".txt"):
+            continue
+        text = path.read_text()
+        for needle in ("/work/", "/tmp/", "/root/", "/home/", "/opt/"):
+            assert needle not in text, f"{path.relative_to(ROOT)} mentions {needle!r}"

@@ -134,7 +134,7 @@ def test_reduced_proxy_cross_ablation_end_to_end(tmp_path):
         ("flyprompt", "full"), ("flyprompt", "oracle")}
     assert all(0 <= r["A_auc_mean"] <= 100 for r in rows)
     run = json.loads((output / "runs" / "synthetic" / "dualprompt" / "baseline" / "seed1.json").read_text())
-    assert run["stream_length"] == 240 and run["protocol"]["weights"] == str(CHECKPOINT)
+    assert run["stream_length"] == 240 and run["protocol"]["weights"] == "benchmarks/checkpoints/proxy_vit.safetensors"
     assert run["protocol"]["ridge"] == "auto" and run["protocol"]["router_query"] == "clean"
     assert run["protocol"]["method_kwargs"]["dualprompt"] == {"reference_quirks": True}
     diagnostics = run["diagnostics"]

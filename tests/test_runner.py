@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,3 +128,11 @@ def test_a_run_with_a_progress_bar_warns_nothing(data):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run_training("dualprompt", "synthetic", 1, ["baseline"], PROTOCOL, *data, device=CPU, progress=Bar)
+
+
+def test_protocol_records_checkout_weights_by_their_path_in_the_checkout(tmp_path):
+    inside = Path(__file__).resolve().parents[1] / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
+    assert Protocol(weights=str(inside)).to_dict()["weights"] == "benchmarks/checkpoints/proxy_vit.safetensors"
+    outside = tmp_path / "vit.safetensors"
+    assert Protocol(weights=str(outside)).to_dict()["weights"] == str(outside)
+    assert Protocol().to_dict()["weights"] is None
