@@ -2,7 +2,7 @@
 
 ``FlyPlugin`` retrofits the strategy's model through :mod:`fly_modules.adapters` and drives the retrofit
 from the strategy's callbacks, so ``Naive(model, optimizer, plugins=[FlyPlugin()])`` trains and evaluates
-like ``benchmarks.runner``. Imported only on explicit access; written against avalanche-lib 0.6. The
+like ``benchmarks.ablation.runner``. Imported only on explicit access; written against avalanche-lib 0.6. The
 callback table and how the stream maps onto the retrofit: ``docs/adapters.md``.
 """
 

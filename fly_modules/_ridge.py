@@ -4,7 +4,7 @@
 function here reads the lower triangle only. Kernels that walk ``G`` in row panels take the panel
 height as an argument: a tuning knob, not a storage format. One function per solver (scikit-learn's
 ``_ridge.py`` layout), each returning a :class:`RidgeSolution` that carries an estimate of the
-system's condition number; the router decides what to do with it. ``benchmarks/bench_router.py``
+system's condition number; the router decides what to do with it. ``benchmarks/speed/router.py``
 imports this module directly.
 """
 
@@ -24,7 +24,7 @@ __all__ = [
 # G is updated in row panels of PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], a fraction
 # 1/2 + rows/(2M) of the dense flops (53% at M = 10,000). Shorter panels waste fewer flops, but each
 # GEMM is smaller and is a synchronisation point of the BLAS threads; 512 rows measured best on 2-core
-# AVX-512 CPUs (benchmarks/bench_router.py prints the kernel ratio).
+# AVX-512 CPUs (benchmarks/speed/router.py prints the kernel ratio).
 PANEL_ROWS = 512
 
 

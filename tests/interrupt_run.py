@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import cross_ablation  # noqa: E402
-from benchmarks.training import OnlineTrainer  # noqa: E402
+from benchmarks.ablation import cli as cross_ablation  # noqa: E402
+from benchmarks.ablation.training import OnlineTrainer  # noqa: E402
 
 
 def _interrupt(original, count, signum, *, after=False, matches=lambda *args: True):

@@ -1,4 +1,4 @@
-"""``benchmarks/bench_vs_reference.py`` end to end on a fake FlyGCL checkout (tests/fixtures/fake_flygcl).
+"""``benchmarks/speed/vs_reference.py`` end to end on a fake FlyGCL checkout (tests/fixtures/fake_flygcl).
 
 The fake has the official code's layout, class names, signatures and attributes, with small bodies of
 our own. No timing is asserted; the tests check that the script runs from the repository root as
@@ -23,7 +23,7 @@ pytest.importorskip("timm")
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fixtures" / "fake_flygcl"
-SCRIPT = "benchmarks/bench_vs_reference.py"
+SCRIPT = "benchmarks/speed/vs_reference.py"
 TARGETS = [f"vs_reference.{method}.{figure}" for method in ("dualprompt", "mvp")
            for figure in ("train_overhead", "eval_speedup")]
 TARGET_LINE = re.compile(r"^\[(PASS|FAIL)\] (?P<key>[\w.]+): \S+ \(target (>=|<=) [^)]+\)", re.MULTILINE)
@@ -77,7 +77,7 @@ def test_identical_state_routes_and_predicts_like_the_checkout(quick_run, method
 
 
 def test_loading_leaves_no_checkout_module_or_path_behind():
-    from benchmarks import _reference_checkout as ref
+    from benchmarks.speed import reference_checkout as ref
 
     sentinel = types.ModuleType("utils")  # an unrelated top-level `utils` of the user's process
     previous = sys.modules.get("utils")
@@ -112,7 +112,7 @@ def test_a_folder_that_is_not_a_checkout_fails_with_one_line(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message printed when CUDA is absent")
 def test_cuda_without_cuda_fails_with_one_line():
-    from benchmarks.bench_vs_reference import main
+    from benchmarks.speed.vs_reference import main
 
     with pytest.raises(SystemExit) as stopped:
         main(["--reference-repo", str(FAKE), "--device", "cuda", "--quick"])

@@ -58,7 +58,7 @@ def test_bench_ensemble_quick_prints_every_target():
 def test_report_marks_a_missed_target_as_fail():
     code = (
         "import sys; sys.argv = ['x']\n"
-        "from benchmarks._timing import Report\n"
+        "from benchmarks.speed.timing import Report\n"
         "report = Report(); report.check('demo.ratio', 1.0, '>=', 2.0, unit='x')\n"
         "assert report.summary() == 1\n"
     )

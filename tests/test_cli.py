@@ -8,7 +8,7 @@ import urllib.error
 
 import pytest
 
-from benchmarks import cross_ablation
+from benchmarks.ablation import cli as cross_ablation
 
 
 @pytest.fixture

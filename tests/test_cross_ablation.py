@@ -10,10 +10,11 @@ import re
 import pytest
 import torch
 
-from benchmarks import cross_ablation, report, results
-from benchmarks.presets import PRESETS
-from benchmarks.runner import PAPER_METHODS
-from benchmarks.variants import ORACLE_VARIANTS
+from benchmarks.ablation import cli as cross_ablation
+from benchmarks.ablation import report, results
+from benchmarks.ablation.presets import PRESETS
+from benchmarks.ablation.protocol import PAPER_METHODS
+from benchmarks.ablation.variants import ORACLE_VARIANTS
 
 REDUCED = [
     "--synthetic-classes", "6", "--synthetic-train-per-class", "12", "--synthetic-test-per-class", "4",

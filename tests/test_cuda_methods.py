@@ -1,7 +1,7 @@
 """Every method's AMP training on CUDA (``pytest -m cuda``; skipped without a GPU).
 
 For each registered method, two identical float16-autocast trainings of all its variants on a tiny stream
-(``benchmarks.runner.run_training``) must have a finite loss at every step, bit-identical evaluation logs,
+(``benchmarks.ablation.runner.run_training``) must have a finite loss at every step, bit-identical evaluation logs,
 and every variant's log equal, bit for bit, to the variant's own run (``run_reference`` through the
 adapters, or a training scoring that oracle variant alone), as ``tests/test_runner.py`` holds on the CPU.
 
@@ -31,10 +31,11 @@ pytestmark = [
 ]
 pytest.importorskip("timm")
 
+from benchmarks.ablation.protocol import Protocol, RunSpec  # noqa: E402
+from benchmarks.ablation.runner import run_reference, run_training  # noqa: E402
+from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import list_methods, method_class  # noqa: E402
-from benchmarks.runner import Protocol, RunSpec, run_reference, run_training  # noqa: E402
-from benchmarks.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
 
 CUDA = torch.device("cuda")
 PROTOCOL = Protocol(

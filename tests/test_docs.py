@@ -11,17 +11,28 @@ PACKAGES = ("fly_modules", "adapters", "benchmarks")
 
 
 def layout_names() -> set:
+    """Every path the README's layout block names; an indented folder line opens a nested block."""
     block = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
     block = re.search(r"```\n(.*?)```", block, re.S).group(1)
-    names, folder = set(), ""
+    names, stack = set(), []  # stack of (indent, folder) of the open folder lines
     for line in block.splitlines():
-        if line and not line.startswith(" "):
-            folder = line.split()[0]
-            names.add(folder)
-            continue
-        words = line.split("   ")[0].split()  # names come before the three-space gap of the description
-        names.update(f"{folder}{word}" for word in words if word.endswith((".py", "/")))
+        indent = len(line) - len(line.lstrip())
+        words = [w for w in line.strip().split("   ")[0].split() if w.endswith((".py", "/"))] if line.strip() else []
+        if not words:
+            continue  # a description continued on its own line
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        prefix = stack[-1][1] if stack else ""
+        names.update(prefix + word for word in words)
+        if len(words) == 1 and words[0].endswith("/"):
+            stack.append((indent, prefix + words[0]))
     return names
+
+
+def _expanded(named: set) -> list:
+    """Folders whose contents the layout lists (it names something inside them)."""
+    return sorted({name for name in named if name.endswith("/") and any(
+        other != name and other.startswith(name) for other in named)})
 
 
 def test_the_readme_layout_names_every_module_and_nothing_else():
@@ -29,13 +40,14 @@ def test_the_readme_layout_names_every_module_and_nothing_else():
     for name in sorted(named):
         assert (ROOT / name).exists(), f"the README layout names {name}, which does not exist"
     for package in PACKAGES:
-        for path in (ROOT / package).glob("*.py"):
+        assert f"{package}/" in _expanded(named), f"the README layout lists nothing inside {package}/"
+    for folder in _expanded(named):
+        for path in (ROOT / folder).iterdir():
             relative = path.relative_to(ROOT).as_posix()
-            if path.name != "__init__.py" or package != "benchmarks":
-                assert relative in named or path.name == "__init__.py", f"{relative} is missing from the README layout"
-        for folder in (ROOT / package).iterdir():
-            if folder.is_dir() and not folder.name.startswith(("_", ".")):
-                assert f"{package}/{folder.name}/" in named, f"{package}/{folder.name}/ is missing from the layout"
+            if path.is_dir() and not path.name.startswith(("_", ".")):
+                assert f"{relative}/" in named, f"{relative}/ is missing from the README layout"
+            elif path.suffix == ".py" and path.name not in ("__init__.py", "__main__.py"):
+                assert relative in named, f"{relative} is missing from the README layout"
 
 
 def documents():

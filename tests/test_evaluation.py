@@ -9,9 +9,10 @@ import torch
 
 pytest.importorskip("timm")
 
+from benchmarks.ablation.diagnostics import ExpertUsage, expert_matrix_summary, routing_summary  # noqa: E402
+from benchmarks.ablation.protocol import Protocol  # noqa: E402
+from benchmarks.ablation.runner import run_training  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
-from benchmarks.diagnostics import ExpertUsage, expert_matrix_summary, routing_summary  # noqa: E402
-from benchmarks.runner import Protocol, run_training  # noqa: E402
 
 CPU = torch.device("cpu")
 PROTOCOL = Protocol(
@@ -64,7 +65,7 @@ def test_routing_summary_takes_the_last_evaluation_and_the_anytime_mean():
 
 
 def test_routing_hits_against_the_modal_the_first_and_any_expert():
-    from benchmarks.evaluation import _Tally
+    from benchmarks.ablation.evaluation import _Tally
 
     tally = _Tally([], 2, 3, CPU)
     experts, modal, first = torch.tensor([0, 1, 2, 1]), torch.tensor([0, 1, 1, 1]), torch.tensor([0, 0, 2, 1])

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py: the whole suite at toy sizes on the CPU (so the one GPU run cannot fail on a typo),
+"""benchmarks/gpu/suite.py: the whole suite at toy sizes on the CPU (so the one GPU run cannot fail on a typo),
 its budgets and output limits, and how it records failing, crashing and hanging stages."""
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import pytest
 
 pytest.importorskip("timm")
 
-from benchmarks import _gpu_proxy, gpu_suite  # noqa: E402
-from benchmarks._timing import Report  # noqa: E402
-from benchmarks.runner import Protocol, build_backbone  # noqa: E402
+from benchmarks.ablation.protocol import Protocol  # noqa: E402
+from benchmarks.ablation.runner import build_backbone  # noqa: E402
+from benchmarks.gpu import proxy as _gpu_proxy
+from benchmarks.gpu import suite as gpu_suite  # noqa: E402
+from benchmarks.speed.timing import Report  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_CHECKOUT = REPO / "tests" / "fixtures" / "fake_flygcl"

@@ -1,4 +1,4 @@
-"""Tests of benchmarks.metrics: hand-computed logs, both metric definitions, triggers, JSON round trip."""
+"""Tests of benchmarks.ablation.metrics: hand-computed logs, both metric definitions, triggers, JSON round trip."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.metrics import (
+from benchmarks.ablation.metrics import (
     AnytimeEvalTrigger,
     EvaluationLog,
     a_auc,
@@ -26,7 +26,7 @@ from benchmarks.metrics import (
     session_accuracy_matrix,
     summarize,
 )
-from benchmarks.stream import build_si_blurry_stream
+from benchmarks.ablation.stream import build_si_blurry_stream
 
 # Relative tolerance that absorbs the reference's 1e-5 in correct / (count + 1e-5) on 10-sample classes.
 EPS_REL = 1e-5

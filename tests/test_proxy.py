@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import cross_ablation
+from benchmarks.ablation import cli as cross_ablation
+from benchmarks.ablation.presets import PRESETS
+from benchmarks.ablation.protocol import Protocol
+from benchmarks.ablation.runner import build_backbone
 from benchmarks.data import make_synthetic_dataset, make_synthetic_train_test, synthetic_class_split
-from benchmarks.presets import PRESETS
-from benchmarks.pretrain_proxy import MODEL_KWARGS, MODEL_NAME
-from benchmarks.runner import Protocol, build_backbone
+from benchmarks.proxy.pretrain import MODEL_KWARGS, MODEL_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINT = REPO / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
@@ -102,7 +103,7 @@ def test_pretrain_script_quick_run_writes_a_loadable_checkpoint(tmp_path):
     assert finished.returncode == 0, finished.stderr
     sidecar = json.loads(output.with_suffix(".json").read_text())
     assert sidecar["sha256"] == _sha256(output) and sidecar["sha256"] in finished.stdout
-    assert sidecar["command"].startswith("python benchmarks/pretrain_proxy.py --quick")
+    assert sidecar["command"].startswith("python -m benchmarks.proxy.pretrain --quick")
     assert sidecar["quick"] is True and 0 < sidecar["cpu_seconds"]
     _assert_loads_through_runner(output, sidecar["model_kwargs"])
 
@@ -112,7 +113,7 @@ def test_committed_checkpoint_matches_its_sidecar_and_loads():
     assert CHECKPOINT.stat().st_size <= 16 * 10**6
     assert _sha256(CHECKPOINT) == sidecar["sha256"]
     assert sidecar["quick"] is False and sidecar["model_kwargs"] == MODEL_KWARGS
-    assert sidecar["command"].startswith("python benchmarks/pretrain_proxy.py")
+    assert sidecar["command"].startswith("python -m benchmarks.proxy.pretrain")
     _assert_loads_through_runner(CHECKPOINT, MODEL_KWARGS)
     for name in ("proxy", "proxy-short"):
         protocol = PRESETS[name]["protocol"]
@@ -134,7 +135,7 @@ def test_reduced_proxy_cross_ablation_end_to_end(tmp_path):
         ("flyprompt", "full"), ("flyprompt", "oracle")}
     assert all(0 <= r["A_auc_mean"] <= 100 for r in rows)
     run = json.loads((output / "runs" / "synthetic" / "dualprompt" / "baseline" / "seed1.json").read_text())
-    assert run["stream_length"] == 240 and run["protocol"]["weights"] == "benchmarks/checkpoints/proxy_vit.safetensors"
+    assert run["stream_length"] == 240 and run["protocol"]["weights"] == "benchmarks/proxy/weights/proxy_vit.safetensors"
     assert run["protocol"]["ridge"] == "auto" and run["protocol"]["router_query"] == "clean"
     assert run["protocol"]["method_kwargs"]["dualprompt"] == {"reference_quirks": True}
     diagnostics = run["diagnostics"]

@@ -11,13 +11,14 @@ import torch
 
 pytest.importorskip("timm")
 
+from benchmarks.ablation.evaluation import VariantEvaluator  # noqa: E402
+from benchmarks.ablation.metrics import AnytimeEvalTrigger  # noqa: E402
+from benchmarks.ablation.protocol import Protocol, RunSpec  # noqa: E402
+from benchmarks.ablation.runner import run_reference, run_training  # noqa: E402
+from benchmarks.ablation.stream import build_si_blurry_stream  # noqa: E402
+from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
-from benchmarks.evaluation import VariantEvaluator  # noqa: E402
 from benchmarks.methods import method_class  # noqa: E402
-from benchmarks.metrics import AnytimeEvalTrigger  # noqa: E402
-from benchmarks.runner import Protocol, RunSpec, run_reference, run_training  # noqa: E402
-from benchmarks.stream import build_si_blurry_stream  # noqa: E402
-from benchmarks.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -80,7 +81,7 @@ def _spy(monkeypatch, calls, owner, name, label=None, when=None):
 
 @pytest.mark.parametrize("method", ["hide", "dualprompt"])  # session-aware and sample-budget schedules
 def test_hooks_run_in_the_documented_order(method, data, monkeypatch):
-    """The order ``benchmarks.training`` documents, call by call (dropping a hook, such as HiDe's
+    """The order ``benchmarks.ablation.training`` documents, call by call (dropping a hook, such as HiDe's
     session-end classifier alignment, fails this test)."""
     cls = method_class(method)
     calls = []
@@ -132,7 +133,7 @@ def test_a_run_with_a_progress_bar_warns_nothing(data):
 
 def test_protocol_records_checkout_weights_by_their_path_in_the_checkout(tmp_path):
     inside = Path(__file__).resolve().parents[1] / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
-    assert Protocol(weights=str(inside)).to_dict()["weights"] == "benchmarks/checkpoints/proxy_vit.safetensors"
+    assert Protocol(weights=str(inside)).to_dict()["weights"] == "benchmarks/proxy/weights/proxy_vit.safetensors"
     outside = tmp_path / "vit.safetensors"
     assert Protocol(weights=str(outside)).to_dict()["weights"] == str(outside)
     assert Protocol().to_dict()["weights"] is None

@@ -92,7 +92,7 @@ class PromptMethod(nn.Module):
     # ----------------------------------------------------------------------------- set-up
     @classmethod
     def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
-        """Constructor arguments for a benchmark run of ``protocol`` (``benchmarks.runner.Protocol``).
+        """Constructor arguments for a benchmark run of ``protocol`` (``benchmarks.ablation.runner.Protocol``).
 
         ``num_experts`` and the protocol's ``method_kwargs`` for this method by default; subclasses add
         what the protocol decides for them (router settings, learning rates, initial prompts).

@@ -1,10 +1,10 @@
 """Runs of the cross-ablation: one training of a method on a Si-Blurry stream, every requested variant
 scored on it, one JSON-serialisable record per variant.
 
-:func:`run_training` trains once and scores all variants (``benchmarks.variants``) on the same test
+:func:`run_training` trains once and scores all variants (``benchmarks.ablation.variants``) on the same test
 batches; :func:`run_reference` runs one ablation variant through ``fly_modules.adapters.reference``,
 as a user would, and is what the tests hold :func:`run_training` to. The loop is
-``benchmarks.training``; its differences from the reference loop are listed in docs/methods.md.
+``benchmarks.ablation.training``; its differences from the reference loop are listed in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -12,96 +12,31 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from .backbone import BackboneLoadError as BackboneLoadError
-from .backbone import build_backbone as _build_timm_backbone
-from .checkpoint import CheckpointError, CheckpointStore, capture, frozen_backbone_digest, restore, rng_states
+from ..backbone import BackboneLoadError as BackboneLoadError
+from ..backbone import build_backbone as _build_timm_backbone
+from ..methods import PromptMethod, method_class
+from ..parallel import DataParallel
+from .checkpointing import CheckpointError, CheckpointStore, capture, frozen_backbone_digest, restore, rng_states
 from .components import AddedComponents, BuiltinComponents, RetrofitComponents
 from .diagnostics import ExpertUsage
 from .evaluation import PredictEvaluator, VariantEvaluator
-from .methods import PromptMethod, method_class
 from .metrics import EvaluationLog, summarize
-from .parallel import DataParallel
 from .preemption import RunInterrupted, any_process
+from .protocol import ROUTER_QUERIES, Protocol, RunSpec
 from .stream import Exposure, SiBlurryStream, build_si_blurry_stream
 from .training import OnlineTrainer
 from .variants import ABLATION_VARIANTS, VARIANTS, variants_for
 
-__all__ = [
-    "PAPER_METHODS", "ROUTER_QUERIES", "Protocol", "RunSpec", "Checkpointing", "run_training", "run_reference",
-    "build_backbone", "BackboneLoadError",
-]
-
-#: the methods of the paper's cross-ablation table
-PAPER_METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga")
-ROUTER_QUERIES = ("clean", "first_iteration")
-_REPOSITORY = Path(__file__).resolve().parents[1]
-
-
-@dataclass
-class Protocol:
-    """Every setting of a run except (method, variant, dataset, seed). See ``cross_ablation.py --help``."""
-
-    model: str = "vit_base_patch16_224.orig_in21k"
-    model_kwargs: Dict[str, Any] = field(default_factory=dict)
-    pretrained: bool = True
-    weights: Optional[str] = None
-    image_size: int = 224
-    batch_size: int = 64
-    online_iter: int = 3
-    eval_period: int = 1000
-    test_batch_size: int = 128
-    num_sessions: int = 5
-    disjoint_ratio: float = 0.5
-    blurry_ratio: float = 0.1
-    num_experts: int = 5
-    lr: Optional[float] = None  # None: the method's default (Adam 0.005; 0.003 for HiDe-Prompt/NoRGa)
-    expansion_dim: int = 10_000
-    ridge: float = 1e4
-    decays: Tuple[float, ...] = (0.9, 0.99)
-    aggregate: str = "softmax_max"
-    amp: bool = True  # used on CUDA only
-    augment: bool = True
-    method_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    misa_prompts: Optional[str] = None  # folder with g_prompt.pt and e_prompt.pt
-    # Router statistics from "clean": a frozen fp32 pass over the un-augmented batch (the reference,
-    # docs/protocol.md §3.4 step 3), or "first_iteration": the query pass of the batch's first online
-    # iteration (augmented, under autocast; one backbone pass fewer).
-    router_query: str = "clean"
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The protocol as recorded; weight files of the checkout by their path in it, so that a record
-        does not depend on where the repository lies (and names no folder of the machine)."""
-        record = asdict(self)
-        if self.weights is not None:
-            path = Path(self.weights).resolve()
-            if path.is_relative_to(_REPOSITORY):
-                record["weights"] = path.relative_to(_REPOSITORY).as_posix()
-        return record
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One result of the sweep: a variant of a method on a dataset with a seed (one result file)."""
-
-    method: str
-    variant: str
-    dataset: str
-    seed: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.dataset}/{self.method}/{self.variant}/seed{self.seed}"
-
+__all__ = ["Checkpointing", "run_training", "run_reference", "build_backbone", "BackboneLoadError"]
 
 @dataclass
 class Checkpointing:
-    """How a training checkpoints itself (``benchmarks.checkpoint``) and when it stops early.
+    """How a training checkpoints itself (``benchmarks.ablation.checkpointing``) and when it stops early.
 
     Attributes:
         store: the training's checkpoint files.
@@ -109,7 +44,7 @@ class Checkpointing:
             (only when stopped).
         setting: the sweep's protocol and data setting, stored in each checkpoint.
         stop_requested: polled at every batch boundary; when it is true on any process the training
-            writes a checkpoint and raises ``benchmarks.preemption.RunInterrupted``.
+            writes a checkpoint and raises ``benchmarks.ablation.preemption.RunInterrupted``.
         resume: the checkpoint to continue from (``CheckpointStore.latest``), ``None`` to start afresh;
             released (set to ``None``) once loaded, so that its tensors do not stay in memory.
         lead: whether this process writes the files (rank 0).
@@ -148,7 +83,7 @@ def run_training(
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
     ``train``/``test`` are ``benchmarks.data`` records and ``variants`` names from
-    ``benchmarks.variants.VARIANTS`` that the method runs (``variants_for``). Returns one record per
+    ``benchmarks.ablation.variants.VARIANTS`` that the method runs (``variants_for``). Returns one record per
     variant: the spec, the metrics (official-code and paper definitions), the evaluation log, the
     diagnostics (docs/diagnostics.md), timings and memory of the shared training.
 

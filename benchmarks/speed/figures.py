@@ -1,8 +1,8 @@
-"""A :class:`benchmarks._timing.Report` that also keeps what it prints, for the micro-benchmarks' ``--json``.
+"""A :class:`benchmarks.speed.timing.Report` that also keeps what it prints, for the micro-benchmarks' ``--json``.
 
 Every target (key, value, bound, pass/fail, detail) and every information line is kept in the order
 printed, and :meth:`FigureReport.write_json` writes them with the run's settings and environment, so a
-script (``benchmarks/gpu_suite.py``) reads the figures instead of parsing the printed text.
+script (``benchmarks/gpu/suite.py``) reads the figures instead of parsing the printed text.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping
 
 import torch
 
-from benchmarks._timing import Report, load_average
+from benchmarks.speed.timing import Report, load_average
 
 __all__ = ["FigureReport"]
 

@@ -1,6 +1,6 @@
 """Does the proxy pretraining matter? A linear probe on frozen features of the *downstream* classes.
 
-    python benchmarks/probe_proxy.py              # pretrained vs random backbone vs raw pixels
+    python -m benchmarks.proxy.probe              # pretrained vs random backbone vs raw pixels
 
 The same probe -- a closed-form ridge classifier on standardised features, its ridge chosen on a
 held-out fifth of the training images, then refitted on all of them -- is fitted on three inputs:
@@ -20,12 +20,9 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-if __package__ in (None, ""):  # run as a script from a checkout: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 
-from benchmarks.pretrain_proxy import (
+from benchmarks.proxy.pretrain import (
     DATA_SEED,
     DEFAULT_OUTPUT,
     MODEL_KWARGS,
@@ -74,7 +71,7 @@ def features(model: Optional[torch.nn.Module], images: torch.Tensor, batch_size:
 def _display_path(path: str) -> str:
     """``path`` relative to the repository when it lies inside it (so the JSON is machine-independent)."""
     resolved = Path(path).resolve()
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     return str(resolved.relative_to(repo)) if resolved.is_relative_to(repo) else str(path)
 
 
@@ -92,8 +89,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
+    from benchmarks.ablation.protocol import Protocol
+    from benchmarks.ablation.runner import build_backbone
     from benchmarks.data import make_synthetic_train_test, synthetic_class_split
-    from benchmarks.runner import Protocol, build_backbone
 
     started = time.perf_counter()
     _, downstream = synthetic_class_split(args.upstream_classes, args.classes)
@@ -122,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.output:
         payload = {"results": results, "ratio": ratio, "chance": chance, "classes": args.classes,
                    "train_per_class": args.train_per_class, "test_per_class": args.test_per_class,
-                   "weights": _display_path(args.weights), "command": "python benchmarks/probe_proxy.py " + " ".join(argv or sys.argv[1:])}
+                   "weights": _display_path(args.weights), "command": "python -m benchmarks.proxy.probe " + " ".join(argv or sys.argv[1:])}
         Path(args.output).write_text(json.dumps(payload, indent=2) + "\n")
     return 0 if ratio >= args.min_ratio else 1
 

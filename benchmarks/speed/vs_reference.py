@@ -21,40 +21,35 @@ implementations agree where they are comparable. ``--profile`` adds operator pro
 
 Run from the repository root::
 
-    python benchmarks/bench_vs_reference.py --reference-repo PATH --threads 1          # CPU, tiny ViT
-    python benchmarks/bench_vs_reference.py --reference-repo PATH --device cuda --vit base
-    python benchmarks/bench_vs_reference.py --reference-repo tests/fixtures/fake_flygcl --quick
+    python -m benchmarks.speed.vs_reference --reference-repo PATH --threads 1          # CPU, tiny ViT
+    python -m benchmarks.speed.vs_reference --reference-repo PATH --device cuda --vit base
+    python -m benchmarks.speed.vs_reference --reference-repo tests/fixtures/fake_flygcl --quick
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
+import functools
+import gc
+import json
+import os
+import platform
+import subprocess
 import sys
+import time
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:  # benchmarks/ is run from a checkout, never installed
-    sys.path.insert(0, str(_ROOT))
+import torch
+from fly_modules.adapters import Retrofit, retrofit
+from torch import Tensor, nn
 
-import argparse  # noqa: E402
-import copy  # noqa: E402
-import functools  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import subprocess  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple  # noqa: E402
-
-import torch  # noqa: E402
-from fly_modules.adapters import Retrofit, retrofit  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-
-from benchmarks import _reference_checkout as ref  # noqa: E402
-from benchmarks._timing import Report, configure_threads, format_seconds, median, print_header  # noqa: E402
-from fly_modules import SampleBudgetSchedule  # noqa: E402
+from benchmarks.speed import reference_checkout as ref
+from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
+from fly_modules import SampleBudgetSchedule
 
 TARGET_TRAIN_OVERHEAD = 5.0   # % of the baseline's training step, router + ensemble together
 TARGET_EVAL_SPEEDUP = 3.0     # our evaluation throughput / the official code's

@@ -2,8 +2,8 @@
 """Everything to measure on a GPU, in one command: CUDA tests, kernel benchmarks, a GPU-scale proxy
 and the end-to-end comparison with the official code, each stage in its own process and time limit.
 
-    python benchmarks/gpu_suite.py --output OUT [--reference-repo PATH]    # one H100: at most 8 minutes
-    python benchmarks/gpu_suite.py --device cpu --tiny --output /tmp/gpu_tiny   # every stage at toy sizes
+    python -m benchmarks.gpu.suite --output OUT [--reference-repo PATH]    # one H100: at most 8 minutes
+    python -m benchmarks.gpu.suite --device cpu --tiny --output /tmp/gpu_tiny   # every stage at toy sizes
 
 Stages, in order (docs/gpu.md): ``environment`` (versions, device), ``cuda_tests`` (``pytest -m cuda``),
 ``kernels`` (``bench_router.py`` and ``bench_ensemble.py``), ``proxy`` (pretrain a larger backbone on the
@@ -18,32 +18,28 @@ usage errors.
 
 from __future__ import annotations
 
+import argparse
+import collections
+import datetime
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+import traceback
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-if __package__ in (None, ""):  # run as a script from a checkout: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import argparse  # noqa: E402
-import collections  # noqa: E402
-import datetime  # noqa: E402
-import glob  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-import xml.etree.ElementTree as ElementTree  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Any, Callable, Dict, List, Optional, Sequence  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STAGES = ("environment", "cuda_tests", "kernels", "proxy", "vs_reference")
 #: Seconds per stage on one H100 (they sum to TOTAL_BUDGET); the last stage also gets what the others left.
 STAGE_BUDGETS = {"environment": 10, "cuda_tests": 60, "kernels": 110, "proxy": 240, "vs_reference": 60}
@@ -103,7 +99,7 @@ def now() -> str:
 
 
 def scrape_targets(text: str) -> List[Dict[str, Any]]:
-    """The ``[PASS]/[FAIL] key: value (target op bound)`` lines of ``benchmarks._timing.Report``."""
+    """The ``[PASS]/[FAIL] key: value (target op bound)`` lines of ``benchmarks.speed.timing.Report``."""
     found = []
     for line in text.splitlines():
         match = TARGET_LINE.match(line.strip())
@@ -247,7 +243,7 @@ class Suite:
         self.started = time.monotonic()
         self.deadline = self.started + args.budget
         self.summary: Dict[str, Any] = {
-            "suite": "benchmarks/gpu_suite.py", "arguments": sys.argv[1:], "started": now(), "finished": None,
+            "suite": "benchmarks/gpu/suite.py", "arguments": sys.argv[1:], "started": now(), "finished": None,
             "device": args.device, "tiny": args.tiny, "budget_seconds": args.budget, "environment": None,
             "stages": {name: {"status": "pending" if name in args.stages else "not requested"} for name in STAGES},
             "targets": [], "files": [],
@@ -263,7 +259,7 @@ class Suite:
 
     def child_stage(self, name: str, *extra: str) -> List[str]:
         """This script, running one stage's body in a fresh process."""
-        command = self.python(str(Path(__file__).resolve()), "--run-stage", name, "--output", str(self.output),
+        command = self.python("-m", "benchmarks.gpu.suite", "--run-stage", name, "--output", str(self.output),
                               "--workdir", str(self.workdir / name), "--device", self.args.device)
         return command + (["--tiny"] if self.args.tiny else []) + list(extra)
 
@@ -372,10 +368,10 @@ class Suite:
         folder = self.workdir / "kernels"
         folder.mkdir(parents=True, exist_ok=True)
         quick = ["--quick", "--threads", "1"] if self.args.tiny else []
-        router_command = self.python("benchmarks/bench_router.py", "--device", self.args.device, "--float32-lu",
+        router_command = self.python("-m", "benchmarks.speed.router", "--device", self.args.device, "--float32-lu",
                                      "--json", str(folder / "router.json"), *quick)
         router_command += ["--no-memory"] if not self.cuda else ["--solve-repeats", "7"]
-        ensemble_command = self.python("benchmarks/bench_ensemble.py", "--device", self.args.device,
+        ensemble_command = self.python("-m", "benchmarks.speed.ensemble", "--device", self.args.device,
                                        "--json", str(folder / "ensemble.json"), *quick)
         started = time.monotonic()
         children = [run_child(router_command, limit=max(limit - KERNEL_ENSEMBLE_RESERVE, MIN_STAGE_SECONDS))]
@@ -389,8 +385,8 @@ class Suite:
         for target in KERNEL_TARGETS:
             key = target.key.format(large_batch=large_batch)
             targets.append(Target(target.stage, key, target.op, target.bound, target.unit).evaluate(
-                values.get(key), self.gpu_targets_apply, "bench_router.py" if key.startswith("router") else
-                "bench_ensemble.py"))
+                values.get(key), self.gpu_targets_apply, "benchmarks.speed.router" if key.startswith("router") else
+                "benchmarks.speed.ensemble"))
         record["targets"] = targets
         self.add_targets(targets)
         record["headline"] = ", ".join(f"{t['key']} {t['value']:.2f}x" for t in targets if t["value"] is not None)
@@ -428,12 +424,12 @@ class Suite:
         record["status"] = status or "passed"
 
     def stage_vs_reference(self, record: Dict[str, Any], limit: float) -> None:
-        script = REPO / "benchmarks" / "bench_vs_reference.py"
+        script = REPO / "benchmarks" / "speed" / "vs_reference.py"
         if self.args.reference_repo is None:
             record.update(status="skipped", reason="no --reference-repo (a checkout of AnAppleCore/FlyGCL)")
             return
         if not script.exists():
-            record.update(status="skipped", reason="benchmarks/bench_vs_reference.py is not in this checkout")
+            record.update(status="skipped", reason="benchmarks/speed/vs_reference.py is not in this checkout")
             return
         folder = self.workdir / "vs_reference"
         folder.mkdir(parents=True, exist_ok=True)
@@ -449,13 +445,13 @@ class Suite:
                 figures[method] = {"skipped": f"{max(left, 0):.0f} s of the stage left"}
                 continue
             output = folder / f"{method}.json"
-            children.append(run_child(self.python(str(script), "--reference-repo", self.args.reference_repo,
+            children.append(run_child(self.python("-m", "benchmarks.speed.vs_reference", "--reference-repo", self.args.reference_repo,
                                                   "--methods", method, "--json", str(output), *flags), limit=left))
             figures[method] = _load_json(output)
         record["children"] = [child_summary(child) for child in children]
         record["result"] = figures
         targets = [dict(t, stage="vs_reference", method=child["command"][child["command"].index("--methods") + 1],
-                        applies=self.gpu_targets_apply, source="bench_vs_reference.py")
+                        applies=self.gpu_targets_apply, source="benchmarks.speed.vs_reference")
                    for child in children for t in scrape_targets(child["output"])]
         record["targets"] = targets
         self.add_targets(targets)
@@ -533,7 +529,7 @@ def proxy_body(args: argparse.Namespace, workdir: Path) -> None:
     """Pretrain the GPU-scale backbone into --output, then the sweep; the result file after each."""
     import torch
 
-    from benchmarks import _gpu_proxy
+    from benchmarks.gpu import proxy as _gpu_proxy
 
     started = time.perf_counter()
     if args.tiny:  # toy sizes: more threads only contend (a CI machine has 2 cores); the GPU run uses them all

@@ -20,8 +20,8 @@ from torch import Tensor
 
 from fly_modules import AnalyticRouter, TemporalEnsembleHead
 
-from .methods.base import MethodOutput, PromptMethod
-from .parallel import BatchShare
+from ..methods.base import MethodOutput, PromptMethod
+from ..parallel import BatchShare
 
 __all__ = ["AddedComponents", "BuiltinComponents", "RetrofitComponents"]
 

@@ -9,9 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-from .checkpoint import CheckpointStore, checkpoint_folder
-from .methods import method_class
-from .runner import RunSpec
+from ..methods import method_class
+from .checkpointing import CheckpointStore, checkpoint_folder
+from .protocol import RunSpec
 from .variants import variants_for
 
 __all__ = [
@@ -123,7 +123,7 @@ class ProtocolMismatchError(RuntimeError):
 
 
 def plan(methods: Sequence[str], variants: Sequence[str], datasets: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:
-    """Every result of a sweep: each method's variants for ``variants`` (``benchmarks.variants.variants_for``)."""
+    """Every result of a sweep: each method's variants for ``variants`` (``benchmarks.ablation.variants.variants_for``)."""
     specs = []
     for dataset in datasets:
         for seed in seeds:

@@ -15,29 +15,23 @@ Both are timed side by side in this run (interleaved rounds, medians) and their 
 
 Run from the repository root::
 
-    python benchmarks/bench_ensemble.py            # 5 experts, 2 decays, 100 classes, d=768, batches 64 / 256
-    python benchmarks/bench_ensemble.py --quick    # small smoke test
-    python benchmarks/bench_ensemble.py --device cuda   # on a GPU (timings synchronise the device)
-    python benchmarks/bench_ensemble.py --json ensemble.json   # also every target and figure as JSON
+    python -m benchmarks.speed.ensemble            # 5 experts, 2 decays, 100 classes, d=768, batches 64 / 256
+    python -m benchmarks.speed.ensemble --quick    # small smoke test
+    python -m benchmarks.speed.ensemble --device cuda   # on a GPU (timings synchronise the device)
+    python -m benchmarks.speed.ensemble --json ensemble.json   # also every target and figure as JSON
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
+from typing import List, Optional, Sequence
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:  # benchmarks/ is run from a checkout, never installed
-    sys.path.insert(0, str(_ROOT))
+import torch
+from torch import Tensor, nn
 
-import argparse  # noqa: E402
-from typing import List, Optional, Sequence  # noqa: E402
-
-import torch  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-
-from benchmarks._figures import FigureReport  # noqa: E402
-from benchmarks._timing import (  # noqa: E402
+from benchmarks.speed.figures import FigureReport
+from benchmarks.speed.timing import (
     Report,
     best_ratio,
     configure_threads,
@@ -49,7 +43,7 @@ from benchmarks._timing import (  # noqa: E402
     synchronizer,
     time_side_by_side,
 )
-from fly_modules.ensemble import TemporalEnsembleHead  # noqa: E402
+from fly_modules.ensemble import TemporalEnsembleHead
 
 TARGET_SMALL_BATCH = 3.0
 TARGET_LARGE_BATCH = 5.0

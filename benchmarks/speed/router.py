@@ -14,37 +14,32 @@ accuracy; cached routing >= 100x re-solving; peak extra memory of one solve <= 1
 
 Run from the repository root::
 
-    python benchmarks/bench_router.py            # the issue's sizes (several minutes on 2 cores)
-    python benchmarks/bench_router.py --quick    # small smoke test (seconds)
-    python benchmarks/bench_router.py --device cuda   # on a GPU (timings synchronise the device)
-    python benchmarks/bench_router.py --float32-lu --json router.json   # + the float32 LU; figures as JSON
+    python -m benchmarks.speed.router            # the issue's sizes (several minutes on 2 cores)
+    python -m benchmarks.speed.router --quick    # small smoke test (seconds)
+    python -m benchmarks.speed.router --device cuda   # on a GPU (timings synchronise the device)
+    python -m benchmarks.speed.router --float32-lu --json router.json   # + the float32 LU; figures as JSON
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
+import inspect
+import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Dict, Optional, Sequence, Tuple
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:  # benchmarks/ is run from a checkout, never installed
-    sys.path.insert(0, str(_ROOT))
+import torch
+import torch.nn.functional as F
+from torch import Tensor
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-from typing import Dict, Optional, Sequence, Tuple  # noqa: E402
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from benchmarks._figures import FigureReport  # noqa: E402
-from benchmarks._timing import (  # noqa: E402
+from benchmarks.speed.figures import FigureReport
+from benchmarks.speed.timing import (
     Report,
     best_ratio,
     configure_threads,
@@ -56,8 +51,10 @@ from benchmarks._timing import (  # noqa: E402
     synchronizer,
     time_side_by_side,
 )
-from fly_modules import _ridge  # noqa: E402  (private but supported: the kernels and solvers)
-from fly_modules.router import AnalyticRouter  # noqa: E402
+from fly_modules import _ridge  # private but supported: the kernels and solvers
+from fly_modules.router import AnalyticRouter
+
+_REPOSITORY = Path(__file__).resolve().parents[2]
 
 STATS_DTYPE = torch.float64
 TARGET_UPDATE = 1.6
@@ -216,10 +213,10 @@ def memory_child(method: str, stats_file: str, ridge: float) -> None:
 
 def measure_peak_memory(method: str, stats_file: str, ridge: float, threads: int) -> Dict[str, float]:
     command = [
-        sys.executable, str(Path(__file__).resolve()), "--memory-child", method, "--stats-file", stats_file,
+        sys.executable, "-m", "benchmarks.speed.router", "--memory-child", method, "--stats-file", stats_file,
         "--ridge", repr(ridge), "--threads", str(threads),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=_REPOSITORY)
     if done.returncode != 0:
         raise RuntimeError(f"memory child {method!r} failed ({done.returncode}):\n{done.stderr}")
     result = json.loads(done.stdout.strip().splitlines()[-1])

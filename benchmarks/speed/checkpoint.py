@@ -12,32 +12,27 @@ part by part, and its write time at the stated disk speeds.
 
 Run from the repository root::
 
-    python benchmarks/bench_checkpoint.py                  # proxy scale, DualPrompt with the added router and ensemble
-    python benchmarks/bench_checkpoint.py --quick          # a short stream (smoke test)
-    python benchmarks/bench_checkpoint.py --estimate       # ViT-B/16 sizes at the paper's settings
+    python -m benchmarks.speed.checkpoint                  # proxy scale, DualPrompt with the added router and ensemble
+    python -m benchmarks.speed.checkpoint --quick          # a short stream (smoke test)
+    python -m benchmarks.speed.checkpoint --estimate       # ViT-B/16 sizes at the paper's settings
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Dict, List, Optional, Sequence
 
-_ROOT = Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:  # benchmarks/ is run from a checkout, never installed
-    sys.path.insert(0, str(_ROOT))
+import torch
 
-import argparse  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from typing import Dict, List, Optional, Sequence  # noqa: E402
-
-import torch  # noqa: E402
-
-from benchmarks import cross_ablation  # noqa: E402
-from benchmarks._timing import Report, configure_threads, median, print_header  # noqa: E402
-from benchmarks.checkpoint import CheckpointStore, read_checkpoint  # noqa: E402
-from benchmarks.results import plan  # noqa: E402
-from benchmarks.runner import Checkpointing, run_training  # noqa: E402
+from benchmarks.ablation import cli as cross_ablation
+from benchmarks.ablation.checkpointing import CheckpointStore, read_checkpoint
+from benchmarks.ablation.results import plan
+from benchmarks.ablation.runner import Checkpointing, run_training
+from benchmarks.speed.timing import Report, configure_threads, median, print_header
 
 TARGET_OVERHEAD = 0.05  # of the training's time, at the default period
 DISK_SPEEDS = {"local NVMe, 1 GB/s": 1e9, "network file system, 200 MB/s": 2e8}
@@ -100,8 +95,8 @@ def estimate(args: argparse.Namespace) -> None:
     """Checkpoint sizes at the paper's settings from the tensors' shapes (meta device: nothing allocated)."""
     import timm
 
+    from benchmarks.ablation.presets import PRESETS
     from benchmarks.methods import method_class
-    from benchmarks.presets import PRESETS
     from fly_modules import AnalyticRouter, TemporalEnsembleHead
 
     protocol = PRESETS["paper"]["protocol"]
@@ -119,7 +114,7 @@ def estimate(args: argparse.Namespace) -> None:
                 model = method_class(name).from_protocol(backbone, classes, protocol, 1)
                 if model.builtin_components:
                     router, ensemble = model.router, model.ensemble
-                else:  # what benchmarks.components.AddedComponents adds
+                else:  # what benchmarks.ablation.components.AddedComponents adds
                     classifier = model.get_classifier()
                     router = AnalyticRouter(int(getattr(model, "router_dim", classifier.in_features)),
                                             model.num_experts, expansion_dim=m, ridge=protocol.ridge, seed=1)

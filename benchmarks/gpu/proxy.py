@@ -1,4 +1,4 @@
-"""The GPU-scale proxy of ``benchmarks/gpu_suite.py``: the CPU proxy's data and protocol, a larger backbone.
+"""The GPU-scale proxy of ``benchmarks/gpu/suite.py``: the CPU proxy's data and protocol, a larger backbone.
 
 :func:`pretrain` trains a wider, deeper ViT than ``pretrain_proxy.py``'s on more images of the same
 upstream classes (the classes below the proxy stream's, ``PRESETS["proxy"]``), on a GPU, with bfloat16
@@ -28,8 +28,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from benchmarks import pretrain_proxy
-from benchmarks.presets import PRESETS
+from benchmarks.ablation.presets import PRESETS
+from benchmarks.proxy import pretrain as pretrain_proxy
 
 __all__ = ["ProxyScale", "GPU_SCALE", "TINY_SCALE", "MAX_WEIGHT_BYTES", "SWEEP_METHODS", "SWEEP_VARIANTS",
            "pretrain", "sweep", "training_flops_per_image", "planned_flops", "upstream_classes", "model_kwargs_of"]
@@ -313,7 +313,7 @@ def sweep(scale: ProxyScale, weights: Path, *, device: torch.device, workdir: Pa
     ``cross_ablation.main``; one call per method (a method starts only if the last one's time still fits),
     then one call over the finished methods, which only writes their table. Returns per-method status
     and time, and the table's rows (``workdir/table.json``)."""
-    from benchmarks import cross_ablation
+    from benchmarks.ablation import cli as cross_ablation
 
     started = time.perf_counter()
     method_kwargs = {**PRESETS[PRESET]["protocol"].method_kwargs, **scale.sweep_method_kwargs}

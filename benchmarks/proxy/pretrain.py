@@ -1,7 +1,7 @@
 """Pretrain the CPU proxy backbone: a tiny timm ViT on the *upstream* classes of the hard generated data.
 
-    python benchmarks/pretrain_proxy.py            # the committed checkpoint (about 40 CPU minutes, 1 thread)
-    python benchmarks/pretrain_proxy.py --quick --output /tmp/proxy_vit.safetensors   # a few steps (tests)
+    python -m benchmarks.proxy.pretrain            # the committed checkpoint (about 40 CPU minutes, 1 thread)
+    python -m benchmarks.proxy.pretrain --quick --output /tmp/proxy_vit.safetensors   # a few steps (tests)
 
 The proxy benchmark (``cross_ablation.py --preset proxy``) stands in for the paper's setting -- a
 pretrained, frozen ViT and a continual stream of classes it has never seen -- at a scale a CPU can
@@ -29,13 +29,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-if __package__ in (None, ""):  # run as a script from a checkout: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT = REPO / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
 #: The proxy backbone: a standard timm VisionTransformer (vit_tiny_patch16_224 family) on 32x32 images.
 MODEL_NAME = "vit_tiny_patch16_224"
@@ -194,7 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # No safetensors metadata: its header order is not stable across processes (the sidecar has it all).
     save_file(backbone_state(model), str(output))
     digest = sha256_file(output)
-    command = "python benchmarks/pretrain_proxy.py" + "".join(f" {shlex.quote(a)}" for a in argv)
+    command = "python -m benchmarks.proxy.pretrain" + "".join(f" {shlex.quote(a)}" for a in argv)
     sidecar = {
         "file": output.name,
         "sha256": digest,

@@ -17,10 +17,10 @@ from torch import Tensor
 
 from fly_modules import seen_class_mask
 
+from ..methods.base import MethodOutput, PromptMethod
+from ..parallel import DataParallel
 from .diagnostics import ROUTING_VERSIONS, ExpertUsage, expert_matrix_summary, member_summary, routing_summary
-from .methods.base import MethodOutput, PromptMethod
 from .metrics import EvaluationLog, count_correct
-from .parallel import DataParallel
 from .stream import Exposure
 from .variants import VARIANTS
 
@@ -82,9 +82,9 @@ class VariantEvaluator:
 
     Args:
         model: the trained method; forced and routed selections go through ``model(x, expert=ids, query=q)``.
-        components: its REAR and TE2 (``benchmarks.components``): ``route`` and ``ensemble``.
+        components: its REAR and TE2 (``benchmarks.ablation.components``): ``route`` and ``ensemble``.
         usage: the class x expert training counts (true experts, docs/diagnostics.md).
-        variants: names from ``benchmarks.variants.VARIANTS``.
+        variants: names from ``benchmarks.ablation.variants.VARIANTS``.
         member_names: names of the ensemble's members (online head, then one per decay).
         meta: the evaluation logs' meta (the variant's spec is added).
     """

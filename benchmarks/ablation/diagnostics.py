@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .parallel import WHOLE_BATCH, BatchShare
+from ..parallel import WHOLE_BATCH, BatchShare
 
 __all__ = ["ExpertUsage", "routing_summary", "expert_matrix_summary"]
 

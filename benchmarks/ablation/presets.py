@@ -6,11 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict
 
-from .runner import PAPER_METHODS, Protocol
+from .protocol import PAPER_METHODS, Protocol
 
 __all__ = ["PRESETS"]
 
-_PROXY_WEIGHTS = str(Path(__file__).resolve().parent / "checkpoints" / "proxy_vit.safetensors")
+_PROXY_WEIGHTS = str(Path(__file__).resolve().parents[1] / "proxy" / "weights" / "proxy_vit.safetensors")
 def _reference_baselines() -> Dict[str, Dict[str, Any]]:
     """The baselines as the paper compares them (docs/protocol.md §4.2, 4.5, 4.9): DualPrompt/MISA select
     over the whole pool at test time, MVP's loss terms are batch-global, HiDe-Prompt/NoRGa's router reads
@@ -22,8 +22,8 @@ def _reference_baselines() -> Dict[str, Dict[str, Any]]:
 
 
 #: The CPU proxy of the paper's setting (docs/proxy.md): a tiny timm ViT pretrained by
-#: benchmarks/pretrain_proxy.py on upstream classes 0..399 of the hard generated data, loaded from
-#: benchmarks/checkpoints/, and a Si-Blurry stream (r_D 0.5, r_B 0.1, 5 sessions) over 10 disjoint
+#: benchmarks/proxy/pretrain.py on upstream classes 0..399 of the hard generated data, loaded from
+#: benchmarks/proxy/weights/, and a Si-Blurry stream (r_D 0.5, r_B 0.1, 5 sessions) over 10 disjoint
 #: downstream classes with 1,000 images each. The comparisons are the paper's: the reference baselines, the
 #: router fed the clean batch, and the router's ridge chosen by generalised cross-validation on its own
 #: statistics with M = a tenth of the stream (the rule of docs/proxy.md; it never looks at test accuracy).

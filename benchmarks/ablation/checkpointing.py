@@ -273,9 +273,9 @@ def capture(
     """The checkpoint of a training at a batch boundary.
 
     Args:
-        trainer: the ``benchmarks.training.OnlineTrainer``; its ``state_dict`` is saved without the
+        trainer: the ``benchmarks.ablation.training.OnlineTrainer``; its ``state_dict`` is saved without the
             frozen backbone and with the routers' ``G`` as lower triangles.
-        evaluator: the ``benchmarks.evaluation`` evaluator (the evaluation logs and diagnostics so far).
+        evaluator: the ``benchmarks.ablation.evaluation`` evaluator (the evaluation logs and diagnostics so far).
         run: ``{"dataset", "method", "seed", "variants"}``.
         setting: the sweep's protocol and data setting (``results.setting_differences`` compares it).
         rng: :func:`rng_states` of every process, in rank order.

@@ -15,10 +15,10 @@ from torch import Tensor
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, seen_class_mask
 
+from ..methods.base import MethodOutput, PromptMethod
+from ..parallel import BatchShare, DataParallel
 from .diagnostics import ExpertUsage
-from .methods.base import MethodOutput, PromptMethod
 from .metrics import AnytimeEvalTrigger
-from .parallel import BatchShare, DataParallel
 from .stream import Exposure, SiBlurryStream, StreamBatch
 
 __all__ = ["MixedPrecision", "OnlineTrainer", "StreamPosition"]
@@ -79,10 +79,10 @@ class OnlineTrainer:
 
     Args:
         model: the method (``benchmarks.methods`` seam contract).
-        components: its REAR and TE2 (``benchmarks.components``), started and stepped with it.
+        components: its REAR and TE2 (``benchmarks.ablation.components``), started and stepped with it.
         evaluate: called as ``evaluate(kind, timestamp=, samples_seen=, session=, final=)`` in eval mode.
         usage: the class x expert counts of the training forwards.
-        protocol: ``benchmarks.runner.Protocol``.
+        protocol: ``benchmarks.ablation.runner.Protocol``.
         train: the training set (``benchmarks.data`` record: ``get_raw_batch``, ``get_batch``, ``train_transform``).
         lr: Adam's learning rate.
     """

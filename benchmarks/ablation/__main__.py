@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.ablation.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""What a run of the cross-ablation is: the :class:`Protocol` (every setting but the method, variant,
+dataset and seed) and the :class:`RunSpec` naming one result, shared by the presets, the runner, the
+result files and the command line."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+__all__ = ["PAPER_METHODS", "ROUTER_QUERIES", "Protocol", "RunSpec"]
+
+#: the methods of the paper's cross-ablation table
+PAPER_METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga")
+ROUTER_QUERIES = ("clean", "first_iteration")
+_REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Protocol:
+    """Every setting of a run except (method, variant, dataset, seed). See ``cross_ablation.py --help``."""
+
+    model: str = "vit_base_patch16_224.orig_in21k"
+    model_kwargs: Dict[str, Any] = field(default_factory=dict)
+    pretrained: bool = True
+    weights: Optional[str] = None
+    image_size: int = 224
+    batch_size: int = 64
+    online_iter: int = 3
+    eval_period: int = 1000
+    test_batch_size: int = 128
+    num_sessions: int = 5
+    disjoint_ratio: float = 0.5
+    blurry_ratio: float = 0.1
+    num_experts: int = 5
+    lr: Optional[float] = None  # None: the method's default (Adam 0.005; 0.003 for HiDe-Prompt/NoRGa)
+    expansion_dim: int = 10_000
+    ridge: float = 1e4
+    decays: Tuple[float, ...] = (0.9, 0.99)
+    aggregate: str = "softmax_max"
+    amp: bool = True  # used on CUDA only
+    augment: bool = True
+    method_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    misa_prompts: Optional[str] = None  # folder with g_prompt.pt and e_prompt.pt
+    # Router statistics from "clean": a frozen fp32 pass over the un-augmented batch (the reference,
+    # docs/protocol.md §3.4 step 3), or "first_iteration": the query pass of the batch's first online
+    # iteration (augmented, under autocast; one backbone pass fewer).
+    router_query: str = "clean"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The protocol as recorded; weight files of the checkout by their path in it, so that a record
+        does not depend on where the repository lies (and names no folder of the machine)."""
+        record = asdict(self)
+        if self.weights is not None:
+            path = Path(self.weights).resolve()
+            if path.is_relative_to(_REPOSITORY):
+                record["weights"] = path.relative_to(_REPOSITORY).as_posix()
+        return record
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One result of the sweep: a variant of a method on a dataset with a seed (one result file)."""
+
+    method: str
+    variant: str
+    dataset: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.dataset}/{self.method}/{self.variant}/seed{self.seed}"
