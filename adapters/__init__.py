@@ -45,6 +45,7 @@ def retrofit(
     seed: int = 0,
     decays: Sequence[float] = (0.9, 0.99),
     aggregate: str = "softmax_max",
+    correct_assembly: bool = False,
     **family_options: Any,
 ) -> Retrofit:
     """Add the analytic router and/or the temporal ensemble to ``model`` with the adapter of ``method``.
@@ -53,8 +54,8 @@ def retrofit(
         model: the user's model (its ``training`` flag tells training from inference).
         method: a name of :func:`list_families` (``"l2p"``, ``"dualprompt"``, ``"misa"``, ``"mvp"``,
             ``"hide"``, ``"norga"``, ``"generic"``, ``"reference"``).
-        router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate: the
-            options every family shares (:class:`RetrofitOptions`).
+        router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate,
+            correct_assembly: the options every family shares (:class:`RetrofitOptions`).
         **family_options: the family's own (``num_experts``, ``original_model``, ...; see
             ``docs/adapters.md`` or ``help(fly_modules.adapters.<family>.retrofit)``).
 

@@ -102,6 +102,9 @@ class Retrofit:
         self.logit_mask: Optional[Tensor] = None
         self.process_group: Optional[Any] = None
         self.install = Installation()
+        #: ``correct(installation)`` for each upstream fix the retrofit installed (``correct_assembly``):
+        #: verify() compares the retrofit with the model carrying these fixes only.
+        self.corrections: List[Callable[[Installation], None]] = []
         #: the family's plumbing object, if it keeps per-forward stashes (verify() restores them).
         self.wiring: Any = None
         # How verify() evaluates by default when the model's inference is not its forward.

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from fly_modules._validation import InvalidParameterError
 
+from ._assembly import check_assembly, install_assembly_correction
 from ._errors import GENERIC_CALL, SeamError, missing_seam
 from ._handle import Retrofit
 from ._head import find_head
@@ -108,6 +109,7 @@ def wire_jhlee(
     head_owner, head_name = find_head(model, family)
     if options.router:
         require_keyword(prompt.forward, "prompt_mask", family=family, callee=f"{type(prompt).__name__}.forward")
+    correct = check_assembly(prompt, family=family, router=options.router, correct=options.correct_assembly)
     device = prompt.prompt_key.device
     owner = owner.to(device)
     bank_of_slot = bank_of_slot.to(device)
@@ -116,6 +118,8 @@ def wire_jhlee(
         num_banks=num_banks, banks_of_expert=banks_of_expert, start_method_expert=start_expert, router_dim=router_dim,
     )
     handle = wiring.handle
+    if correct:
+        install_assembly_correction(handle, prompt)
     if not options.router and not options.ensemble:
         return handle
 

@@ -37,6 +37,9 @@ class RetrofitOptions:
             (``start_session``) or ``None`` (experts start only through ``handle.start_expert``).
         expansion_dim, ridge, seed: the router's (paper: 10,000, 1e4).
         decays, aggregate: the ensemble's (paper: (0.9, 0.99), ``"softmax_max"``).
+        correct_assembly: correct an upstream prompt assembly that mixes the samples of a batch (the
+            JH-LEE prefix E-prompt lineage), for every variant, ``router=False`` included; without it,
+            ``router=True`` on such a model raises ``SeamError`` and ``router=False`` leaves it as it is.
     """
 
     router: bool = True
@@ -48,6 +51,7 @@ class RetrofitOptions:
     seed: int = 0
     decays: Tuple[float, ...] = (0.9, 0.99)
     aggregate: str = "softmax_max"
+    correct_assembly: bool = False
 
     def __post_init__(self) -> None:
         check_choice(self.router, "router", (True, False), owner=_OWNER)
@@ -77,6 +81,7 @@ class RetrofitOptions:
             )
         object.__setattr__(self, "decays", tuple(float(d) for d in decays))
         check_choice(self.aggregate, "aggregate", AGGREGATION_RULES, owner=_OWNER)
+        check_choice(self.correct_assembly, "correct_assembly", (True, False), owner=_OWNER)
 
     @classmethod
     def names(cls) -> Tuple[str, ...]:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from fly_modules._validation import InvalidParameterError, check_int
 
+from ._assembly import check_assembly, install_assembly_correction
 from ._errors import SeamError, missing_seam
 from ._handle import Retrofit
 from ._head import find_head
@@ -75,12 +76,15 @@ def retrofit(
             "--batchwise_prompt) or retrofit with router=False"
         )
     head_owner, head_name = find_head(model, "hide")
+    correct = check_assembly(prompt, family="hide", router=options.router, correct=options.correct_assembly)
     wiring = Wiring.create(
         model, "hide", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
         num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_method_expert=start_expert,
         router_dim=router_dim,
     )
     handle = wiring.handle
+    if correct:
+        install_assembly_correction(handle, prompt)
     if not options.router and not options.ensemble:
         return handle
 
