@@ -124,7 +124,7 @@ class Retrofit:
         self._ensemble_steps = 0
         self._warned_no_ema = False
         # What the hooks observed, for verify() and the one-time check that routing takes effect.
-        self._forced_expert: Optional[int] = None
+        self._forced_expert: Union[int, Tensor, None] = None
         self._confirmed_experts: set = set()
         self._verifying = False
         self.observed: Dict[str, Any] = {}
@@ -185,8 +185,13 @@ class Retrofit:
         return self._forced_expert is not None or self.router.num_samples > 0
 
     def route(self, features: Tensor) -> Tensor:
-        if self._forced_expert is not None:
-            return torch.full((features.shape[0],), self._forced_expert, dtype=torch.long, device=features.device)
+        forced = self._forced_expert
+        if isinstance(forced, Tensor):  # one expert per sample (verify's batch-independence check)
+            if forced.shape != (features.shape[0],):
+                raise RuntimeError(f"Retrofit: {forced.numel()} forced experts for a routed call of {features.shape[0]} samples")
+            return forced.to(device=features.device, dtype=torch.long)
+        if forced is not None:
+            return torch.full((features.shape[0],), forced, dtype=torch.long, device=features.device)
         return self.router.route(features.to(self.router.gram.device))
 
     @property

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._install import MARKER
+from ._batch import batch_independence, batch_size, take_rows
+from ._install import MARKER, Installation
 from ._snapshot import Snapshot
 
 if TYPE_CHECKING:  # only annotations: the handle imports this module when verify() runs
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # only annotations: the handle imports this module when verif
 __all__ = ["Check", "VerifyReport", "verify"]
 
 _SEED = 20260
+_BATCH_SAMPLES = 8  # batch independence: the first samples of the batch, each also run alone
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,11 +90,12 @@ class _Runner:
         self.eval_forward = forward or handle._predict or handle.model
         self.devices = sorted({p.device.index or 0 for p in handle.model.parameters() if p.device.type == "cuda"})
 
-    def __call__(self, training: bool) -> Tensor:
+    def __call__(self, training: bool, batch: Any = None) -> Tensor:
         self.model.train(training)
         with torch.random.fork_rng(devices=self.devices), torch.set_grad_enabled(training):
             torch.manual_seed(_SEED)
-            return _logits((self.train_forward if training else self.eval_forward)(self.batch))
+            forward = self.train_forward if training else self.eval_forward
+            return _logits(forward(self.batch if batch is None else batch))
 
 
 def _differs(a: Tensor, b: Tensor) -> str:
@@ -137,6 +140,7 @@ def verify(
         _check_experts_trained(handle, run, snapshot, checks)
         _check_ensemble_step(handle, run, snapshot, checks, loss, targets)
         _check_routing(handle, run, snapshot, checks)
+        _check_batch_independence(handle, run, snapshot, checks)
         _check_ensemble_inference(handle, run, snapshot, checks)
     finally:
         snapshot.restore(final=True)
@@ -160,7 +164,13 @@ def _trial_removal(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: L
         ))
         removed["parameters"] = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
         removed["keys"] = list(model.state_dict().keys())
-        removed["train"] = run(True).detach()
+        fixes = Installation()  # correct_assembly: the baseline to compare with is the corrected model
+        for correct in handle.corrections:
+            correct(fixes)
+        try:
+            removed["train"] = run(True).detach()
+        finally:
+            fixes.remove()
     finally:
         restore_install()
         snapshot.restore()
@@ -191,9 +201,10 @@ def _check_training(handle: Retrofit, run: _Runner, snapshot: Snapshot, removed:
         if "train" not in removed:
             return Check("training outputs unchanged", None, "the un-retrofitted model could not be run")
         equal = torch.equal(logits, removed["train"])
+        fixed = " (with its assembly corrected, correct_assembly=True)" if handle.corrections else ""
         return Check(
             "training outputs unchanged", equal,
-            "training-mode logits are bit-identical to the un-retrofitted model's" if equal else
+            f"training-mode logits are bit-identical to the un-retrofitted model's{fixed}" if equal else
             f"training-mode logits differ from the un-retrofitted model's ({_differs(logits, removed['train'])})",
         )
 
@@ -349,6 +360,32 @@ def _check_routing(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: L
         f"holds {fitted} samples; inference is routed" if fitted else
         "holds no samples yet: inference uses the method's own selection until the first end_batch()"
     )))
+
+
+def _check_batch_independence(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
+    """Each sample's inference output is the one it gets alone: mixed experts, one expert, or (no router)
+    the model's own selection, on the first ``_BATCH_SAMPLES`` samples of the batch."""
+    total = batch_size(run.batch)
+    if total is None:
+        checks.append(Check("batch independence", None, "the batch holds no tensor to split into samples"))
+        return
+    router = handle.router
+    num_experts = None if router is None else int(handle.num_experts or router.num_experts)
+
+    def evaluate(rows: Tensor, experts: Optional[Tensor]) -> Tensor:
+        handle._forced_expert = experts
+        try:
+            return run(False, take_rows(run.batch, rows, total))
+        finally:
+            snapshot.restore()
+
+    try:
+        found = batch_independence(evaluate, min(total, _BATCH_SAMPLES), num_experts)
+    except Exception as error:  # noqa: BLE001  (any failure of the user's model is reported)
+        snapshot.restore()
+        checks.append(Check("batch independence", False, f"raised {type(error).__name__}: {error}"))
+        return
+    checks.extend(Check(c.name, c.ok, c.detail) for c in found)
 
 
 def _check_ensemble_inference(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:

@@ -158,6 +158,55 @@ class JLDualPrompt(nn.Module):
         return res
 
 
+class JLPrefixEPrompt(nn.Module):
+    """dualprompt-pytorch ``EPrompt`` with ``use_prefix_tune_for_e_prompt`` (also Mammoth's, PILOT's, and
+    HiDe-Prompt's / NoRGa's copies): ``prompt`` ``(layers, 2, pool, length, heads, head_dim)``, key/value
+    halves at index 0/1. quirk: ``batched_prompt`` is the ``(layers, 2, B, top_k, length, ...)`` gather
+    *reshaped* to ``(layers, B, 2, top_k * length, ...)`` without moving the batch axis, as upstream; with
+    ``per_sample=True`` the axis is moved (what each sample's prompt should be)."""
+
+    def __init__(self, pool_size: int, length: int, layers: int, heads: int = 2, per_sample: bool = False) -> None:
+        super().__init__()
+        self.pool_size, self.length, self.top_k, self.embedding_key = pool_size, length, 1, "cls"
+        self.batchwise_prompt, self.per_sample = False, per_sample
+        self.prompt = nn.Parameter(torch.empty(layers, 2, pool_size, length, heads, D // heads).uniform_(-1, 1))
+        self.prompt_key = nn.Parameter(torch.empty(pool_size, D).uniform_(-1, 1))
+
+    def forward(self, x_embed: Tensor, prompt_mask: Optional[Tensor] = None, cls_features: Optional[Tensor] = None):
+        query = cls_features if cls_features is not None else x_embed.max(dim=1)[0]
+        similarity = F.normalize(query, dim=-1) @ F.normalize(self.prompt_key, dim=-1).t()
+        idx = similarity.topk(self.top_k, dim=1).indices if prompt_mask is None else prompt_mask
+        raw = self.prompt[:, :, idx]  # (layers, 2, B, top_k, length, heads, head_dim)
+        layers, dual, batch, top_k, length, heads, head_dim = raw.shape
+        if self.per_sample:
+            raw = raw.transpose(1, 2)
+        batched = raw.reshape(layers, batch, dual, top_k * length, heads, head_dim)
+        return {"prompt_idx": idx, "similarity": similarity, "batched_prompt": batched}
+
+
+class JLPrefixDualPrompt(JLDualPrompt):
+    """``JLDualPrompt`` with the prefix E-prompt pool; a layer's prefix enters as the tokens
+    ``key + 2 * value`` (minimal internals: both halves act, the attention is the block's own)."""
+
+    def __init__(self, per_sample: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.e_prompt = JLPrefixEPrompt(pool_size=4, length=2, layers=2, per_sample=per_sample)
+
+    def forward(self, x: Tensor, task_id: int = -1, cls_features: Optional[Tensor] = None, train: bool = False):
+        tokens = embed(self.vit, x)
+        prompt_mask = None
+        if self.use_prompt_mask and train:
+            prompt_mask = torch.full((x.shape[0], 1), task_id, dtype=torch.long)
+        res = self.e_prompt(tokens, prompt_mask=prompt_mask, cls_features=cls_features)
+        prefix = res["batched_prompt"]  # (layers, B, 2, length, heads, head_dim)
+        prompts = {i: self.g_prompt[j].expand(x.shape[0], -1, -1) for j, i in enumerate(self.g_prompt_layer_idx)}
+        prompts.update({i: (prefix[j, :, 0] + 2 * prefix[j, :, 1]).flatten(-2) for j, i in enumerate(self.e_prompt_layer_idx)})
+        res["pre_logits"] = prompted_blocks(self.vit, tokens, prompts)[:, 0]
+        res["logits"] = self.head(res["pre_logits"])
+        return res
+
+
 def jhlee_forward(model: nn.Module, original: nn.Module, x: Tensor, task_id: int,
                   cls_features: Optional[Tensor] = None) -> Dict[str, Tensor]:
     """One call of the JH-LEE engines (training and evaluation): the frozen model's ``pre_logits`` as
