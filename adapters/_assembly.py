@@ -54,16 +54,20 @@ def probe_assembly(module: nn.Module) -> Optional[AssemblyProbe]:
     each sample alone; ``None`` when the module does not look like one. The pool's prompts are filled with
     distinct values for the probe (zero-initialised pools would hide a mix) and everything is put back."""
     prompt, keys = getattr(module, "prompt", None), getattr(module, "prompt_key", None)
-    if not isinstance(prompt, Tensor) or not isinstance(keys, Tensor) or keys.ndim != 2 or prompt.ndim < 3:
+    if not isinstance(prompt, Tensor) or prompt.ndim < 3:
         return None
-    pool, dim = keys.shape
+    # Without learnable keys (HiDe's prompt_key=False) the pool's prompt_key is a prompt mean of another shape.
+    learned = isinstance(keys, Tensor) and keys.ndim == 2
+    pool = int(getattr(module, "pool_size", 0) or (keys.shape[0] if learned else 0))
+    width = prompt.shape[-2] * prompt.shape[-1] if prompt.ndim == 6 else prompt.shape[-1]  # heads x head_dim
+    dim = int(getattr(module, "embed_dim", 0) or (keys.shape[1] if learned else width))
     top_k = int(getattr(module, "top_k", 1) or 1)
-    if pool < 2 or top_k > pool:
+    if pool < 2 or dim < 1 or top_k > pool:
         return None
     generator = torch.Generator().manual_seed(0)  # the global random state stays untouched
-    x_embed = torch.randn(_PROBE_BATCH, 3, dim, generator=generator).to(keys)
+    x_embed = torch.randn(_PROBE_BATCH, 3, dim, generator=generator).to(device=prompt.device, dtype=prompt.dtype)
     slots = (torch.arange(_PROBE_BATCH).unsqueeze(1) + torch.arange(top_k)) % pool
-    mask = slots.to(keys.device)
+    mask = slots.to(prompt.device)
     snapshot = Snapshot([module], [])
     try:
         module.eval()

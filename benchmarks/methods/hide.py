@@ -32,6 +32,10 @@ class PrefixPrompt(nn.Module):
         length: prefix length P per layer.
         num_heads, head_dim: the attention's head split.
         gated: also hold NoRGa's per-layer ``act_scale`` ``(a, b)``.
+        mixed_assembly: assemble the batch as the official code does (docs/adapters.md, "Prompts that
+            mix the samples of a batch"): its gather reshaped to ``(L, B, 2, ...)`` without moving the batch
+            axis, so a sample gets other samples' prefixes and the key half as values. For measuring what
+            that does; off by default.
 
     Attributes:
         prompt: ``(L, 2, T, P, H, head_dim)`` parameter, index 0 keys and 1 values, truncated normal with
@@ -52,12 +56,14 @@ class PrefixPrompt(nn.Module):
         head_dim: int,
         *,
         gated: bool = False,
+        mixed_assembly: bool = False,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         self.num_layers, self.num_tasks, self.length = num_layers, num_tasks, length
+        self.mixed_assembly = bool(mixed_assembly)
         self.num_heads, self.head_dim = num_heads, head_dim
         self.prompt = nn.Parameter(torch.empty(num_layers, 2, num_tasks, length, num_heads, head_dim, **dd))
         if gated:
@@ -72,12 +78,17 @@ class PrefixPrompt(nn.Module):
             nn.init.ones_(self.act_scale)
 
     def forward(self, task_id: Tensor) -> Tensor:
-        return self.prompt[:, :, task_id].transpose(3, 4)
+        prefix = self.prompt[:, :, task_id]  # (L, 2, B, P, H, head_dim)
+        if self.mixed_assembly:  # the official reshape: memory relabelled as (L, B, 2, ...), read back as (L, 2, B)
+            layers, dual, batch = prefix.shape[:3]
+            prefix = prefix.reshape(layers, batch, dual, *prefix.shape[3:]).transpose(1, 2)
+        return prefix.transpose(3, 4)
 
     def extra_repr(self) -> str:
         return (
             f"layers={self.num_layers}, tasks={self.num_tasks}, length={self.length}, "
             f"heads={self.num_heads}, head_dim={self.head_dim}, gated={self.act_scale is not None}"
+            + (", mixed_assembly=True" if self.mixed_assembly else "")
         )
 
 
@@ -117,6 +128,8 @@ class HiDePrompt(PromptMethod):
         router_features: ``"cls"`` (frozen prompt-free final-norm CLS, default) or ``"g_mlp"`` (the
             reference's drifting gate features) as ``QueryFeatures.router``.
         stats_dtype: dtype of the running class statistics (float64).
+        mixed_assembly: the official code's batch assembly of the prefixes, which mixes the samples of
+            a batch (``PrefixPrompt``); for measuring its effect only.
 
     Attributes:
         e_prompt: ``PrefixPrompt`` holding every task's prefixes.
@@ -154,6 +167,7 @@ class HiDePrompt(PromptMethod):
         ca_min_var: float = 1e-5,
         router_features: str = "cls",
         stats_dtype: torch.dtype = torch.float64,
+        mixed_assembly: bool = False,
     ) -> None:
         super().__init__()
         if num_tasks is not None and num_experts is not None and num_tasks != num_experts:
@@ -204,7 +218,7 @@ class HiDePrompt(PromptMethod):
 
         self.e_prompt = PrefixPrompt(
             len(self.prefix_layers), self.num_tasks, self.prefix_length, num_heads, head_dim,
-            gated=self.gated, **dd,
+            gated=self.gated, mixed_assembly=mixed_assembly, **dd,
         )
         self.head = nn.Linear(dim, self.num_classes, **dd)
         self.g_mlp = nn.Sequential(nn.Linear(dim, dim, **dd), nn.ReLU())

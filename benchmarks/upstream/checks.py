@@ -16,7 +16,16 @@
 (g) after ``remove()``: state_dict (key order included) and evaluation logits equal the twin's bitwise;
     module / parameter identities and order equal the pre-retrofit ones; every module's instance
     attributes, class and hook tables equal the twin's; the optimizer's step hooks are gone.
-(v) ``handle.verify(batch, forward=<the loop's call>)`` on the trained model agrees with (c), (d), (g).
+(i) batch independence of the trained, routed retrofit through the repository's own evaluation call: a batch
+    whose samples are forced to mixed experts [0, 1, 0, 1] and one forced to expert 0 give each sample the
+    logits it gets alone with its expert (``fly_modules.adapters._batch``, the function verify() uses);
+    without a router, the model's own selection. (i0, informational) the same for the repository as it is.
+(v) ``handle.verify(batch, forward=<the loop's call>)`` on the trained model agrees with (c), (d), (g), (i).
+
+When ``retrofit`` refuses ``router=True`` because the repository's prompt assembly mixes the samples of a
+batch, it is retried with ``correct_assembly=True``; every check but (a) then runs with the option, and the
+reference run is the corrected baseline (``router=False, ensemble=False, correct_assembly=True``, removed
+before its evaluation and structure are recorded, so (g) compares like with like).
 
 When ``retrofit`` refuses ``router=True`` (r: REFUSED, with its reason), the checks that remain run with
 ``router=False, ensemble=True`` (r-ens).
@@ -24,11 +33,13 @@ When ``retrofit`` refuses ``router=True`` (r: REFUSED, with its reason), the che
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Dict, List
 
 import torch
+from fly_modules.adapters._batch import batch_independence
 
 import fly_modules
 from benchmarks.upstream.loading import quiet
@@ -38,6 +49,8 @@ from benchmarks.upstream.report import Report
 from benchmarks.upstream.snapshots import clone_state, max_diff, state_equal, structure, structure_diff
 from benchmarks.upstream.stream import make_stream
 from fly_modules import adapters
+
+BATCH_SAMPLES = 4  # check (i): the first test samples, routed [0, 1, 0, 1], and each alone
 
 # A small router: the default expansion (10,000 wide) would make G an 800 MB matrix for a 32-wide ViT.
 ROUTER_OPTIONS = dict(expansion_dim=256, ridge=1.0)
@@ -49,9 +62,14 @@ class Settings:
     verbose: bool = False
 
 
+def needs_correction(error: BaseException) -> bool:
+    """A refusal of ``router=True`` that ``correct_assembly=True`` lifts (a batch-mixing prompt assembly)."""
+    return isinstance(error, adapters.SeamError) and "correct_assembly=True" in str(error)
+
+
 def retrofit(model: Any, method: str, *, router: bool, ensemble: bool, optimizer: Any = None, schedule: Any = None,
              **family: Any):
-    """The README call; family options (num_experts, original_model, ...) pass through."""
+    """The README call; family options (num_experts, original_model, correct_assembly, ...) pass through."""
     options = dict(router=router, ensemble=ensemble, optimizer=optimizer, schedule=schedule, **family)
     if router:
         options.update(ROUTER_OPTIONS)
@@ -89,24 +107,27 @@ def run_checks(pair: Pair, settings: Settings) -> Report:
         with quiet(not verbose):
             return pair.eval_logits(ctx, x_test.clone(), y_test.clone())
 
+    correction: Dict[str, Any] = {}  # correct_assembly=True where the repository's assembly mixes samples
+
     def attach(ctx, **options):
+        options = {**correction, **options}
         ctx.handle = retrofit(ctx.model, pair.method, optimizer=ctx.optimizer, **options, **pair.family_options(ctx))
         return ctx.handle
 
-    # reference run: the repository alone
-    base = fresh()
-    base_losses = loop(base, sync_expert=False, own_advance=True, session_calls=False)
-    base_state = clone_state(base.model)
-    base_logits, base_rows = evaluate(base)
-    base_structure = structure(pair.roots(base), pair.optimizers(base))
-    report.add("info", "INFO", "reference run", f"{len(base_losses)} training steps, final loss "
-               f"{base_losses[-1]:.4f}, eval prompt rows {base_rows.tolist() if base_rows is not None else None}")
-
-    # does the adapter accept the model? (router + ensemble; else the ensemble alone)
+    # does the adapter accept the model? (router + ensemble; with correct_assembly where it asks for it;
+    # else the ensemble alone)
     use_router = True
     try:
-        attach(fresh(), router=True, ensemble=True).remove()
-        report.add("r", "PASS", f"retrofit(method={pair.method!r}) accepts the model")
+        try:
+            attach(fresh(), router=True, ensemble=True).remove()
+            report.add("r", "PASS", f"retrofit(method={pair.method!r}) accepts the model")
+        except Exception as error:  # noqa: BLE001 - a refusal is a result
+            if not needs_correction(error):
+                raise
+            attach(fresh(), router=True, ensemble=True, correct_assembly=True).remove()
+            correction["correct_assembly"] = True
+            report.add("r", "PASS", f"retrofit(method={pair.method!r}) refuses router=True on the repository's "
+                       "prompt assembly and accepts it with correct_assembly=True", one_line(error, 900))
     except Exception as error:  # noqa: BLE001 - a refusal is a result
         report.add("r", "REFUSED", f"retrofit(method={pair.method!r}, router=True) refuses the model",
                    one_line(error, 900))
@@ -122,18 +143,40 @@ def run_checks(pair: Pair, settings: Settings) -> Report:
     for key, status, title, detail in pair.probes(fresh(), adapters):
         report.add(key, status, title, detail)
 
+    def reference(corrected: bool):
+        """The repository alone (``corrected``: with the assembly correction only, removed before its
+        evaluation and structure are recorded)."""
+        ctx = fresh()
+        handle = attach(ctx, router=False, ensemble=False, correct_assembly=True) if corrected else None
+        losses = loop(ctx, handle, sync_expert=False, own_advance=True, session_calls=False)
+        if handle is not None:
+            handle.remove()
+        return losses, clone_state(ctx.model), evaluate(ctx), structure(pair.roots(ctx), pair.optimizers(ctx))
+
+    # reference run: the repository alone; check (a) compares with it as it is
+    plain_losses, plain_state, (plain_logits, base_rows), base_structure = reference(False)
+    base_losses, base_state, base_logits = plain_losses, plain_state, plain_logits
+    report.add("info", "INFO", "reference run", f"{len(base_losses)} training steps, final loss "
+               f"{base_losses[-1]:.4f}, eval prompt rows {base_rows.tolist() if base_rows is not None else None}")
+    if correction:
+        base_losses, base_state, (base_logits, _), base_structure = reference(True)
+        report.add("info", "INFO", "corrected reference run (correct_assembly=True, router=False, ensemble=False)",
+                   f"the reference of every check but (a); final loss {base_losses[-1]:.4f} (as is: "
+                   f"{plain_losses[-1]:.4f})")
+
     def check_a():
         ctx = fresh()
-        handle = attach(ctx, router=False, ensemble=False)
+        handle = attach(ctx, router=False, ensemble=False, correct_assembly=False)
         losses = loop(ctx, handle, sync_expert=True, own_advance=True, session_calls=False)
         state = clone_state(ctx.model)
         logits, _ = evaluate(ctx)
-        problems = [] if losses == base_losses else [
-            f"losses differ (max {max(abs(a - b) for a, b in zip(losses, base_losses)):.3g})"]
-        problems += state_equal(base_state, state)[:3]
-        if not torch.equal(logits, base_logits):
-            problems.append(f"eval logits differ (max |diff| {max_diff(logits, base_logits):.3g})")
-        report.add("a", "FAIL" if problems else "PASS", "router=False, ensemble=False is bit-identical",
+        problems = [] if losses == plain_losses else [
+            f"losses differ (max {max(abs(a - b) for a, b in zip(losses, plain_losses)):.3g})"]
+        problems += state_equal(plain_state, state)[:3]
+        if not torch.equal(logits, plain_logits):
+            problems.append(f"eval logits differ (max |diff| {max_diff(logits, plain_logits):.3g})")
+        report.add("a", "FAIL" if problems else "PASS", "router=False, ensemble=False is bit-identical"
+                   + (" (without correct_assembly)" if correction else ""),
                    "; ".join(problems) or f"{len(losses)} losses, state_dict and eval logits identical")
         handle.remove()
 
@@ -212,10 +255,39 @@ def run_checks(pair: Pair, settings: Settings) -> Report:
         with quiet(not verbose):
             result = handle.verify(x_test[:8].clone(), forward=pair.verify_forward(ctx, handle))
         failures = [getattr(c, "name", str(c)) for c in getattr(result, "failures", [])]
-        harness_bad = [r["check"] for r in report.rows if r["check"] in ("c", "d", "g") and r["status"] == "FAIL"]
+        harness_bad = [r["check"] for r in report.rows if r["check"] in ("c", "d", "g", "i") and r["status"] == "FAIL"]
         agrees = bool(result.ok) == (not harness_bad)
         report.add("v", "PASS" if agrees else "FAIL", "handle.verify(batch) agrees with the harness",
                    f"verify ok={result.ok} failures={failures}; harness failures {harness_bad or 'none'}")
+
+    def check_i(ctx, handle, key="i"):
+        """Batch independence through the repository's evaluation call (the check verify() runs)."""
+        rows_x, rows_y = x_test[:BATCH_SAMPLES], y_test[:BATCH_SAMPLES]
+        router = getattr(handle, "router", None) if handle is not None else None
+
+        def run(rows, experts):
+            with forced_route(handle, experts) if experts is not None else contextlib.nullcontext():
+                logits, _ = evaluate_on(ctx, rows_x[rows].clone(), rows_y[rows].clone())
+            return logits
+
+        ctx.model.eval()
+        found = batch_independence(run, len(rows_x), None if router is None else int(handle.num_experts))
+        where = "as the repository is" if handle is None else (
+            ("router" if router is not None else "router=False, ensemble=True")
+            + (", correct_assembly=True" if correction else ""))
+        for check in found:
+            status = "INFO" if key == "i0" else ("N/A" if check.ok is None else "PASS" if check.ok else "FAIL")
+            report.add(key, status, f"{check.name} ({where})", check.detail)
+
+    def evaluate_on(ctx, x, y):
+        with quiet(not verbose):
+            return pair.eval_logits(ctx, x, y)
+
+    def check_i0():
+        """The repository as it is (no retrofit): its own selection, batch vs each sample alone."""
+        ctx = fresh()
+        loop(ctx, None, sync_expert=False, own_advance=True, session_calls=False)
+        check_i(ctx, None, key="i0")
 
     def check_d():
         if not use_router:
@@ -223,6 +295,7 @@ def run_checks(pair: Pair, settings: Settings) -> Report:
             ctx = fresh()
             handle = attach(ctx, router=False, ensemble=True)
             loop(ctx, handle, sync_expert=True, own_advance=True, session_calls=False)
+            report.guard("i", "batch independence", lambda: check_i(ctx, handle))
             report.guard("v", "handle.verify(batch)", lambda: check_v(ctx, handle))
             handle.remove()
             return
@@ -263,6 +336,7 @@ def run_checks(pair: Pair, settings: Settings) -> Report:
         if samples == 0:
             feed_by_hand()
             forced_pair("d'")
+        report.guard("i", "batch independence", lambda: check_i(ctx, handle))
         report.guard("v", "handle.verify(batch)", lambda: check_v(ctx, handle))
         # the same forced experts with the ensemble off, so only the routed prompt can change the logits
         handle.remove()
@@ -308,4 +382,5 @@ def run_checks(pair: Pair, settings: Settings) -> Report:
     report.guard("b", "training unchanged / router queries / remove()", check_bceg)
     report.guard("d", "forced experts", check_d)
     report.guard("f", "schedule moves the method's own training counter", check_f)
+    report.guard("i0", "batch independence of the repository as it is", check_i0)
     return report

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, List
+from typing import Any, List, Union
 
 import torch
 
@@ -28,11 +28,16 @@ def match_rows(selected: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def forced_route(handle: Any, expert: int):
-    """Make the router answer ``expert`` for every sample (an instance attribute shadowing ``route``)."""
+def forced_route(handle: Any, expert: Union[int, torch.Tensor]):
+    """Make the router answer ``expert`` for every sample, or ``expert[b]`` for sample ``b`` when it is a
+    ``(B,)`` tensor (an instance attribute shadowing ``route``)."""
     router = handle.router
 
     def route(features: torch.Tensor) -> torch.Tensor:
+        if isinstance(expert, torch.Tensor):
+            if expert.shape != (features.shape[0],):
+                raise RuntimeError(f"{expert.numel()} forced experts for a routed call of {features.shape[0]} samples")
+            return expert.to(device=features.device, dtype=torch.long)
         return torch.full((features.shape[0],), int(expert), dtype=torch.long, device=features.device)
 
     router.route = route

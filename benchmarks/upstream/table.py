@@ -12,8 +12,9 @@ from benchmarks.upstream.registry import ROWS, Row
 
 # The table's letters and the harness checks each stands for: (d) includes d' and d0, (e) includes e2.
 GROUPS = (("a", ("a",)), ("b", ("b",)), ("c", ("c",)), ("d", ("d", "d'", "d0")), ("e", ("e", "e2")),
-          ("f", ("f",)), ("g", ("g",)), ("v", ("v",)))
-STATUS_COLUMNS = ("r", "r-ens", "a", "b", "c", "d", "d'", "d0", "e", "e2", "f", "g", "v")
+          ("f", ("f",)), ("g", ("g",)), ("i", ("i",)), ("v", ("v",)))
+STATUS_COLUMNS = ("r", "r-ens", "a", "b", "c", "d", "d'", "d0", "e", "e2", "f", "g", "i", "v")
+CORRECTED = "`correct_assembly=True`: "
 HEADER = "| method | repository | commit | retrofit target | what the router replaces | result |"
 
 
@@ -43,7 +44,8 @@ def summarise(result: Dict[str, Any]) -> str:
         text = "all pass"
     else:
         text = "; ".join(f"{' '.join(letters)} {word}" for word, letters in words.items() if letters)
-    return ("ens.: " if status.get("r") == "REFUSED" else "") + text
+    corrected = any(row["check"] == "r" and "correct_assembly=True" in row["title"] for row in result["checks"])
+    return ("ens.: " if status.get("r") == "REFUSED" else "") + (CORRECTED if corrected else "") + text
 
 
 def row_cells(row: Row, results: Dict[str, Dict[str, Any]], adapters_link: str) -> List[str]:
