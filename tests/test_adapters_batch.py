@@ -13,7 +13,16 @@ from fly_modules.adapters import RetrofitOptions, SeamError, generic, retrofit  
 from fly_modules.adapters._assembly import correct_prefix_assembly, probe_assembly  # noqa: E402
 from fly_modules.adapters._batch import batch_independence, tolerance  # noqa: E402
 from upstream_cases import ROUTER, batch, hook_counts  # noqa: E402
-from upstream_standins import E, JLPrefixDualPrompt, JLPrefixEPrompt, Original, Tiny, jhlee_forward  # noqa: E402
+from upstream_standins import (  # noqa: E402
+    E,
+    HDPrefixModel,
+    JLPrefixDualPrompt,
+    JLPrefixEPrompt,
+    Original,
+    Tiny,
+    hide_eval_forward,
+    jhlee_forward,
+)
 
 
 def _twins(per_sample: bool = False):
@@ -170,3 +179,16 @@ def test_tolerance_scales_with_the_outputs():
     small, large = torch.ones(3), torch.full((3,), 1e3)
     assert tolerance(large) == pytest.approx(1e3 * tolerance(small))
     assert tolerance(torch.tensor([float("-inf"), 0.5])) == tolerance(torch.ones(1))
+
+
+@pytest.mark.parametrize("method", ["hide", "norga"])
+def test_hide_and_norga_prefix_pools_refuse_routing_and_verify_with_the_option(method):
+    model, original = HDPrefixModel(gated=method == "norga"), Original()
+    with pytest.raises(SeamError, match=r"HDPrefixEPrompt\.forward assembles .* correct_assembly=True"):
+        retrofit(model, method, original_model=original, **ROUTER)
+    handle = retrofit(model, method, original_model=original, correct_assembly=True, **ROUTER)
+    report = handle.verify(batch(n=4)[0], forward=lambda x: hide_eval_forward(model, original, x, handle.current_expert)
+                           if not model.training else model(x, task_id=handle.current_expert, train=True))
+    assert report["batch independence, mixed experts"].ok and report["batch independence, one expert"].ok, str(report)
+    assert report.ok, str(report)
+    handle.remove()

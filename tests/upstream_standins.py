@@ -501,6 +501,41 @@ class HDModel(nn.Module):
         return res
 
 
+class HDPrefixEPrompt(HDEPrompt):
+    """Official ``EPrompt`` with ``use_prefix_tune_for_e_prompt`` (HiDe-Prompt, NoRGa): ``prompt`` ``(layers, 2,
+    pool, length, heads, head_dim)``. quirk: the gather reshaped to ``(layers, B, 2, ...)`` without moving the
+    batch axis, as upstream (``JLPrefixEPrompt``)."""
+
+    def __init__(self, layers: int, pool_size: int, length: int, gated: bool, heads: int = 2) -> None:
+        super().__init__(layers, pool_size, length, gated)
+        self.prompt = nn.Parameter(0.5 * torch.randn(layers, 2, pool_size, length, heads, D // heads))
+
+    def forward(self, x_embed, prompt_mask=None, prompt_idx=None, prompt_weight=None, prompt_momentum=0):
+        idx = prompt_mask if prompt_mask is not None else prompt_idx
+        raw = self.prompt[:, :, idx]  # (layers, 2, B, 1, length, heads, head_dim)
+        layers, dual, batch, top_k, length, heads, head_dim = raw.shape
+        return {"prompt_idx": idx, "batched_prompt": raw.reshape(layers, batch, dual, top_k * length, heads, head_dim)}
+
+
+class HDPrefixModel(HDModel):
+    """``HDModel`` with the prefix pool; a layer's prefix enters as the tokens ``key + 2 * value``."""
+
+    def __init__(self, gated: bool = False) -> None:
+        super().__init__(gated)
+        torch.manual_seed(8)
+        self.e_prompt = HDPrefixEPrompt(2, E, 2, gated)
+
+    def forward(self, x, task_id=-1, prompt_id=None, prompt_weight=None, train=False, fc_only=False, prompt_momentum=0):
+        tokens = embed(self.vit, x)
+        prompt_mask = torch.full((x.shape[0], 1), task_id, dtype=torch.long) if self.use_prompt_mask and train else None
+        res = self.e_prompt(tokens, prompt_mask=prompt_mask, prompt_idx=prompt_id)
+        prefix = res["batched_prompt"]
+        prompts = {j: (prefix[j, :, 0] + 2 * prefix[j, :, 1]).flatten(-2) for j in range(prefix.shape[0])}
+        features = prompted_blocks(self.vit, tokens, prompts)[:, 0]
+        res.update(pre_logits=features, features=features, logits=self.head(features))
+        return res
+
+
 TASK_OF_CLASS = torch.tensor([0, 0, 0, 1, 1])
 
 
