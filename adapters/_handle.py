@@ -427,7 +427,8 @@ class Retrofit:
         """Check on one batch that the retrofit works on this model; see ``docs/adapters.md``.
 
         Runs the model a few times (training and inference, each expert forced in turn, one training
-        step with a throw-away optimizer, the real ``remove()``) and puts the model, its gradients,
+        step with a throw-away optimizer, the real ``remove()``, the first samples of the batch together
+        and one by one for batch independence) and puts the model, its gradients,
         the random number generators, the user's optimizer and this handle back exactly as they were.
 
         Args:
