@@ -21,6 +21,8 @@ def capture_outputs(module: torch.nn.Module):
 
 def match_rows(selected: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
     """Index of the pool row each selected row equals exactly (-1 if none). selected (B, ...), pool (P, ...)."""
+    if selected.ndim == pool.ndim - 1:  # the upstream x[idx].squeeze() of a one-sample batch
+        selected = selected.unsqueeze(0)
     selected = selected.detach().reshape(selected.shape[0], -1)
     pool = pool.detach().reshape(pool.shape[0], -1)
     equal = (selected.unsqueeze(1) == pool.unsqueeze(0)).all(-1)
