@@ -16,12 +16,13 @@ from typing import Any, Callable, List, Mapping, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["BatchCheck", "batch_independence", "batch_size", "take_rows", "tolerance"]
+__all__ = ["HINT", "BatchCheck", "batch_independence", "batch_size", "take_rows", "tolerance"]
 
 #: ``evaluate(rows, experts)``: inference outputs ``(n, C)`` of the samples ``rows`` ``(n,)`` of the batch,
 #: run together as one batch, each routed to ``experts`` ``(n,)`` (``None``: the model's own selection).
 Evaluate = Callable[[Tensor, Optional[Tensor]], Tensor]
 
+HINT = "; for the JH-LEE prefix E-prompt lineage retrofit with correct_assembly=True (docs/adapters.md)"
 MIXED = "batch independence, mixed experts"
 ONE_EXPERT = "batch independence, one expert"
 OWN = "batch independence"
@@ -54,7 +55,8 @@ def _gap(together: Tensor, alone: Tensor) -> Optional[float]:
     return float((together[finite].double() - alone[finite].double()).abs().max())
 
 
-def _compare(name: str, evaluate: Evaluate, rows: Tensor, experts: Optional[Tensor], what: str) -> BatchCheck:
+def _compare(name: str, evaluate: Evaluate, rows: Tensor, experts: Optional[Tensor], what: str,
+             hint: str) -> BatchCheck:
     together = evaluate(rows, experts).detach()
     alone = torch.cat([
         evaluate(rows[i:i + 1], None if experts is None else experts[i:i + 1]).detach().reshape(1, *together.shape[1:])
@@ -67,27 +69,26 @@ def _compare(name: str, evaluate: Evaluate, rows: Tensor, experts: Optional[Tens
     found = "their shapes or infinite entries differ" if gap is None else f"max |difference| {gap:.3g} > {tol:.2g}"
     return BatchCheck(name, False, (
         f"{what}: the samples' outputs in the batch differ from those of each sample alone ({found}): a sample's "
-        "prompt depends on the other samples of its batch. For the JH-LEE prefix E-prompt lineage retrofit with "
-        "correct_assembly=True"
+        f"prompt depends on the other samples of its batch{hint}"
     ))
 
 
-def batch_independence(evaluate: Evaluate, size: int, num_experts: Optional[int]) -> List[BatchCheck]:
-    """The checks of a batch of ``size`` samples (``num_experts`` ``None``: no router)."""
+def batch_independence(evaluate: Evaluate, size: int, num_experts: Optional[int], hint: str = HINT) -> List[BatchCheck]:
+    """The checks of a batch of ``size`` samples (``num_experts`` ``None``: no router); ``hint`` ends a failure."""
     if size < 2:
         why = "the batch holds one sample; pass at least two"
         return [BatchCheck(MIXED if num_experts else OWN, None, why)]
     rows = torch.arange(size)
     if num_experts is None:
-        return [_compare(OWN, evaluate, rows, None, "the model's own selection")]
+        return [_compare(OWN, evaluate, rows, None, "the model's own selection", hint)]
     checks = []
     if num_experts > 1:
         mixed = rows % num_experts
         shown = ", ".join(str(e) for e in mixed[:6].tolist()) + (", ..." if size > 6 else "")
-        checks.append(_compare(MIXED, evaluate, rows, mixed, f"experts [{shown}] forced"))
+        checks.append(_compare(MIXED, evaluate, rows, mixed, f"experts [{shown}] forced", hint))
     else:
         checks.append(BatchCheck(MIXED, None, "one expert only"))
-    checks.append(_compare(ONE_EXPERT, evaluate, rows, torch.zeros_like(rows), "expert 0 forced for the batch"))
+    checks.append(_compare(ONE_EXPERT, evaluate, rows, torch.zeros_like(rows), "expert 0 forced for the batch", hint))
     return checks
 
 

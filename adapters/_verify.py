@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._batch import batch_independence, batch_size, take_rows
+from ._batch import HINT, batch_independence, batch_size, take_rows
 from ._install import MARKER, Installation
 from ._snapshot import Snapshot
 
@@ -380,7 +380,8 @@ def _check_batch_independence(handle: Retrofit, run: _Runner, snapshot: Snapshot
             snapshot.restore()
 
     try:
-        found = batch_independence(evaluate, min(total, _BATCH_SAMPLES), num_experts)
+        hint = "" if handle.corrections else HINT  # corrected already: the mix is elsewhere
+        found = batch_independence(evaluate, min(total, _BATCH_SAMPLES), num_experts, hint)
     except Exception as error:  # noqa: BLE001  (any failure of the user's model is reported)
         snapshot.restore()
         checks.append(Check("batch independence", False, f"raised {type(error).__name__}: {error}"))
