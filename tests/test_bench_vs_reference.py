@@ -23,14 +23,14 @@ pytest.importorskip("timm")
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fixtures" / "fake_flygcl"
-SCRIPT = "benchmarks/speed/vs_reference.py"
+SCRIPT = "benchmarks.speed.vs_reference"
 TARGETS = [f"vs_reference.{method}.{figure}" for method in ("dualprompt", "mvp")
            for figure in ("train_overhead", "eval_speedup")]
 TARGET_LINE = re.compile(r"^\[(PASS|FAIL)\] (?P<key>[\w.]+): \S+ \(target (>=|<=) [^)]+\)", re.MULTILINE)
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

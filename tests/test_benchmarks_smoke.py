@@ -28,7 +28,7 @@ TARGET_LINE = re.compile(r"^\[(PASS|FAIL)\] (?P<key>[\w.]+): \S+ \(target (>=|<=
 
 def run_script(name: str, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, f"benchmarks/{name}", "--quick", *args],
+        [sys.executable, "-m", f"benchmarks.speed.{name}", "--quick", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, f"{name} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}"
@@ -40,7 +40,7 @@ def reported_targets(output: str) -> list:
 
 
 def test_bench_router_quick_prints_every_target():
-    output = run_script("bench_router.py", "--threads", "2")
+    output = run_script("router", "--threads", "2")
     assert reported_targets(output) == ROUTER_TARGETS, output
     assert re.search(r"cond\(G \+ lambda I\) ~ \S+", output), output
     assert "solver_=" in output and "VmHWM" in output, output
@@ -48,7 +48,7 @@ def test_bench_router_quick_prints_every_target():
 
 
 def test_bench_ensemble_quick_prints_every_target():
-    output = run_script("bench_ensemble.py")
+    output = run_script("ensemble")
     assert reported_targets(output) == ENSEMBLE_TARGETS, output
     # The batched and the per-sample implementations agree regardless of timing noise.
     assert "[PASS] ensemble.scores_match" in output, output

@@ -36,7 +36,7 @@ def test_budgets_and_outputs_fit_a_short_gpu_session():
 
 def test_tiny_cpu_run_writes_every_stage(tmp_path):
     output = tmp_path / "out"
-    command = [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), "--device", "cpu", "--tiny",
+    command = [sys.executable, "-m", "benchmarks.gpu.suite", "--device", "cpu", "--tiny",
                "--output", str(output)]
     if FAKE_CHECKOUT.is_dir():
         command += ["--reference-repo", str(FAKE_CHECKOUT)]

@@ -20,7 +20,7 @@ from benchmarks.data import make_synthetic_dataset, make_synthetic_train_test, s
 from benchmarks.proxy.pretrain import MODEL_KWARGS, MODEL_NAME
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKPOINT = REPO / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
+CHECKPOINT = REPO / "benchmarks" / "proxy" / "weights" / "proxy_vit.safetensors"
 SIDECAR = CHECKPOINT.with_suffix(".json")
 
 
@@ -97,7 +97,7 @@ def test_safetensors_weights_never_take_the_jax_npz_reader(monkeypatch):
 
 def test_pretrain_script_quick_run_writes_a_loadable_checkpoint(tmp_path):
     output = tmp_path / "proxy.safetensors"
-    command = [sys.executable, str(REPO / "benchmarks" / "pretrain_proxy.py"), "--quick", "--no-progress",
+    command = [sys.executable, "-m", "benchmarks.proxy.pretrain", "--quick", "--no-progress",
                "--output", str(output)]
     finished = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert finished.returncode == 0, finished.stderr

@@ -132,7 +132,7 @@ def test_a_run_with_a_progress_bar_warns_nothing(data):
 
 
 def test_protocol_records_checkout_weights_by_their_path_in_the_checkout(tmp_path):
-    inside = Path(__file__).resolve().parents[1] / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
+    inside = Path(__file__).resolve().parents[1] / "benchmarks" / "proxy" / "weights" / "proxy_vit.safetensors"
     assert Protocol(weights=str(inside)).to_dict()["weights"] == "benchmarks/proxy/weights/proxy_vit.safetensors"
     outside = tmp_path / "vit.safetensors"
     assert Protocol(weights=str(outside)).to_dict()["weights"] == str(outside)
