@@ -27,6 +27,7 @@ from benchmarks.ablation.metrics import (
     summarize,
 )
 from benchmarks.ablation.stream import build_si_blurry_stream
+from fly_modules import InvalidParameterError
 
 # Relative tolerance that absorbs the reference's 1e-5 in correct / (count + 1e-5) on 10-sample classes.
 EPS_REL = 1e-5
@@ -175,8 +176,8 @@ def test_log_round_trips_through_json():
         (dict(correct=[1], total=[1, 2]), ValueError, "lengths 1 and 2"),
         (dict(correct=[0.5], total=[1]), TypeError, "whole numbers"),
         (dict(correct=[-1], total=[1]), ValueError, "non-negative"),
-        (dict(timestamp=-1), ValueError, "timestamp must be >= 0"),
-        (dict(session=1.0), TypeError, "session must be an int"),
+        (dict(timestamp=-1), InvalidParameterError, r"EvaluationLog.record: timestamp must be an int >= 0, got -1"),
+        (dict(session=1.0), InvalidParameterError, "session must be an int >= 0, got float 1.0"),
     ],
 )
 def test_record_validation(kwargs, error, match):
@@ -239,7 +240,7 @@ def test_other_rules_and_disabled_trigger():
     assert _run_trigger(AnytimeEvalTrigger(None), [64] * 100) == []
     with pytest.raises(ValueError, match="rule must be"):
         AnytimeEvalTrigger(1000, rule="every")
-    with pytest.raises(ValueError, match="period must be >= 1"):
+    with pytest.raises(InvalidParameterError, match="AnytimeEvalTrigger: period must be an int >= 1, got 0"):
         AnytimeEvalTrigger(0)
 
 
