@@ -6,9 +6,9 @@ and the end-to-end comparison with the official code, each stage in its own proc
     python -m benchmarks.gpu.suite --device cpu --tiny --output /tmp/gpu_tiny   # every stage at toy sizes
 
 Stages, in order (docs/gpu.md): ``environment`` (versions, device), ``cuda_tests`` (``pytest -m cuda``),
-``kernels`` (``bench_router.py`` and ``bench_ensemble.py``), ``proxy`` (pretrain a larger backbone on the
+``kernels`` (``benchmarks.speed.router`` and ``benchmarks.speed.ensemble``), ``proxy`` (pretrain a larger backbone on the
 proxy's upstream classes, then DualPrompt and HiDe-Prompt x every variant), ``vs_reference``
-(``bench_vs_reference.py``, with ``--reference-repo``). A stage that fails, crashes or runs out of time is
+(``benchmarks.speed.vs_reference``, with ``--reference-repo``). A stage that fails, crashes or runs out of time is
 recorded with its error and output, and the next one still runs; each stage's JSON and ``summary.json``
 are rewritten as soon as anything is known, so a run killed from outside still leaves what finished.
 At most :data:`OUTPUT_FILES` (8 files) are written to ``--output``; scratch files go to a temporary folder.
@@ -44,7 +44,7 @@ STAGES = ("environment", "cuda_tests", "kernels", "proxy", "vs_reference")
 #: Seconds per stage on one H100 (they sum to TOTAL_BUDGET); the last stage also gets what the others left.
 STAGE_BUDGETS = {"environment": 10, "cuda_tests": 60, "kernels": 110, "proxy": 240, "vs_reference": 60}
 TOTAL_BUDGET = 480
-KERNEL_ENSEMBLE_RESERVE = 35  # seconds of the kernels stage kept for bench_ensemble.py
+KERNEL_ENSEMBLE_RESERVE = 35  # seconds of the kernels stage kept for benchmarks.speed.ensemble
 PROXY_SWEEP_RESERVE = 110  # seconds kept for the sweep (H100: 45 s DualPrompt, 54 s HiDe-Prompt on the proxy stream)
 MIN_STAGE_SECONDS = 10  # a stage with less time left is skipped
 TAIL_CHARACTERS = 6000

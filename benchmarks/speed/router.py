@@ -9,12 +9,12 @@ re-implemented here from the protocol (docs/protocol.md, sections 3.5 and 6.1):
 * solve: a general dense LU solve ``torch.linalg.solve(G + lambda I, Q)`` (and, as a second baseline,
   an explicit inverse ``inv(G + lambda I) @ Q``), both in float64 here, recomputed at every evaluation.
 
-Targets (issue #2): update >= 1.6x the dense update; solve >= 1.8x LU and >= 4x inv with the same
+Targets: update >= 1.6x the dense update; solve >= 1.8x LU and >= 4x inv with the same
 accuracy; cached routing >= 100x re-solving; peak extra memory of one solve <= 1.5x the size of G.
 
 Run from the repository root::
 
-    python -m benchmarks.speed.router            # the issue's sizes (several minutes on 2 cores)
+    python -m benchmarks.speed.router            # the paper's sizes (several minutes on 2 cores)
     python -m benchmarks.speed.router --quick    # small smoke test (seconds)
     python -m benchmarks.speed.router --device cuda   # on a GPU (timings synchronise the device)
     python -m benchmarks.speed.router --float32-lu --json router.json   # + the float32 LU; figures as JSON
