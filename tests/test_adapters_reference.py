@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
@@ -86,6 +87,12 @@ def test_every_registered_method_implements_the_seam_contract(tmp_path):
         assert isinstance(method, SeamContract) and missing_seams(method) == (), name
     assert not isinstance(nn.Linear(2, 2), SeamContract)
     assert missing_seams(nn.Linear(2, 2)) == tuple(m for m in SEAM_MEMBERS if m != "forward")
+
+
+def test_the_installed_package_states_the_contract_without_the_benchmarks():
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted([*(root / "adapters").rglob("*.py"), *(root / "fly_modules").rglob("*.py")]):
+        assert "benchmarks.methods" not in path.read_text(), path
 
 
 def test_upstream_families_refuse_a_seam_contract_model_and_name_the_reference_family(tmp_path):
