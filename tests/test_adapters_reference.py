@@ -83,7 +83,10 @@ def test_every_registered_method_implements_the_seam_contract(tmp_path):
     assert set(METHODS) | {"flyprompt"} == set(list_methods())
     for name in list_methods():
         assert issubclass(method_class(name), PromptMethod), name
-        method = make_method(name, tmp_path) if name in METHODS else create_method(name, make_vit(), CLASSES, num_experts=2)
+        if name in METHODS:
+            method = make_method(name, tmp_path)
+        else:
+            method = create_method(name, make_vit(), CLASSES, num_experts=2)
         assert isinstance(method, SeamContract) and missing_seams(method) == (), name
     assert not isinstance(nn.Linear(2, 2), SeamContract)
     assert missing_seams(nn.Linear(2, 2)) == tuple(m for m in SEAM_MEMBERS if m != "forward")

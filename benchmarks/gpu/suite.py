@@ -6,10 +6,10 @@ and the end-to-end comparison with the official code, each stage in its own proc
     python -m benchmarks.gpu.suite --device cpu --tiny --output /tmp/gpu_tiny   # every stage at toy sizes
 
 Stages, in order (docs/gpu.md): ``environment`` (versions, device), ``cuda_tests`` (``pytest -m cuda``),
-``kernels`` (``benchmarks.speed.router`` and ``benchmarks.speed.ensemble``), ``proxy`` (pretrain a larger backbone on the
-proxy's upstream classes, then DualPrompt and HiDe-Prompt x every variant), ``vs_reference``
-(``benchmarks.speed.vs_reference``, with ``--reference-repo``). A stage that fails, crashes or runs out of time is
-recorded with its error and output, and the next one still runs; each stage's JSON and ``summary.json``
+``kernels`` (``benchmarks.speed.router`` and ``benchmarks.speed.ensemble``), ``proxy`` (pretrain a larger
+backbone on the proxy's upstream classes, then DualPrompt and HiDe-Prompt x every variant), ``vs_reference``
+(``benchmarks.speed.vs_reference``, with ``--reference-repo``). A stage that fails, crashes or runs out of
+time is recorded with its error and output, and the next one still runs; each stage's JSON and ``summary.json``
 are rewritten as soon as anything is known, so a run killed from outside still leaves what finished.
 At most :data:`OUTPUT_FILES` (8 files) are written to ``--output``; scratch files go to a temporary folder.
 Exit status: 0 when every stage ran (targets may still fail), 1 when a stage crashed or timed out, 2 for

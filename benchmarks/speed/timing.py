@@ -1,4 +1,5 @@
-"""Timing and reporting helpers shared by the micro-benchmarks (``benchmarks.speed.router``, ``benchmarks.speed.ensemble``).
+"""Timing and reporting helpers shared by the micro-benchmarks (``benchmarks.speed.router``,
+``benchmarks.speed.ensemble``).
 
 The benchmark machines are shared, so absolute times are noisy; every target is therefore a *ratio*
 of two approaches timed side by side in the same process: the candidates are called in interleaved
