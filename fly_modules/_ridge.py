@@ -18,7 +18,7 @@ from torch import Tensor
 
 __all__ = [
     "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
-    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound",
+    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound", "preferred_solver",
 ]
 
 # G is updated in row panels of PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], a fraction
@@ -26,6 +26,23 @@ __all__ = [
 # GEMM is smaller and is a synchronisation point of the BLAS threads; 512 rows measured best on 2-core
 # AVX-512 CPUs (benchmarks/speed/router.py prints the kernel ratio).
 PANEL_ROWS = 512
+
+
+# GPUs whose float64 arithmetic runs at half the float32 rate or better, by compute capability: the
+# data-centre parts (P100 6.0, V100 7.0, A100 8.0, H100 and H200 9.0). On an H100 a float64 LU took
+# 1.12x the time of a float32 LU at M = 10,000 (docs/gpu.md), so a float64 Cholesky costs about what
+# the mixed solver's float32 factor costs, without the refinement after it. Everywhere else (CPUs,
+# GPUs with float64 at 1/32 or 1/64 of the float32 rate) the float32 factor is the cheaper one.
+FULL_RATE_FLOAT64_CAPABILITIES = frozenset({(6, 0), (7, 0), (8, 0), (9, 0)})
+
+
+def preferred_solver(device: torch.device) -> str:
+    """The solver ``solver="auto"`` runs for float64 statistics on ``device``: ``"cholesky"`` (float64)
+    where float64 runs at about the float32 rate, ``"mixed"`` (float32 factor, float64 refinement)
+    elsewhere. ``python -m benchmarks.speed.router`` times both on the device it runs on."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) in FULL_RATE_FLOAT64_CAPABILITIES:
+        return "cholesky"
+    return "mixed"
 
 
 class RouterSolveError(RuntimeError):

@@ -67,13 +67,13 @@ class AddedComponents:
     def end_batch(self, router_features: Tensor, parallel: BatchShare) -> None:
         """Add the batch (all processes' rows) to the router, with the current expert as target."""
         features = parallel.gather_rows(router_features.detach())
-        self.router.update(features.to(self.router.gram.device), int(self.model.current_expert))
+        self.router.update(features.to(self.router.device), int(self.model.current_expert))
 
     def route(self, router_features: Tensor) -> Optional[Tensor]:
         """``(B,)`` REAR's experts; ``None`` (the method's own selection) while the router has no sample."""
         if self.router.num_samples == 0:
             return None
-        return self.router.route(router_features.to(self.router.gram.device))
+        return self.router.route(router_features.to(self.router.device))
 
     def state_dict(self) -> Dict[str, Any]:
         return {"router": self.router.state_dict(), "ensemble": self.ensemble.state_dict()}
