@@ -31,18 +31,24 @@ PANEL_ROWS = 512
 # GPUs whose float64 arithmetic runs at half the float32 rate or better, by compute capability: the
 # data-centre parts (P100 6.0, V100 7.0, A100 8.0, H100 and H200 9.0). On an H100 a float64 LU took
 # 1.12x the time of a float32 LU at M = 10,000 (docs/gpu.md), so a float64 Cholesky costs about what
-# the mixed solver's float32 factor costs, without the refinement after it. Everywhere else (CPUs,
-# GPUs with float64 at 1/32 or 1/64 of the float32 rate) the float32 factor is the cheaper one.
+# the mixed solver's float32 factor costs, without the refinement after it.
 FULL_RATE_FLOAT64_CAPABILITIES = frozenset({(6, 0), (7, 0), (8, 0), (9, 0)})
+# On a CPU the float32 factor is about twice as fast, but each refinement step is a memory-bound pass
+# over G (6-7 steps): the O(M^3) saving outgrows their O(M^2) cost only for large systems. On a shared
+# 2-core AMD EPYC a float64 Cholesky was 3.0x, 1.3x and 1.15x faster at M = 1,024, 2,048, 4,096
+# (docs/router.md, "Solvers").
+MIXED_MIN_WIDTH_CPU = 6_144
 
 
-def preferred_solver(device: torch.device) -> str:
-    """The solver ``solver="auto"`` runs for float64 statistics on ``device``: ``"cholesky"`` (float64)
-    where float64 runs at about the float32 rate, ``"mixed"`` (float32 factor, float64 refinement)
-    elsewhere. ``python -m benchmarks.speed.router`` times both on the device it runs on."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) in FULL_RATE_FLOAT64_CAPABILITIES:
-        return "cholesky"
-    return "mixed"
+def preferred_solver(device: torch.device, width: int) -> str:
+    """The solver ``solver="auto"`` runs for float64 statistics of width ``width`` on ``device``:
+    ``"cholesky"`` (float64) on GPUs with full-rate float64 and on CPUs below ``MIXED_MIN_WIDTH_CPU``,
+    ``"mixed"`` (float32 factor, float64 refinement) elsewhere. ``python -m benchmarks.speed.router``
+    times the path not chosen beside the chosen one on the device it runs on."""
+    if device.type == "cuda":
+        full_rate = torch.cuda.get_device_capability(device) in FULL_RATE_FLOAT64_CAPABILITIES
+        return "cholesky" if full_rate else "mixed"
+    return "mixed" if width >= MIXED_MIN_WIDTH_CPU else "cholesky"
 
 
 class RouterSolveError(RuntimeError):
@@ -84,14 +90,18 @@ def symmetrize_lower(block: Tensor) -> Tensor:
 def symmetric_matmul(gram: Tensor, x: Tensor, panel_rows: int = PANEL_ROWS) -> Tensor:
     """``G @ x`` from the lower triangle of ``gram`` without materialising the full matrix."""
     out = torch.zeros_like(x)
+    # The strictly-lower part's transpose, L^T x, is accumulated as x^T L (k x M): a product with a
+    # transposed row-major panel as its left operand runs several times slower on MKL for k << M.
+    transposed = x.new_zeros(x.shape[1], x.shape[0])
+    rows = x.t()
     for start, stop in panels(gram.shape[0], panel_rows):
         out[start:stop] += symmetrize_lower(gram[start:stop, start:stop]) @ x[start:stop]
         if start:
             # Strictly below the diagonal: stored once for both triangles.
             left = gram[start:stop, :start]
             out[start:stop] += left @ x[:start]
-            out[:start] += left.t() @ x[start:stop]
-    return out
+            transposed[:, :start].addmm_(rows[:, start:stop], left)
+    return out.add_(transposed.t())
 
 
 def symmetric_abs_row_sums(gram: Tensor, panel_rows: int = PANEL_ROWS) -> Tensor:

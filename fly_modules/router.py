@@ -142,9 +142,10 @@ class AnalyticRouter(nn.Module):
             ``1e-6`` to ``1e6`` times the mean eigenvalue of ``G``.
         activation: ``"relu"`` (paper) or ``"identity"``.
         seed: seed of the random expansion.
-        solver: ``"auto"`` (per device: a float64 Cholesky on GPUs with full-rate float64, otherwise
-            mixed precision with float64 fallback), ``"mixed"``, ``"cholesky"`` (in ``stats_dtype``)
-            or ``"eigh"``. ``ridge="auto"`` always uses ``"eigh"``.
+        solver: ``"auto"`` (by device and ``M``: a float64 Cholesky on GPUs with full-rate float64
+            and for ``M`` below 6,144 on a CPU, otherwise mixed precision with float64 fallback),
+            ``"mixed"``, ``"cholesky"`` (in ``stats_dtype``) or ``"eigh"``. ``ridge="auto"`` always
+            uses ``"eigh"``.
         stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default).
         device: device of all buffers.
         fold_rows: expanded rows buffered before they are added to ``G`` and ``Q`` in one rank-k update;
@@ -462,7 +463,7 @@ class AnalyticRouter(nn.Module):
         if self.ridge == "auto" or self.solver == "eigh":
             ridge = None if self.ridge == "auto" else self.ridge
             return _ridge.solve_eigh(self.gram, self.cross, ridge, grid=self.ridge_grid, num_samples=self.num_samples)
-        if self.solver == "auto" and _ridge.preferred_solver(self.device) == "cholesky":
+        if self.solver == "auto" and _ridge.preferred_solver(self.device, self.expansion_dim) == "cholesky":
             return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
         if self.solver in ("auto", "mixed") and self.stats_dtype == torch.float64:
             result = _ridge.solve_mixed(self.gram, self.cross, self.ridge, panel_rows=_ridge.PANEL_ROWS)

@@ -168,8 +168,19 @@ def test_the_device_property_does_not_fold():
     assert router.pending_rows == 5
 
 
-def test_auto_solver_rule_per_device(monkeypatch):
-    assert _ridge.preferred_solver(torch.device("cpu")) == "mixed"
+def test_auto_solver_rule_per_device_and_width(monkeypatch):
+    cpu = torch.device("cpu")
+    assert _ridge.preferred_solver(cpu, 10_000) == "mixed" and _ridge.preferred_solver(cpu, 4_096) == "cholesky"
     for capability, expected in (((9, 0), "cholesky"), ((8, 0), "cholesky"), ((8, 6), "mixed"), ((8, 9), "mixed")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
-        assert _ridge.preferred_solver(torch.device("cuda")) == expected, capability
+        assert _ridge.preferred_solver(torch.device("cuda"), 10_000) == expected, capability
+
+
+def test_auto_solver_follows_the_rule_and_matches_the_other_path():
+    features, ids = stream(200)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0)
+    router.update(features, ids)
+    weights = router.weight.t()
+    assert router.solver_ == _ridge.preferred_solver(router.device, M) == "cholesky"
+    mixed = _ridge.solve_mixed(router.gram, router.cross, 1.0)
+    torch.testing.assert_close(weights, mixed.weights, rtol=1e-9, atol=1e-12)
