@@ -90,6 +90,7 @@ class RandomExpansion(nn.Module):
         self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
         self._weight32: Optional[Tensor] = None  # float32 copy of a float64 weight, and what it was copied from
         self._weight32_source: Tuple[int, int] = (0, 0)
+        self._row_norm, self._row_norm_source = 1.0, (0, 0)
 
     @property
     def output_dim(self) -> int:
@@ -113,6 +114,15 @@ class RandomExpansion(nn.Module):
         if self.activation == "relu":
             projected = torch.relu_(projected)
         return projected.to(self.weight.dtype)
+
+    def row_norm_bound(self) -> float:
+        """``max_j ||R_j||_1`` (1 when the expansion is disabled): ``|phi| <= max|h|`` times it."""
+        source = (id(self.weight), _version_counter(self.weight))
+        if self._row_norm_source != source:
+            norm = float(self.weight.abs().sum(dim=1).max()) if self.out_features else 1.0
+            # A margin for the product's rounding: a float32 dot product of length d is within d 2^-24 of exact.
+            self._row_norm, self._row_norm_source = norm * (1 + self.in_features * 2.0**-22), source
+        return self._row_norm
 
     def _float32_weight(self) -> Tensor:
         source = (id(self.weight), _version_counter(self.weight))  # a new or edited weight is copied again
@@ -310,15 +320,18 @@ class AnalyticRouter(nn.Module):
         if self.process_group is not None:
             all_gather_update(self, features, expert_ids, self.process_group)
             return
-        features, ids = self._check_batch(features, expert_ids, owner="AnalyticRouter.update")
+        # Finiteness is checked by _accumulate's reduction, which also gives the peak: one host read.
+        features, ids = self._check_batch(features, expert_ids, owner="AnalyticRouter.update", check_finite=False)
         self._accumulate(features, ids)
 
     def _check_batch(
-        self, features: Tensor, expert_ids: Union[int, Tensor], *, owner: str, allow_empty: bool = False
+        self, features: Tensor, expert_ids: Union[int, Tensor], *, owner: str, allow_empty: bool = False,
+        check_finite: bool = True,
     ) -> Tuple[Tensor, Tensor]:
         """The validated batch: the features as given, ``(N,)`` long expert ids."""
         device = self.device
-        features = check_features(features, self.in_features, owner=owner, device=device, allow_empty=allow_empty)
+        features = check_features(features, self.in_features, owner=owner, device=device, allow_empty=allow_empty,
+                                  check_finite=check_finite)
         ids = check_expert_ids(expert_ids, features.shape[0], self.num_experts, owner=owner, device=device)
         return features, ids
 
@@ -333,11 +346,16 @@ class AnalyticRouter(nn.Module):
         """Add a validated batch to the statistics (or reject it, unchanged, when it would overflow)."""
         if features.shape[0] == 0:
             return
-        phi = self._expand(features, float(features.abs().amax()))
+        feature_peak = finite_peak(features, owner="AnalyticRouter.update")
+        phi = self._expand(features, feature_peak)
         # Finite features can still overflow the statistics once cast and expanded; reject the batch
-        # before anything is added (each entry of G grows by at most N * max|phi|^2 here).
-        peak = float(phi.abs().amax())
-        if not peak * peak * phi.shape[0] < torch.finfo(phi.dtype).max:
+        # before anything is added (each entry of G grows by at most N * max|phi|^2 here). The bound
+        # |phi| <= max|h| * max_j ||R_j||_1 settles it without reading phi back in all but extreme cases.
+        limit = torch.finfo(phi.dtype).max / phi.shape[0]
+        peak = feature_peak * self.expansion.row_norm_bound()
+        if not peak * peak < limit:
+            peak = float(phi.abs().amax())
+        if not peak * peak < limit:
             raise InvalidParameterError(
                 f"AnalyticRouter.update: the expanded features overflow {phi.dtype} (largest |phi| = {peak:.3g} "
                 f"for a batch of {phi.shape[0]}); scale the features down"
