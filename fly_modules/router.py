@@ -361,7 +361,8 @@ class AnalyticRouter(nn.Module):
                 f"for a batch of {phi.shape[0]}); scale the features down"
                 + (" or use stats_dtype=torch.float64" if phi.dtype != torch.float64 else "")
             )
-        self.counts += torch.bincount(ids, minlength=self.num_experts)
+        # index_add_ rather than bincount, which reads the largest id back to size its output on CUDA.
+        self.counts.index_add_(0, ids, torch.ones_like(ids))
         pending, capacity = self._pending, self.fold_rows or _blocked.default_fold_rows(phi.shape[1], phi.device)
         if pending.capacity != capacity and pending.capacity:
             self.flush()
