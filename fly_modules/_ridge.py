@@ -34,10 +34,10 @@ PANEL_ROWS = 512
 # the mixed solver's float32 factor costs, without the refinement after it.
 FULL_RATE_FLOAT64_CAPABILITIES = frozenset({(6, 0), (7, 0), (8, 0), (9, 0)})
 # On a CPU the float32 factor is about twice as fast, but each refinement step is a memory-bound pass
-# over G (6-7 steps): the O(M^3) saving outgrows their O(M^2) cost only for large systems. On a shared
-# 2-core AMD EPYC a float64 Cholesky was 3.0x, 1.3x and 1.15x faster at M = 1,024, 2,048, 4,096
-# (docs/router.md, "Solvers").
-MIXED_MIN_WIDTH_CPU = 6_144
+# over G (4-7 steps): the O(M^3) saving outgrows their O(M^2) cost only for large systems. On a shared
+# 2-core AMD EPYC the float64 Cholesky was 1.09x faster at M = 2,048, the mixed path 1.30x and 1.62x
+# faster at M = 4,096 and 10,000 (benchmarks/speed/router.py; docs/router.md, "Solvers").
+MIXED_MIN_WIDTH_CPU = 3_072
 
 
 def preferred_solver(device: torch.device, width: int) -> str:

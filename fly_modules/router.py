@@ -153,7 +153,7 @@ class AnalyticRouter(nn.Module):
         activation: ``"relu"`` (paper) or ``"identity"``.
         seed: seed of the random expansion.
         solver: ``"auto"`` (by device and ``M``: a float64 Cholesky on GPUs with full-rate float64
-            and for ``M`` below 6,144 on a CPU, otherwise mixed precision with float64 fallback),
+            and for ``M`` below 3,072 on a CPU, otherwise mixed precision with float64 fallback),
             ``"mixed"``, ``"cholesky"`` (in ``stats_dtype``) or ``"eigh"``. ``ridge="auto"`` always
             uses ``"eigh"``.
         stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default).

@@ -170,7 +170,7 @@ def test_the_device_property_does_not_fold():
 
 def test_auto_solver_rule_per_device_and_width(monkeypatch):
     cpu = torch.device("cpu")
-    assert _ridge.preferred_solver(cpu, 10_000) == "mixed" and _ridge.preferred_solver(cpu, 4_096) == "cholesky"
+    assert _ridge.preferred_solver(cpu, 4_096) == "mixed" and _ridge.preferred_solver(cpu, 2_048) == "cholesky"
     for capability, expected in (((9, 0), "cholesky"), ((8, 0), "cholesky"), ((8, 6), "mixed"), ((8, 9), "mixed")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         assert _ridge.preferred_solver(torch.device("cuda"), 10_000) == expected, capability
