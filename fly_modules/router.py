@@ -316,6 +316,9 @@ class AnalyticRouter(nn.Module):
 
         When ``process_group`` is set (data-parallel training), every process's batch is gathered
         first, so all processes add the same global batch and keep identical statistics.
+
+        The expanded rows wait in a buffer and are added to ``G`` and ``Q`` together with later
+        batches' (``fold_rows``); every reader of the statistics folds them in first.
         """
         if self.process_group is not None:
             all_gather_update(self, features, expert_ids, self.process_group)
