@@ -2,9 +2,9 @@
 are folded into ``G`` and ``Q`` together, in one rank-k update.
 
 Adding one batch, ``G += phi^T phi`` streams the whole ``M x M`` matrix through memory for ``2 B M^2``
-flops: at batch 64 that is ~8 flops per float64 read and written, so the update is bound by memory
-bandwidth. Folding ``k`` buffered rows at once does the same flops with one pass over ``G`` instead of
-``k / B``. The sums are those of the per-batch update, in another order (``docs/router.md``,
+flops: at batch 64 that is ~8 flops per float64 read and written, so on a GPU the update is bound by
+memory bandwidth. Folding ``k`` buffered rows at once does the same flops with one pass over ``G``
+instead of ``k / B``. The sums are those of the per-batch update, in another order (``docs/router.md``,
 "Blocked updates").
 """
 
@@ -20,8 +20,8 @@ from . import _ridge
 __all__ = ["FOLD_ROWS", "MIN_FOLD_ROWS", "default_fold_rows", "PendingRows"]
 
 # Rows folded at once, per device type. A fold of k rows does ~k/8 flops per byte of G moved; these
-# make it compute-bound with room to spare (k/8 = 64 on the CPU, 128 on a GPU), and larger buffers
-# gained nothing on a 2-core AVX-512 CPU (benchmarks/speed/router.py, "blocked update").
+# make it compute-bound with room to spare (k/8 = 64 on the CPU, 128 on a GPU). On a 2-core AMD EPYC,
+# folds of 512 and 1,024 rows cost the same per row (a CPU is compute-bound from far fewer rows).
 FOLD_ROWS = {"cpu": 512, "cuda": 1024}
 MIN_FOLD_ROWS = 64
 

@@ -16,7 +16,7 @@ one solve <= 1.5x the size of G.
 
 Run from the repository root::
 
-    python -m benchmarks.speed.router            # the sizes (several minutes on 2 cores)
+    python -m benchmarks.speed.router            # full sizes: M = 10,000 (many minutes on 2 cores)
     python -m benchmarks.speed.router --quick    # small smoke test (seconds)
     python -m benchmarks.speed.router --device cuda   # on a GPU (timings synchronise the device)
     python -m benchmarks.speed.router --float32-lu --json router.json   # + the float32 LU; figures as JSON
