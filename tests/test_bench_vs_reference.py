@@ -52,6 +52,9 @@ def test_quick_run_reports_every_target_and_the_environment(quick_run):
         assert set(timing["train_seconds"]) == {"baseline", "official", "ours"}
         assert all(seconds > 0 for seconds in timing["train_seconds"].values())
         assert timing["eval_speedup_fresh"] > 0 and timing["eval_speedup_repeat"] > 0
+        parts = timing["train_overhead_breakdown"]  # ours' overhead in parts, % of the baseline step
+        assert set(parts) == {"total", "calls", "folds", "hooks", "rest"}
+        assert parts["calls"] > 0 and parts["hooks"] >= 0 and 0 <= parts["folds"] <= parts["calls"]
     assert figures["environment"]["threads"] == 1
 
 

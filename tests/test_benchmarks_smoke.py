@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ROUTER_TARGETS = [
     "router.update_speedup",
+    "router.update_vs_float32",
     "router.solve_vs_lu",
     "router.solve_vs_inv",
     "router.solve_accuracy",
@@ -44,7 +45,7 @@ def test_bench_router_quick_prints_every_target():
     assert reported_targets(output) == ROUTER_TARGETS, output
     assert re.search(r"cond\(G \+ lambda I\) ~ \S+", output), output
     assert "solver_=" in output and "VmHWM" in output, output
-    assert re.search(r"^\d+/7 targets passed", output, re.MULTILINE), output
+    assert re.search(r"^\d+/8 targets passed", output, re.MULTILINE), output
 
 
 def test_bench_ensemble_quick_prints_every_target():
