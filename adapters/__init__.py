@@ -22,13 +22,14 @@ from ._options import Schedule
 from ._registry import install, list_families
 from ._registry import register_family as register_family
 from ._verify import VerifyReport as VerifyReport
+from .contract import SeamContract as SeamContract
 
 # The families register themselves on import.
 from . import dualprompt, generic, hide, l2p, mvp, reference  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "EnsembleLinear", "Retrofit", "RetrofitOptions", "SeamError", "VerifyReport", "list_families", "register_family",
-    "retrofit",
+    "EnsembleLinear", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
+    "register_family", "retrofit",
 ]
 
 
@@ -53,7 +54,8 @@ def retrofit(
     Args:
         model: the user's model (its ``training`` flag tells training from inference).
         method: a name of :func:`list_families` (``"l2p"``, ``"dualprompt"``, ``"misa"``, ``"mvp"``,
-            ``"hide"``, ``"norga"``, ``"generic"``, ``"reference"``).
+            ``"hide"``, ``"norga"``, ``"generic"``, ``"reference"``). A model implementing
+            :class:`SeamContract` goes to ``"reference"``: the families that recognise upstream code refuse it.
         router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate,
             correct_assembly: the options every family shares (:class:`RetrofitOptions`).
         **family_options: the family's own (``num_experts``, ``original_model``, ...; see

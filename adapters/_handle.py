@@ -192,7 +192,7 @@ class Retrofit:
             return forced.to(device=features.device, dtype=torch.long)
         if forced is not None:
             return torch.full((features.shape[0],), forced, dtype=torch.long, device=features.device)
-        return self.router.route(features.to(self.router.gram.device))
+        return self.router.route(features.to(self.router.device))
 
     @property
     def wants_observation(self) -> bool:
@@ -307,7 +307,7 @@ class Retrofit:
             )
         if self.router is not None and features is not None:
             # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
-            self.router.update(features.to(self.router.gram.device), self.current_expert)
+            self.router.update(features.to(self.router.device), self.current_expert)
         self._pending_query, self._pending_size, self._ensemble_steps = None, None, 0
         started: List[int] = []
         if isinstance(self.schedule, SampleBudgetSchedule):

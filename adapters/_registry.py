@@ -1,6 +1,6 @@
 """The family registry: ``@register_family("dualprompt", "misa")`` declares which method names a wiring
-function serves, and the dispatch every retrofit goes through (option checks, the seam contract, undo
-of a failed install)."""
+function serves, and the dispatch every retrofit goes through (option checks, the refusal of seam-contract
+models by the families that recognise upstream code, undo of a failed install)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,9 @@ from fly_modules._validation import InvalidParameterError, check_choice
 from ._handle import Retrofit
 from ._install import MARKER
 from ._options import RetrofitOptions
+from .contract import missing_seams
 
-__all__ = ["Family", "SEAM_CONTRACT", "install", "list_families", "register_family"]
-
-#: What a model implementing the seam contract of ``benchmarks.methods`` has (handled by ``reference``).
-SEAM_CONTRACT = (
-    "compute_query", "select", "bank_of", "banks_of_expert", "transform_logits", "get_classifier",
-    "on_expert_start", "num_experts", "num_banks", "predict",
-)
+__all__ = ["Family", "install", "list_families", "register_family"]
 
 Wire = Callable[..., Retrofit]
 
@@ -31,8 +26,9 @@ Wire = Callable[..., Retrofit]
 class Family:
     """One adapter family: the method names it serves and its wiring ``wire(model, options, **options)``.
 
-    ``seam_contract``: a model implementing the seam contract of ``benchmarks.methods`` is wired by the
-    ``reference`` family instead (the family's own options other than ``num_experts`` are then refused).
+    ``seam_contract``: the family recognises upstream code, so a model implementing
+    :class:`~fly_modules.adapters.SeamContract` is refused with a pointer to the ``reference`` family,
+    which drives the declared seams (``False``: the family wires whatever model it is given).
     """
 
     names: Tuple[str, ...]
@@ -106,32 +102,13 @@ def install(method: str, model: nn.Module, options: RetrofitOptions, family_opti
             f"fly_modules.adapters.retrofit: {unknown} are not options of method {method!r}; its own options are "
             f"{list(family.options)}, the common ones {list(RetrofitOptions.names())}"
         )
-    wire: Wire = family.wire
-    arguments = dict(family_options)
-    if family.seam_contract and _implements_seam_contract(model):
-        wire, arguments = _FAMILIES["reference"].wire, _seam_contract_options(method, model, arguments)
-    return _undo_on_failure(wire, model, options, arguments)
-
-
-def _implements_seam_contract(model: Any) -> bool:
-    return all(hasattr(model, name) for name in SEAM_CONTRACT)
-
-
-def _seam_contract_options(method: str, model: Any, arguments: Dict[str, Any]) -> Dict[str, Any]:
-    """A seam-contract model takes no upstream option; ``num_experts`` must agree with its own."""
-    num_experts = arguments.pop("num_experts", None)
-    if num_experts is not None and int(num_experts) != int(model.num_experts):
+    if family.seam_contract and not missing_seams(model):
+        # Recognising upstream attributes on a model that declares its seams would wire the wrong ones.
         raise InvalidParameterError(
-            f"fly_modules.adapters.{method}: num_experts={num_experts} disagrees with the method's "
-            f"num_experts={model.num_experts}"
+            f"fly_modules.adapters.retrofit: {type(model).__name__} implements fly_modules.adapters.SeamContract, "
+            f"which the reference family drives; method {method!r} wires upstream codebases. Use method='reference'"
         )
-    given = sorted(name for name, value in arguments.items() if value is not None)
-    if given:
-        raise InvalidParameterError(
-            f"fly_modules.adapters.{method}: {type(model).__name__} implements the fly-modules seam contract "
-            f"(handled by the reference adapter); the options {given} apply to upstream codebases only"
-        )
-    return {}
+    return _undo_on_failure(family.wire, model, options, dict(family_options))
 
 
 def _undo_on_failure(wire: Wire, model: nn.Module, options: RetrofitOptions, arguments: Dict[str, Any]) -> Retrofit:

@@ -49,7 +49,7 @@ def _is_method_output(output: Any) -> bool:
 
 
 def _is_seam_method(model: nn.Module) -> bool:
-    """``True`` when ``model`` implements the seam contract of ``benchmarks.methods`` with its loop hooks."""
+    """``True`` when ``model`` implements :class:`~fly_modules.adapters.SeamContract` and the loop hooks."""
     return all(hasattr(model, name) for name in (*reference.REQUIRED, *_METHOD_HOOKS))
 
 
@@ -90,7 +90,7 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
 
     Args:
         method: the adapter family ``fly_modules.adapters.retrofit`` uses (``"reference"`` for the
-            seam-contract methods of ``benchmarks.methods``; ``"l2p"``, ``"dualprompt"``, ...).
+            methods implementing :class:`~fly_modules.adapters.SeamContract`; ``"l2p"``, ``"dualprompt"``, ...).
             For the generic adapter build the handle yourself and use :meth:`from_retrofit`.
         router, ensemble: which component to add (both ``False``: the method as published, with
             the plugin still driving its loop hooks and the seen-class mask).

@@ -1,9 +1,10 @@
-"""Retrofit of methods that expose the fly-modules seam contract (``benchmarks.methods``), duck-typed.
+"""Retrofit of methods that implement :class:`~fly_modules.adapters.SeamContract`.
 
-The contract: ``compute_query``, ``select``, ``forward(x, *, expert=None, query=None)`` returning an
-object with ``query.router``, ``selection`` and ``features``, plus ``bank_of``, ``banks_of_expert``,
-``transform_logits``, ``get_classifier``, ``on_expert_start``, ``num_experts``, ``num_banks`` and
-``predict(x, logit_mask)``. Nothing from ``benchmarks`` is imported.
+The contract (``adapters/contract.py``) declares the seams this family drives: ``compute_query``,
+``select``, ``forward(x, *, expert=None, query=None)`` returning an object with ``query.router``,
+``selection`` and ``features``, ``bank_of``, ``banks_of_expert``, ``transform_logits``,
+``get_classifier``, ``on_expert_start``, ``num_experts``, ``num_banks`` and ``predict(x, logit_mask)``.
+:func:`build_handle` sizes the router and the ensemble from them; :func:`retrofit` adds the hooks.
 """
 
 from __future__ import annotations
@@ -17,10 +18,46 @@ from torch import Tensor, nn
 from ._errors import missing_seam
 from ._handle import Retrofit
 from ._options import RetrofitOptions
-from ._registry import SEAM_CONTRACT as REQUIRED
 from ._registry import register_family
+from .contract import SEAM_MEMBERS, SeamContract, missing_seams
 
-__all__ = ["retrofit", "REQUIRED"]
+__all__ = ["build_handle", "retrofit", "REQUIRED"]
+
+#: The attributes the family needs (those of :class:`SeamContract`).
+REQUIRED = SEAM_MEMBERS
+
+
+def build_handle(model: SeamContract, options: RetrofitOptions) -> Retrofit:
+    """The handle of a reference retrofit before any hook: the router and the ensemble sized from the seams.
+
+    The router reads ``router_dim`` features (the classifier's input when the model declares none) and
+    has ``num_experts`` experts; the ensemble wraps ``get_classifier()`` with ``num_banks`` banks, the
+    last bank of the current expert active (a retrofit mid-run). :func:`retrofit` adds the hooks that
+    feed the handle; a loop that feeds it itself calls ``record_trained_banks`` and ``update_ensemble``
+    after each optimizer step and ``end_batch(query=...)`` after each batch.
+    """
+    missing = missing_seams(model)
+    if missing:
+        raise missing_seam("reference", model, missing[0], "part of fly_modules.adapters.SeamContract")
+    classifier = model.get_classifier()
+    router = options.build_router(
+        getattr(model, "router_dim", classifier.in_features), model.num_experts, classifier.weight.device
+    )
+    ensemble = options.build_ensemble(classifier, model.num_banks)
+    current = int(getattr(model, "current_expert", 0))
+    if ensemble is not None and model.banks_of_expert(current):
+        ensemble.active_expert = int(model.banks_of_expert(current)[-1])  # retrofitting mid-run
+    return Retrofit(
+        model,
+        family="reference",
+        router=router,
+        ensemble=ensemble,
+        schedule=options.schedule,
+        start_method_expert=model.on_expert_start,
+        banks_of_expert=model.banks_of_expert,
+        current_expert=current,
+        num_experts=int(model.num_experts),
+    )
 
 
 @register_family("reference", seam_contract=False)
@@ -32,28 +69,8 @@ def retrofit(model: nn.Module, options: RetrofitOptions) -> Retrofit:
     classifier is the online head, ``predict`` ensembles it with the EMA copies of each sample's bank
     after the method's logit transform and the logit mask. Both off: outputs are bit-identical.
     """
-    for name in REQUIRED:
-        if not hasattr(model, name):
-            raise missing_seam("reference", model, name, "part of the seam contract of benchmarks.methods.base")
-    classifier = model.get_classifier()
-    router = options.build_router(
-        getattr(model, "router_dim", classifier.in_features), model.num_experts, classifier.weight.device
-    )
-    ensemble = options.build_ensemble(classifier, model.num_banks)
-    current = int(getattr(model, "current_expert", 0))
-    if ensemble is not None and model.banks_of_expert(current):
-        ensemble.active_expert = int(model.banks_of_expert(current)[-1])  # retrofitting mid-run
-    handle = Retrofit(
-        model,
-        family="reference",
-        router=router,
-        ensemble=ensemble,
-        schedule=options.schedule,
-        start_method_expert=model.on_expert_start,
-        banks_of_expert=model.banks_of_expert,
-        current_expert=current,
-        num_experts=int(model.num_experts),
-    )
+    handle = build_handle(model, options)
+    router, ensemble = handle.router, handle.ensemble
     handle.query_source = f"the forward of {type(model).__name__} (its frozen query pass)"
     handle._predict = lambda x: model.predict(x)
     if router is None and ensemble is None:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 __all__ = [
     "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
-    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound",
+    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound", "preferred_solver",
 ]
 
 # G is updated in row panels of PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], a fraction
@@ -26,6 +26,29 @@ __all__ = [
 # GEMM is smaller and is a synchronisation point of the BLAS threads; 512 rows measured best on 2-core
 # AVX-512 CPUs (benchmarks/speed/router.py prints the kernel ratio).
 PANEL_ROWS = 512
+
+
+# GPUs whose float64 arithmetic runs at half the float32 rate or better, by compute capability: the
+# data-centre parts (P100 6.0, V100 7.0, A100 8.0, H100 and H200 9.0). On an H100 a float64 LU took
+# 1.12x the time of a float32 LU at M = 10,000 (docs/gpu.md), so a float64 Cholesky costs about what
+# the mixed solver's float32 factor costs, without the refinement after it.
+FULL_RATE_FLOAT64_CAPABILITIES = frozenset({(6, 0), (7, 0), (8, 0), (9, 0)})
+# On a CPU the float32 factor is about twice as fast, but each refinement step is a memory-bound pass
+# over G (4-7 steps): the O(M^3) saving outgrows their O(M^2) cost only for large systems. On a shared
+# 2-core AMD EPYC the float64 Cholesky was 1.09x faster at M = 2,048, the mixed path 1.30x and 1.62x
+# faster at M = 4,096 and 10,000 (benchmarks/speed/router.py; docs/router.md, "Solvers").
+MIXED_MIN_WIDTH_CPU = 3_072
+
+
+def preferred_solver(device: torch.device, width: int) -> str:
+    """The solver ``solver="auto"`` runs for float64 statistics of width ``width`` on ``device``:
+    ``"cholesky"`` (float64) on GPUs with full-rate float64 and on CPUs below ``MIXED_MIN_WIDTH_CPU``,
+    ``"mixed"`` (float32 factor, float64 refinement) elsewhere. ``python -m benchmarks.speed.router``
+    times the path not chosen beside the chosen one on the device it runs on."""
+    if device.type == "cuda":
+        full_rate = torch.cuda.get_device_capability(device) in FULL_RATE_FLOAT64_CAPABILITIES
+        return "cholesky" if full_rate else "mixed"
+    return "mixed" if width >= MIXED_MIN_WIDTH_CPU else "cholesky"
 
 
 class RouterSolveError(RuntimeError):
@@ -67,14 +90,18 @@ def symmetrize_lower(block: Tensor) -> Tensor:
 def symmetric_matmul(gram: Tensor, x: Tensor, panel_rows: int = PANEL_ROWS) -> Tensor:
     """``G @ x`` from the lower triangle of ``gram`` without materialising the full matrix."""
     out = torch.zeros_like(x)
+    # The strictly-lower part's transpose, L^T x, is accumulated as x^T L (k x M): a product with a
+    # transposed row-major panel as its left operand runs several times slower on MKL for k << M.
+    transposed = x.new_zeros(x.shape[1], x.shape[0])
+    rows = x.t()
     for start, stop in panels(gram.shape[0], panel_rows):
         out[start:stop] += symmetrize_lower(gram[start:stop, start:stop]) @ x[start:stop]
         if start:
             # Strictly below the diagonal: stored once for both triangles.
             left = gram[start:stop, :start]
             out[start:stop] += left @ x[:start]
-            out[:start] += left.t() @ x[start:stop]
-    return out
+            transposed[:, :start].addmm_(rows[:, start:stop], left)
+    return out.add_(transposed.t())
 
 
 def symmetric_abs_row_sums(gram: Tensor, panel_rows: int = PANEL_ROWS) -> Tensor:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import _collectives, _ridge
+from . import _blocked, _collectives, _ridge
 from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._ridge import RouterSolveError
 from ._validation import (
@@ -42,7 +42,8 @@ _UNRELIABLE_ERROR_BOUND = 1e-2
 # Features whose largest magnitude lies in this range are expanded with a float32 product when they
 # are not float64 themselves: |phi| <= max|h| * d * max|R| stays far inside float32's normal range.
 _FLOAT32_PRODUCT_RANGE = (1e-20, 1e20)
-
+# Buffers that hold the statistics: reading or replacing one folds the pending rows in first.
+_FOLDED_BUFFERS = ("gram", "cross")
 
 
 class RouterConditioningWarning(RuntimeWarning):
@@ -89,6 +90,7 @@ class RandomExpansion(nn.Module):
         self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
         self._weight32: Optional[Tensor] = None  # float32 copy of a float64 weight, and what it was copied from
         self._weight32_source: Tuple[int, int] = (0, 0)
+        self._row_norm, self._row_norm_source = 1.0, (0, 0)
 
     @property
     def output_dim(self) -> int:
@@ -112,6 +114,15 @@ class RandomExpansion(nn.Module):
         if self.activation == "relu":
             projected = torch.relu_(projected)
         return projected.to(self.weight.dtype)
+
+    def row_norm_bound(self) -> float:
+        """``max_j ||R_j||_1`` (1 when the expansion is disabled): ``|phi| <= max|h|`` times it."""
+        source = (id(self.weight), _version_counter(self.weight))
+        if self._row_norm_source != source:
+            norm = float(self.weight.abs().sum(dim=1).max()) if self.out_features else 1.0
+            # A margin for the product's rounding: a float32 dot product of length d is within d 2^-24 of exact.
+            self._row_norm, self._row_norm_source = norm * (1 + self.in_features * 2.0**-22), source
+        return self._row_norm
 
     def _float32_weight(self) -> Tensor:
         source = (id(self.weight), _version_counter(self.weight))  # a new or edited weight is copied again
@@ -141,10 +152,16 @@ class AnalyticRouter(nn.Module):
             ``1e-6`` to ``1e6`` times the mean eigenvalue of ``G``.
         activation: ``"relu"`` (paper) or ``"identity"``.
         seed: seed of the random expansion.
-        solver: ``"auto"`` (mixed precision with float64 fallback), ``"mixed"``, ``"cholesky"``
-            (in ``stats_dtype``) or ``"eigh"``. ``ridge="auto"`` always uses ``"eigh"``.
+        solver: ``"auto"`` (by device and ``M``: a float64 Cholesky on GPUs with full-rate float64
+            and for ``M`` below 3,072 on a CPU, otherwise mixed precision with float64 fallback),
+            ``"mixed"``, ``"cholesky"`` (in ``stats_dtype``) or ``"eigh"``. ``ridge="auto"`` always
+            uses ``"eigh"``.
         stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default).
         device: device of all buffers.
+        fold_rows: expanded rows buffered before they are added to ``G`` and ``Q`` in one rank-k update;
+            ``None`` (default) chooses from ``M`` and the device (``docs/router.md``, "Blocked updates"),
+            ``1`` adds every batch at once. Reading ``gram`` or ``cross``, a solve, ``state_dict``,
+            ``merge_`` and the collectives fold the pending rows first.
 
     Shape:
         - features: ``(N, in_features)``, any floating dtype (lower than float64: expanded with a
@@ -157,7 +174,8 @@ class AnalyticRouter(nn.Module):
     Attributes:
         expansion: the :class:`RandomExpansion` (buffer ``expansion.weight``, ``(M, in_features)``).
         gram: buffer ``(M, M)`` in ``stats_dtype``; its lower triangle is ``G``'s, the entries above
-            the diagonal are unspecified and never read (see :meth:`gram_matrix`).
+            the diagonal are unspecified and never read (see :meth:`gram_matrix`). Reading the attribute
+            folds the pending rows in first; code that walks ``module.buffers()`` must call :meth:`flush`.
         cross: buffer ``(M, num_experts)`` in ``stats_dtype``; ``Q``.
         counts: buffer ``(num_experts,)`` long; samples accumulated per expert.
         ridge_: the ridge used by the last solve (the chosen value when ``ridge="auto"``).
@@ -200,8 +218,11 @@ class AnalyticRouter(nn.Module):
         solver: str = "auto",
         stats_dtype: torch.dtype = torch.float64,
         device: Optional[torch.device] = None,
+        fold_rows: Optional[int] = None,
     ) -> None:
         super().__init__()
+        self._pending = _blocked.PendingRows()
+        self.fold_rows = None if fold_rows is None else check_int(fold_rows, "fold_rows", owner="AnalyticRouter", minimum=1)
         num_experts = check_int(num_experts, "num_experts", owner="AnalyticRouter", minimum=0)
         check_choice(stats_dtype, "stats_dtype", (torch.float32, torch.float64), owner="AnalyticRouter")
         self.ridge = _check_ridge(ridge)
@@ -233,7 +254,7 @@ class AnalyticRouter(nn.Module):
 
     @property
     def num_experts(self) -> int:
-        return self.cross.shape[1]
+        return self._buffers["cross"].shape[1]  # not self.cross: reading it would fold the pending rows
 
     @property
     def num_samples(self) -> int:
@@ -242,7 +263,22 @@ class AnalyticRouter(nn.Module):
 
     @property
     def stats_dtype(self) -> torch.dtype:
-        return self.gram.dtype
+        return self._buffers["gram"].dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the statistics live (and where ``update`` and ``forward`` expect the features)."""
+        return self._buffers["gram"].device
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows added by ``update`` and not yet folded into ``G`` and ``Q`` (counted in ``counts`` already)."""
+        return self._pending.rows
+
+    @property
+    def pending_bytes(self) -> int:
+        """Memory of the buffer of pending rows (allocated on the first ``update``; freed by a device move)."""
+        return self._pending.nbytes
 
     @property
     def weight(self) -> Tensor:
@@ -280,19 +316,25 @@ class AnalyticRouter(nn.Module):
 
         When ``process_group`` is set (data-parallel training), every process's batch is gathered
         first, so all processes add the same global batch and keep identical statistics.
+
+        The expanded rows wait in a buffer and are added to ``G`` and ``Q`` together with later
+        batches' (``fold_rows``); every reader of the statistics folds them in first.
         """
         if self.process_group is not None:
             all_gather_update(self, features, expert_ids, self.process_group)
             return
-        features, ids = self._check_batch(features, expert_ids, owner="AnalyticRouter.update")
+        # Finiteness is checked by _accumulate's reduction, which also gives the peak: one host read.
+        features, ids = self._check_batch(features, expert_ids, owner="AnalyticRouter.update", check_finite=False)
         self._accumulate(features, ids)
 
     def _check_batch(
-        self, features: Tensor, expert_ids: Union[int, Tensor], *, owner: str, allow_empty: bool = False
+        self, features: Tensor, expert_ids: Union[int, Tensor], *, owner: str, allow_empty: bool = False,
+        check_finite: bool = True,
     ) -> Tuple[Tensor, Tensor]:
         """The validated batch: the features as given, ``(N,)`` long expert ids."""
-        device = self.gram.device
-        features = check_features(features, self.in_features, owner=owner, device=device, allow_empty=allow_empty)
+        device = self.device
+        features = check_features(features, self.in_features, owner=owner, device=device, allow_empty=allow_empty,
+                                  check_finite=check_finite)
         ids = check_expert_ids(expert_ids, features.shape[0], self.num_experts, owner=owner, device=device)
         return features, ids
 
@@ -307,21 +349,63 @@ class AnalyticRouter(nn.Module):
         """Add a validated batch to the statistics (or reject it, unchanged, when it would overflow)."""
         if features.shape[0] == 0:
             return
-        phi = self._expand(features, float(features.abs().amax()))
+        feature_peak = finite_peak(features, owner="AnalyticRouter.update")
+        phi = self._expand(features, feature_peak)
         # Finite features can still overflow the statistics once cast and expanded; reject the batch
-        # before anything is added (each entry of G grows by at most N * max|phi|^2 here).
-        peak = float(phi.abs().amax())
-        if not peak * peak * phi.shape[0] < torch.finfo(phi.dtype).max:
+        # before anything is added (each entry of G grows by at most N * max|phi|^2 here). The bound
+        # |phi| <= max|h| * max_j ||R_j||_1 settles it without reading phi back in all but extreme cases.
+        limit = torch.finfo(phi.dtype).max / phi.shape[0]
+        peak = feature_peak * self.expansion.row_norm_bound()
+        if not peak * peak < limit:
+            peak = float(phi.abs().amax())
+        if not peak * peak < limit:
             raise InvalidParameterError(
                 f"AnalyticRouter.update: the expanded features overflow {phi.dtype} (largest |phi| = {peak:.3g} "
                 f"for a batch of {phi.shape[0]}); scale the features down"
                 + (" or use stats_dtype=torch.float64" if phi.dtype != torch.float64 else "")
             )
-        _ridge.accumulate_lower_gram(self.gram, phi, _ridge.PANEL_ROWS)
-        # One-hot GEMM rather than index_add_: half the time on CPU, deterministic on CUDA (no atomics).
-        self.cross.addmm_(phi.t(), F.one_hot(ids, self.num_experts).to(phi.dtype))
-        self.counts += torch.bincount(ids, minlength=self.num_experts)
+        # index_add_ rather than bincount, which reads the largest id back to size its output on CUDA.
+        self.counts.index_add_(0, ids, torch.ones_like(ids))
+        pending, capacity = self._pending, self.fold_rows or _blocked.default_fold_rows(phi.shape[1], phi.device)
+        if pending.capacity != capacity and pending.capacity:
+            self.flush()
+            pending.release()
+        if phi.shape[0] >= capacity:  # a batch as large as the buffer is added as it is
+            self.flush()
+            _blocked.add_rows(self._buffers["gram"], self._buffers["cross"], phi, ids)
+        else:
+            if not pending.fits(phi.shape[0]):
+                self.flush()
+            if not pending.capacity:
+                pending.allocate(capacity, phi)
+            pending.append(phi, ids)
+            if pending.rows == capacity:
+                self.flush()
         self._mark_stale()
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Fold the pending rows into ``G`` and ``Q`` now, in one rank-k update.
+
+        Not needed for correctness: every reader of the statistics (the ``gram`` and ``cross``
+        attributes, solves, ``state_dict``, ``merge_``, the collectives, device moves) folds first.
+        Only code that reads the buffers without naming them, e.g. through ``module.buffers()``,
+        must call it.
+        """
+        self._pending.fold_into(self._buffers["gram"], self._buffers["cross"])
+
+    def __getattr__(self, name: str) -> Any:
+        # nn.Module keeps buffers outside __dict__, so every read of router.gram / router.cross lands here.
+        if name in _FOLDED_BUFFERS:
+            pending = self.__dict__.get("_pending")
+            if pending is not None and pending.rows:
+                self.flush()
+        return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FOLDED_BUFFERS and self.__dict__.get("_pending") is not None:
+            self.flush()  # the rows belong to the statistics being replaced
+        super().__setattr__(name, value)
 
     @torch.no_grad()
     def merge_(self, other: "AnalyticRouter") -> "AnalyticRouter":
@@ -334,7 +418,7 @@ class AnalyticRouter(nn.Module):
             raise InvalidParameterError(f"AnalyticRouter.merge_: expected an AnalyticRouter, got {type(other).__name__}")
         self._check_same_expansion(other)
         self._grow_to(other.num_experts)
-        target = dict(device=self.gram.device, dtype=self.stats_dtype)
+        target = dict(device=self.device, dtype=self.stats_dtype)
         self.gram += other.gram.to(**target)
         self.cross[:, : other.num_experts] += other.cross.to(**target)
         self.counts[: other.num_experts] += other.counts.to(self.counts.device)
@@ -344,6 +428,7 @@ class AnalyticRouter(nn.Module):
     @torch.no_grad()
     def reset_statistics(self) -> None:
         """Zero ``G``, ``Q`` and the counts (keeps the experts and the random expansion)."""
+        self._pending.discard()
         self.gram.zero_()
         self.cross.zero_()
         self.counts.zero_()
@@ -400,6 +485,8 @@ class AnalyticRouter(nn.Module):
         if self.ridge == "auto" or self.solver == "eigh":
             ridge = None if self.ridge == "auto" else self.ridge
             return _ridge.solve_eigh(self.gram, self.cross, ridge, grid=self.ridge_grid, num_samples=self.num_samples)
+        if self.solver == "auto" and _ridge.preferred_solver(self.device, self.expansion_dim) == "cholesky":
+            return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
         if self.solver in ("auto", "mixed") and self.stats_dtype == torch.float64:
             result = _ridge.solve_mixed(self.gram, self.cross, self.ridge, panel_rows=_ridge.PANEL_ROWS)
             if result is not None:
@@ -423,7 +510,7 @@ class AnalyticRouter(nn.Module):
     def forward(self, features: Tensor) -> Tensor:
         """Routing scores ``(N, num_experts)`` of the experts created so far."""
         features = check_features(
-            features, self.in_features, owner="AnalyticRouter", device=self.gram.device, check_finite=False
+            features, self.in_features, owner="AnalyticRouter", device=self.device, check_finite=False
         )
         peak = finite_peak(features, owner="AnalyticRouter")
         if self.num_experts == 0:
@@ -444,6 +531,9 @@ class AnalyticRouter(nn.Module):
     def _apply(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
         # A parent's .half() / .bfloat16() must not round G: the solve needs float32 at least. Device
         # moves and float32 <-> float64 casts apply as usual (the features are cast on input anyway).
+        # Pending rows are folded first; the buffer is allocated again where the statistics now live.
+        self.flush()
+        self._pending.release()
         def keep_solvable_precision(tensor: Tensor) -> Tensor:
             moved = fn(tensor)
             if tensor.is_floating_point() and moved.dtype not in (torch.float32, torch.float64):
@@ -451,6 +541,10 @@ class AnalyticRouter(nn.Module):
             return moved
 
         return super()._apply(keep_solvable_precision, *args, **kwargs)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[no-untyped-def]
+        self.flush()  # a checkpoint holds every row added so far
+        super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def get_extra_state(self) -> Dict[str, Any]:
         """The settings that decide the numbers and are not buffers (plain Python: ``weights_only=True`` loads them)."""
@@ -492,6 +586,7 @@ class AnalyticRouter(nn.Module):
         if has_settings:
             self._check_saved_settings(state_dict[extra_key])
         self._check_statistics(entries, prefix)
+        self._pending.discard()  # the checkpoint's statistics replace the rows added since
         # Q and the counts grow with the experts: take the checkpoint's expert count.
         experts = entries["cross"].shape[1]
         if experts != self.num_experts:
@@ -592,7 +687,7 @@ def all_reduce_statistics(router: AnalyticRouter, group: Optional[Any] = None) -
     Processes may hold different numbers of experts; every router first grows to the largest.
     """
     _collectives.require_initialized("all_reduce_statistics")
-    router._grow_to(_collectives.all_reduce_max(router.num_experts, router.gram.device, group))
+    router._grow_to(_collectives.all_reduce_max(router.num_experts, router.device, group))
     _collectives.all_reduce_sum_((router.gram, router.cross, router.counts), group)
     router._mark_stale()
     return router
@@ -618,7 +713,7 @@ def all_gather_update(
     # One verdict for both questions: did every process accept its batch, and is any batch float64
     # (then all gather float64; otherwise float32, which holds float16/bfloat16 exactly).
     single = error is None and features.dtype != torch.float64
-    accepted, all_single = _collectives.all_reduce_min([int(error is None), int(single)], router.gram.device, group)
+    accepted, all_single = _collectives.all_reduce_min([int(error is None), int(single)], router.device, group)
     if error is not None:
         raise error
     if not accepted:

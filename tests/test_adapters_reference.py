@@ -1,8 +1,9 @@
-"""Family adapters on our reference methods (seam contract -> ``fly_modules.adapters.reference``)."""
+"""The ``reference`` adapter on the project's reference methods (``fly_modules.adapters.SeamContract``)."""
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
@@ -11,10 +12,12 @@ from torch import nn
 
 timm = pytest.importorskip("timm")
 
-from fly_modules.adapters import SeamError, list_families, retrofit  # noqa: E402
+from fly_modules.adapters import SeamContract, SeamError, list_families, retrofit  # noqa: E402
+from fly_modules.adapters.contract import SEAM_MEMBERS, missing_seams  # noqa: E402
 
-from benchmarks.methods.base import QueryFeatures, create_method  # noqa: E402
-from fly_modules import SessionSchedule  # noqa: E402
+from benchmarks.methods import list_methods, method_class  # noqa: E402
+from benchmarks.methods.base import PromptMethod, QueryFeatures, create_method  # noqa: E402
+from fly_modules import InvalidParameterError, SessionSchedule  # noqa: E402
 
 EMBED, CLASSES = 32, 5
 METHODS = ["l2p", "dualprompt", "misa", "mvp", "hide", "norga"]
@@ -74,6 +77,36 @@ def train_step(method: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Ten
     return output
 
 
+# ------------------------------------------------------------------------------ the contract
+def test_every_registered_method_implements_the_seam_contract(tmp_path):
+    assert SeamContract in PromptMethod.__mro__  # declared, not only matched
+    assert set(METHODS) | {"flyprompt"} == set(list_methods())
+    for name in list_methods():
+        assert issubclass(method_class(name), PromptMethod), name
+        if name in METHODS:
+            method = make_method(name, tmp_path)
+        else:
+            method = create_method(name, make_vit(), CLASSES, num_experts=2)
+        assert isinstance(method, SeamContract) and missing_seams(method) == (), name
+    assert not isinstance(nn.Linear(2, 2), SeamContract)
+    assert missing_seams(nn.Linear(2, 2)) == tuple(m for m in SEAM_MEMBERS if m != "forward")
+
+
+def test_the_installed_package_states_the_contract_without_the_benchmarks():
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted([*(root / "adapters").rglob("*.py"), *(root / "fly_modules").rglob("*.py")]):
+        assert "benchmarks.methods" not in path.read_text(), path
+
+
+def test_upstream_families_refuse_a_seam_contract_model_and_name_the_reference_family(tmp_path):
+    method = make_method("dualprompt", tmp_path)
+    for name in METHODS:
+        with pytest.raises(InvalidParameterError, match=r"implements fly_modules\.adapters\.SeamContract.*'reference'"):
+            retrofit(method, name, router=False, ensemble=False)
+    handle = retrofit(method, "reference", router=False, ensemble=False)  # no refused call left a retrofit behind
+    assert handle.family == "reference"
+
+
 # ----------------------------------------------------------------------------------- registry
 def test_every_method_name_is_registered():
     assert set(METHODS) | {"reference", "generic"} <= set(list_families())
@@ -92,7 +125,7 @@ def test_baseline_variant_is_bit_identical(name, tmp_path):
     method = make_method(name, tmp_path)
     original = copy.deepcopy(method)
     hooks = hook_counts(method)
-    handle = retrofit(method, name, router=False, ensemble=False)
+    handle = retrofit(method, "reference", router=False, ensemble=False)
     assert hook_counts(method) == hooks and handle.router is None and handle.ensemble is None
     x, _ = batch()
     for mode in (True, False):
@@ -115,7 +148,7 @@ def test_router_restricts_inference_selection_and_leaves_training_alone(name, tm
     for expert in range(1, method.num_experts):
         method.on_expert_start(expert)
     original = copy.deepcopy(method)
-    handle = retrofit(method, name, router=True, ensemble=False, **SMALL_ROUTER)
+    handle = retrofit(method, "reference", router=True, ensemble=False, **SMALL_ROUTER)
     x, _ = batch(n=4)
     # training: selection and logits unchanged, and the batch's query is recorded for the router
     method.train(), original.train()
@@ -160,7 +193,7 @@ def test_ensemble_trains_online_head_follows_ema_and_aggregates_the_bank(name, t
     method = make_method(name, tmp_path)
     original = copy.deepcopy(method)
     optimizer = torch.optim.SGD(method.trainable_parameters(), lr=0.5)
-    handle = retrofit(method, name, router=False, ensemble=True, optimizer=optimizer)
+    handle = retrofit(method, "reference", router=False, ensemble=True, optimizer=optimizer)
     ensemble = handle.ensemble
     assert ensemble.online is method.get_classifier()
     x, y = batch()
@@ -190,7 +223,7 @@ def test_undo_restores_everything(name, tmp_path):
     head = method.get_classifier()
     optimizer = torch.optim.Adam(method.trainable_parameters(), lr=1e-3)
     hooks = hook_counts(method)
-    handle = retrofit(method, name, optimizer=optimizer, **SMALL_ROUTER)
+    handle = retrofit(method, "reference", optimizer=optimizer, **SMALL_ROUTER)
     assert "predict" in vars(method) and hook_counts(method) != hooks
     assert len(optimizer._optimizer_step_post_hooks) == 1
     handle.remove()
@@ -203,7 +236,7 @@ def test_undo_restores_everything(name, tmp_path):
 def online_run(name: str, tmp_path, router: bool, ensemble: bool) -> torch.Tensor:
     method = make_method(name, tmp_path)
     optimizer = torch.optim.Adam(method.trainable_parameters(), lr=1e-3)
-    handle = retrofit(method, name, router=router, ensemble=ensemble, optimizer=optimizer,
+    handle = retrofit(method, "reference", router=router, ensemble=ensemble, optimizer=optimizer,
                       schedule=SessionSchedule(method.num_experts), **SMALL_ROUTER)
     seen = torch.full((CLASSES,), float("-inf"))
     for session in range(2):

@@ -23,14 +23,14 @@ pytest.importorskip("timm")
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ROOT / "tests" / "fixtures" / "fake_flygcl"
-SCRIPT = "benchmarks/speed/vs_reference.py"
+SCRIPT = "benchmarks.speed.vs_reference"
 TARGETS = [f"vs_reference.{method}.{figure}" for method in ("dualprompt", "mvp")
            for figure in ("train_overhead", "eval_speedup")]
 TARGET_LINE = re.compile(r"^\[(PASS|FAIL)\] (?P<key>[\w.]+): \S+ \(target (>=|<=) [^)]+\)", re.MULTILINE)
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,9 @@ def test_quick_run_reports_every_target_and_the_environment(quick_run):
         assert set(timing["train_seconds"]) == {"baseline", "official", "ours"}
         assert all(seconds > 0 for seconds in timing["train_seconds"].values())
         assert timing["eval_speedup_fresh"] > 0 and timing["eval_speedup_repeat"] > 0
+        parts = timing["train_overhead_breakdown"]  # ours' overhead in parts, % of the baseline step
+        assert set(parts) == {"total", "calls", "folds", "hooks", "rest"}
+        assert parts["calls"] > 0 and parts["hooks"] >= 0 and 0 <= parts["folds"] <= parts["calls"]
     assert figures["environment"]["threads"] == 1
 
 

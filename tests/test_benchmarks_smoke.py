@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ROUTER_TARGETS = [
     "router.update_speedup",
+    "router.update_vs_float32",
     "router.solve_vs_lu",
     "router.solve_vs_inv",
     "router.solve_accuracy",
@@ -28,7 +29,7 @@ TARGET_LINE = re.compile(r"^\[(PASS|FAIL)\] (?P<key>[\w.]+): \S+ \(target (>=|<=
 
 def run_script(name: str, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, f"benchmarks/{name}", "--quick", *args],
+        [sys.executable, "-m", f"benchmarks.speed.{name}", "--quick", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, f"{name} exited with {result.returncode}:\n{result.stdout}\n{result.stderr}"
@@ -40,15 +41,15 @@ def reported_targets(output: str) -> list:
 
 
 def test_bench_router_quick_prints_every_target():
-    output = run_script("bench_router.py", "--threads", "2")
+    output = run_script("router", "--threads", "2")
     assert reported_targets(output) == ROUTER_TARGETS, output
     assert re.search(r"cond\(G \+ lambda I\) ~ \S+", output), output
     assert "solver_=" in output and "VmHWM" in output, output
-    assert re.search(r"^\d+/7 targets passed", output, re.MULTILINE), output
+    assert re.search(r"^\d+/8 targets passed", output, re.MULTILINE), output
 
 
 def test_bench_ensemble_quick_prints_every_target():
-    output = run_script("bench_ensemble.py")
+    output = run_script("ensemble")
     assert reported_targets(output) == ENSEMBLE_TARGETS, output
     # The batched and the per-sample implementations agree regardless of timing noise.
     assert "[PASS] ensemble.scores_match" in output, output

@@ -6,6 +6,8 @@ torch's default IEEE float32 matmuls are assumed (the tests check that nothing s
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -156,3 +158,22 @@ def test_ensemble_hot_path_does_not_synchronise_the_host():
             checked(features, ids)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+def test_an_update_on_cuda_reads_the_device_once():
+    """One host read per update (the features' finiteness and peak together); the overflow check of
+    phi is settled by a bound, and the fold itself never synchronises."""
+    features, _ = clustered(16, 6, 3)
+    router = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, fold_rows=16, device=CUDA)
+    features = features.float().to(CUDA)
+    router.update(features[:8], 0)  # allocations and kernels loaded
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            router.update(features[8:16], 1)  # fills the buffer: a fold
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    synchronising = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(synchronising) == 1, [str(w.message) for w in synchronising]

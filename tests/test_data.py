@@ -24,6 +24,7 @@ from benchmarks.data import (
     make_synthetic_train_test,
     synthetic_class_split,
 )
+from fly_modules import InvalidParameterError
 
 
 def _colour(class_index: int, image_index: int) -> tuple:
@@ -240,13 +241,13 @@ def test_synthetic_generation_is_fast_and_vectorised():
 def test_synthetic_argument_validation():
     with pytest.raises(ValueError, match="distinct non-negative"):
         make_synthetic_dataset([1, 1], 2)
-    with pytest.raises(ValueError, match="samples_per_class must be a positive int"):
+    with pytest.raises(InvalidParameterError, match="samples_per_class must be an int >= 1, got 0"):
         make_synthetic_dataset(2, 0)
     with pytest.raises(ValueError, match="at least 8 pixels"):
         make_synthetic_dataset(2, 2, image_size=4)
     with pytest.raises(ValueError, match="empty"):
         make_synthetic_dataset([], 2)
-    with pytest.raises(ValueError, match="num_upstream must be a non-negative int"):
+    with pytest.raises(InvalidParameterError, match="num_upstream must be an int >= 0, got -1"):
         synthetic_class_split(-1, 3)
 
 

@@ -36,7 +36,7 @@ def test_budgets_and_outputs_fit_a_short_gpu_session():
 
 def test_tiny_cpu_run_writes_every_stage(tmp_path):
     output = tmp_path / "out"
-    command = [sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), "--device", "cpu", "--tiny",
+    command = [sys.executable, "-m", "benchmarks.gpu.suite", "--device", "cpu", "--tiny",
                "--output", str(output)]
     if FAKE_CHECKOUT.is_dir():
         command += ["--reference-repo", str(FAKE_CHECKOUT)]
@@ -59,9 +59,10 @@ def test_tiny_cpu_run_writes_every_stage(tmp_path):
 
     kernels = json.loads((output / "kernels.json").read_text())
     assert {t["key"] for t in kernels["result"]["router"]["targets"]} >= {"router.update_speedup",
+                                                                          "router.update_vs_float32",
                                                                           "router.solve_vs_lu32"}
     keys = {t["key"]: t for t in summary["targets"]}
-    for key in ("router.update_speedup", "router.solve_vs_lu32", "ensemble.speedup_batch32"):
+    for key in ("router.update_vs_float32", "router.solve_vs_lu32", "ensemble.speedup_batch32"):
         assert keys[key]["value"] > 0 and not keys[key]["applies"]  # the GPU targets are informational here
 
     proxy = json.loads((output / "proxy.json").read_text())["result"]

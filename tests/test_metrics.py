@@ -27,6 +27,7 @@ from benchmarks.ablation.metrics import (
     summarize,
 )
 from benchmarks.ablation.stream import build_si_blurry_stream
+from fly_modules import InvalidParameterError
 
 # Relative tolerance that absorbs the reference's 1e-5 in correct / (count + 1e-5) on 10-sample classes.
 EPS_REL = 1e-5
@@ -175,8 +176,8 @@ def test_log_round_trips_through_json():
         (dict(correct=[1], total=[1, 2]), ValueError, "lengths 1 and 2"),
         (dict(correct=[0.5], total=[1]), TypeError, "whole numbers"),
         (dict(correct=[-1], total=[1]), ValueError, "non-negative"),
-        (dict(timestamp=-1), ValueError, "timestamp must be >= 0"),
-        (dict(session=1.0), TypeError, "session must be an int"),
+        (dict(timestamp=-1), InvalidParameterError, r"EvaluationLog.record: timestamp must be an int >= 0, got -1"),
+        (dict(session=1.0), InvalidParameterError, "session must be an int >= 0, got float 1.0"),
     ],
 )
 def test_record_validation(kwargs, error, match):
@@ -239,7 +240,7 @@ def test_other_rules_and_disabled_trigger():
     assert _run_trigger(AnytimeEvalTrigger(None), [64] * 100) == []
     with pytest.raises(ValueError, match="rule must be"):
         AnytimeEvalTrigger(1000, rule="every")
-    with pytest.raises(ValueError, match="period must be >= 1"):
+    with pytest.raises(InvalidParameterError, match="AnytimeEvalTrigger: period must be an int >= 1, got 0"):
         AnytimeEvalTrigger(0)
 
 
@@ -307,6 +308,7 @@ def test_plan_from_a_stream_and_recomputing_metrics_from_the_log_alone():
     plan = plan_evaluations(stream.batch_sizes(64), period=500)
     assert sum(p.kind == "session_end" for p in plan) == stream.num_sessions
     log = EvaluationLog(exposed_labels=exposure.order)
+    accuracies = {"anytime": [], "session_end": []}
     for p in plan:
         indices, targets = exposure.eval_subset(test_targets, p.samples_seen)
         raw = test_targets[indices]
@@ -315,9 +317,13 @@ def test_plan_from_a_stream_and_recomputing_metrics_from_the_log_alone():
             p.kind, timestamp=p.timestamp, samples_seen=p.samples_seen, session=p.session,
             predictions=predictions, targets=targets, num_exposed=exposure.num_exposed(p.samples_seen),
         )
+        accuracies[p.kind].append(float((predictions == targets).double().mean()) if len(targets) else math.nan)
     # Half of the classes are always right, the other half always wrong.
     assert a_last(log) == pytest.approx(0.5)
-    assert a_auc(log) > 0 and 0 <= a_avg(log) <= 1
+    # The anytime and session-end accuracies vary with the classes exposed: the means are over the right ones.
+    assert a_auc(log) == pytest.approx(np.nanmean(accuracies["anytime"]))
+    assert a_avg(log) == pytest.approx(np.nanmean(accuracies["session_end"]))
+    assert np.nanmean(accuracies["anytime"]) != pytest.approx(np.nanmean(accuracies["session_end"]))
     assert f_last(log) == pytest.approx(0.0, abs=1e-9)
     back = EvaluationLog.from_dict(json.loads(json.dumps(log.to_dict())))
     for definition in ("code", "paper"):

@@ -65,16 +65,19 @@ def clustered(n: int, d: int, experts: int, seed: int = 0, dtype: torch.dtype = 
     per_sample=st.booleans(),
     solver=st.sampled_from(["auto", "cholesky", "eigh"]),
     panel_rows=st.sampled_from([512, 64, 5]),
+    fold_rows=st.sampled_from([None, 1, 9]),
 )
-def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, per_sample, solver, panel_rows):
+def test_any_chunking_equals_batch_reference(data, d, m, experts, n, log_ridge, per_sample, solver, panel_rows,
+                                             fold_rows):
     with mock.patch.object(_ridge, "PANEL_ROWS", panel_rows):
-        check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver)
+        check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver, fold_rows)
 
 
-def check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver):
+def check_chunking(data, d, m, experts, n, log_ridge, per_sample, solver, fold_rows=None):
     ridge = 10.0**log_ridge
     features, ids = clustered(n, d, experts, seed=data.draw(st.integers(0, 2**16)))
-    router = AnalyticRouter(d, experts, expansion_dim=m, ridge=ridge, solver=solver, seed=data.draw(st.integers(0, 99)))
+    router = AnalyticRouter(d, experts, expansion_dim=m, ridge=ridge, solver=solver, seed=data.draw(st.integers(0, 99)),
+                            fold_rows=fold_rows)
     cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=6)))
     bounds = [0, *cuts, n]
     if not per_sample:

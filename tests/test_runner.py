@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -112,27 +113,38 @@ def test_hooks_run_in_the_documented_order(method, data, monkeypatch):
     assert calls == expected
 
 
-def test_a_run_with_a_progress_bar_warns_nothing(data):
+def test_a_run_with_a_progress_bar_warns_nothing_and_reports_every_batch(data):
+    bars = []
+
     class Bar:
         def __init__(self, **kwargs):
-            self.postfixes = []
+            self.kwargs, self.count, self.postfixes, self.closed = kwargs, 0, [], False
+            bars.append(self)
 
         def update(self, count):
-            pass
+            self.count += count
 
         def set_postfix(self, **values):
             self.postfixes.append(values)
 
         def close(self):
-            pass
+            self.closed = True
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         run_training("dualprompt", "synthetic", 1, ["baseline"], PROTOCOL, *data, device=CPU, progress=Bar)
+    stream = build_si_blurry_stream(data[0].targets, num_sessions=PROTOCOL.num_sessions,
+                                    disjoint_ratio=PROTOCOL.disjoint_ratio, blurry_ratio=PROTOCOL.blurry_ratio, seed=1)
+    batches = list(stream.batches(PROTOCOL.batch_size, rank=None))
+    (bar,) = bars
+    assert bar.closed and bar.kwargs["total"] == bar.count == len(batches) == len(bar.postfixes)
+    assert [postfix["session"] for postfix in bar.postfixes] == [batch.session for batch in batches]
+    losses = [float(postfix["loss"]) for postfix in bar.postfixes]
+    assert all(math.isfinite(loss) and loss > 0 for loss in losses) and len(set(losses)) > 1
 
 
 def test_protocol_records_checkout_weights_by_their_path_in_the_checkout(tmp_path):
-    inside = Path(__file__).resolve().parents[1] / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
+    inside = Path(__file__).resolve().parents[1] / "benchmarks" / "proxy" / "weights" / "proxy_vit.safetensors"
     assert Protocol(weights=str(inside)).to_dict()["weights"] == "benchmarks/proxy/weights/proxy_vit.safetensors"
     outside = tmp_path / "vit.safetensors"
     assert Protocol(weights=str(outside)).to_dict()["weights"] == str(outside)

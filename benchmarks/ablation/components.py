@@ -1,20 +1,22 @@
 """The analytic router (REAR) and the temporal ensemble (TE2) a run evaluates its variants with.
 
-Three ways to have them, one interface (``start_expert``, ``after_optimizer_step``, ``end_batch``,
-``route``, ``ensemble``) that the training loop calls at fixed points:
+Three ways to have them behind one interface, :class:`Components`, that the training loop calls at
+fixed points (:class:`ScoredComponents` adds what the one-training evaluation reads):
 
-* :class:`AddedComponents` trains both beside a method that has neither, making the calls
-  ``fly_modules.adapters.reference`` makes, so that every variant is scored on one trained model;
+* :class:`AddedComponents` trains both beside a method that has neither, through the handle the
+  reference adapter builds for it (``fly_modules.adapters.reference.build_handle``), without its hooks,
+  so that every variant is scored on one trained model;
 * :class:`BuiltinComponents` reads the ones a method trains itself (FlyPrompt's, through its hooks);
-* :class:`RetrofitComponents` adds the requested ones with ``fly_modules.adapters.reference`` itself:
+* :class:`RetrofitComponents` adds the requested ones with ``fly_modules.adapters.reference.retrofit``:
   one variant per training, the reference the one-training evaluation is tested against.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Protocol
 
 import torch
+from fly_modules.adapters import RetrofitOptions
 from fly_modules.adapters import reference as reference_adapter
 from torch import Tensor
 
@@ -23,15 +25,50 @@ from fly_modules import AnalyticRouter, TemporalEnsembleHead
 from ..methods.base import MethodOutput, PromptMethod
 from ..parallel import BatchShare
 
-__all__ = ["AddedComponents", "BuiltinComponents", "RetrofitComponents"]
+__all__ = ["AddedComponents", "BuiltinComponents", "Components", "RetrofitComponents", "ScoredComponents"]
+
+
+class Components(Protocol):
+    """What ``OnlineTrainer`` calls: at an expert's start, after each optimizer step, after each batch."""
+
+    def start_expert(self, expert: int) -> None:
+        """The method's own start of ``expert``, then fresh ensemble copies of its banks."""
+        ...
+
+    def after_optimizer_step(self, output: MethodOutput, parallel: BatchShare) -> None:
+        """One EMA step of the banks ``output`` trained."""
+        ...
+
+    def end_batch(self, router_features: Tensor, parallel: BatchShare) -> None:
+        """The batch's router features (this process's rows) into the router, the current expert as target."""
+        ...
+
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None: ...
+
+
+class ScoredComponents(Components, Protocol):
+    """Components that ``VariantEvaluator`` scores every variant with, from one training."""
+
+    ensemble: TemporalEnsembleHead
+
+    def route(self, router_features: Tensor) -> Optional[Tensor]:
+        """``(B,)`` REAR's experts; ``None`` where the method's own selection stands for them."""
+        ...
 
 
 class AddedComponents:
     """REAR and TE2 trained beside ``model``: the router on each batch's router features with the
     current expert as target, the ensemble's copies of the banks each optimizer step trained.
 
+    Both are the reference adapter's (:func:`fly_modules.adapters.reference.build_handle`, same sizes,
+    same calls); the handle is fed here instead of by hooks, so ``model`` keeps its own inference and
+    the evaluation chooses the selection and the head of each variant. Rows are gathered over the
+    processes of a data-parallel run before they reach the handle.
+
     Args:
-        model: the method (seam contract of ``benchmarks.methods.base``); its classifier is TE2's online head.
+        model: the method (:class:`~fly_modules.adapters.SeamContract`); its classifier is TE2's online head.
         expansion_dim, ridge, seed: the router's.
         decays, aggregate: the ensemble's.
     """
@@ -40,40 +77,32 @@ class AddedComponents:
         self, model: PromptMethod, *, expansion_dim: int, ridge: Any, seed: int, decays: Any, aggregate: str
     ) -> None:
         self.model = model
-        classifier = model.get_classifier()
-        # The reference adapter's sizes: the method's router_dim if it declares one, else the head's input.
-        self.router = AnalyticRouter(
-            int(getattr(model, "router_dim", classifier.in_features)), model.num_experts,
-            expansion_dim=expansion_dim, ridge=ridge, seed=seed, device=classifier.weight.device,
+        options = RetrofitOptions(
+            optimizer=None, schedule=None, expansion_dim=expansion_dim, ridge=ridge, seed=seed, decays=decays,
+            aggregate=aggregate,
         )
-        self.ensemble = TemporalEnsembleHead(classifier, model.num_banks, decays=decays, aggregate=aggregate)
-        banks = model.banks_of_expert(int(model.current_expert))
-        if banks:
-            self.ensemble.active_expert = int(banks[-1])
+        self.handle = reference_adapter.build_handle(model, options)
+        self.router: AnalyticRouter = self.handle.router
+        self.ensemble: TemporalEnsembleHead = self.handle.ensemble
 
     def start_expert(self, expert: int) -> None:
-        """The method's own start, then fresh copies of the expert's banks (the adapter's order)."""
-        self.model.on_expert_start(expert)
-        for bank in self.model.banks_of_expert(expert):
-            self.ensemble.start_expert(int(bank))
+        self.handle.start_expert(expert)
 
     def after_optimizer_step(self, output: MethodOutput, parallel: BatchShare) -> None:
         """One EMA step of the banks this step trained (their union over the processes)."""
         banks = self.model.bank_of(output.selection).detach()
         if parallel.group is not None:
             banks = parallel.gather_rows(banks.reshape(-1))
-        self.ensemble.update(banks)
+        self.handle.record_trained_banks(banks)
+        self.handle.update_ensemble()
 
     def end_batch(self, router_features: Tensor, parallel: BatchShare) -> None:
         """Add the batch (all processes' rows) to the router, with the current expert as target."""
-        features = parallel.gather_rows(router_features.detach())
-        self.router.update(features.to(self.router.gram.device), int(self.model.current_expert))
+        self.handle.end_batch(query=parallel.gather_rows(router_features.detach()))
 
     def route(self, router_features: Tensor) -> Optional[Tensor]:
         """``(B,)`` REAR's experts; ``None`` (the method's own selection) while the router has no sample."""
-        if self.router.num_samples == 0:
-            return None
-        return self.router.route(router_features.to(self.router.gram.device))
+        return self.handle.route(router_features) if self.handle.routing_active() else None
 
     def state_dict(self) -> Dict[str, Any]:
         return {"router": self.router.state_dict(), "ensemble": self.ensemble.state_dict()}
@@ -81,6 +110,8 @@ class AddedComponents:
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.router.load_state_dict(state["router"])
         self.ensemble.load_state_dict(state["ensemble"])
+        # The router's target: the expert the restored method trains (the model is loaded first).
+        self.handle.current_expert = int(self.model.current_expert)
 
 
 class BuiltinComponents:
@@ -141,12 +172,16 @@ class RetrofitComponents:
     def end_batch(self, router_features: Tensor, parallel: BatchShare) -> None:
         self.handle.end_batch(query=router_features)
 
-    def route(self, router_features: Tensor) -> Optional[Tensor]:
-        return None  # the retrofit routes inside model.predict
-
     def remove(self) -> None:
         self.handle.remove()
 
     def state_dict(self) -> Dict[str, Any]:
         parts = {"router": self.handle.router, "ensemble": self.handle.ensemble}
         return {name: part.state_dict() for name, part in parts.items() if part is not None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        parts = {"router": self.handle.router, "ensemble": self.handle.ensemble}
+        for name, part in parts.items():
+            if part is not None:
+                part.load_state_dict(state[name])
+        self.handle.current_expert = int(self.model.current_expert)

@@ -19,6 +19,7 @@ from fly_modules import seen_class_mask
 
 from ..methods.base import MethodOutput, PromptMethod
 from ..parallel import DataParallel
+from .components import ScoredComponents
 from .diagnostics import ROUTING_VERSIONS, ExpertUsage, expert_matrix_summary, member_summary, routing_summary
 from .metrics import EvaluationLog, count_correct
 from .stream import Exposure
@@ -90,8 +91,8 @@ class VariantEvaluator:
     """
 
     def __init__(
-        self, model: PromptMethod, components: Any, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
-        exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
+        self, model: PromptMethod, components: ScoredComponents, usage: ExpertUsage, variants: Sequence[str], *,
+        test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
         member_names: Sequence[str], meta: Dict[str, Dict[str, Any]],
     ) -> None:
         self.model, self.components, self.usage = model, components, usage

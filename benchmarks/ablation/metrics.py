@@ -10,13 +10,14 @@ undefined value (nothing to average) is NaN; accuracies are fractions in [0, 1].
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from fly_modules._validation import check_int
 
 __all__ = [
     "EvalKind",
@@ -71,14 +72,6 @@ def _as_count_vector(values: ArrayLike, name: str) -> np.ndarray:
     return array
 
 
-def _check_int(value: object, name: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {int(value)}")
-    return int(value)
-
-
 # ----------------------------------------------------------------------------------------------------
 # Counting
 # ----------------------------------------------------------------------------------------------------
@@ -101,7 +94,7 @@ def count_correct(predictions: Tensor, targets: Tensor, num_classes: int) -> tup
             f"predictions and targets must be 1-D of equal length, got shapes {tuple(predictions.shape)} "
             f"and {tuple(targets.shape)}"
         )
-    num_classes = _check_int(num_classes, "num_classes")
+    num_classes = check_int(num_classes, "num_classes", owner="count_correct", minimum=0)
     targets = targets.long()
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
         raise ValueError(
@@ -242,9 +235,9 @@ class EvaluationLog:
             )
         rec = EvalRecord(
             kind=kind,
-            timestamp=_check_int(timestamp, "timestamp"),
-            samples_seen=_check_int(samples_seen, "samples_seen"),
-            session=_check_int(session, "session"),
+            timestamp=check_int(timestamp, "timestamp", owner="EvaluationLog.record", minimum=0),
+            samples_seen=check_int(samples_seen, "samples_seen", owner="EvaluationLog.record", minimum=0),
+            session=check_int(session, "session", owner="EvaluationLog.record", minimum=0),
             correct=correct_v,
             total=total_v,
         )
@@ -340,7 +333,7 @@ class AnytimeEvalTrigger:
 
     def __init__(self, period: Optional[int] = 1000, *, rule: TriggerRule = "flygcl") -> None:
         if period is not None:
-            period = _check_int(period, "period", minimum=1)
+            period = check_int(period, "period", owner="AnytimeEvalTrigger", minimum=1)
         if rule not in ("flygcl", "sib", "reached"):
             raise ValueError(f"rule must be 'flygcl', 'sib' or 'reached', got {rule!r}")
         self.period = period
@@ -356,8 +349,8 @@ class AnytimeEvalTrigger:
         """
         if self.next_mark is None:
             return None
-        samples_seen = _check_int(samples_seen, "samples_seen")
-        batch_size = _check_int(batch_size, "batch_size")
+        samples_seen = check_int(samples_seen, "samples_seen", owner="AnytimeEvalTrigger.step", minimum=0)
+        batch_size = check_int(batch_size, "batch_size", owner="AnytimeEvalTrigger.step", minimum=0)
         if self.rule == "flygcl":
             due = samples_seen + batch_size > self.next_mark
         elif self.rule == "sib":

@@ -22,7 +22,7 @@ from ..backbone import build_backbone as _build_timm_backbone
 from ..methods import PromptMethod, method_class
 from ..parallel import DataParallel
 from .checkpointing import CheckpointError, CheckpointStore, capture, frozen_backbone_digest, restore, rng_states
-from .components import AddedComponents, BuiltinComponents, RetrofitComponents
+from .components import AddedComponents, BuiltinComponents, RetrofitComponents, ScoredComponents
 from .diagnostics import ExpertUsage
 from .evaluation import PredictEvaluator, VariantEvaluator
 from .metrics import EvaluationLog, summarize
@@ -108,8 +108,9 @@ def run_training(
         )
     parallel = DataParallel.from_process_group(process_group)
     model, stream, exposure = _prepare(method, seed, protocol, train, device)
+    components: ScoredComponents
     if cls.builtin_components:
-        components: Any = BuiltinComponents(model)
+        components = BuiltinComponents(model)
     else:
         components = AddedComponents(
             model, expansion_dim=protocol.expansion_dim, ridge=protocol.ridge, seed=seed, decays=protocol.decays,

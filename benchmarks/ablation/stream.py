@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fly_modules._validation import check_int
+
 __all__ = [
     "SplitKind",
     "StreamBatch",
@@ -77,14 +79,6 @@ def check_label_vector(labels: LabelVector, num_classes: Optional[int] = None, *
             f"pass num_classes={highest + 1} or larger"
         )
     return array.contiguous()
-
-
-def _check_positive_int(value: object, name: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {int(value)}")
-    return int(value)
 
 
 def _check_ratio(value: object, name: str) -> Fraction:
@@ -300,7 +294,7 @@ class SiBlurryStream:
         With several ranks each session is truncated to a multiple of ``world_size`` (reference
         behaviour: the ``n_s mod world_size`` last samples of the session order are dropped).
         """
-        world_size = _check_positive_int(world_size, "world_size")
+        world_size = check_int(world_size, "world_size", owner="SiBlurryStream.session_sizes", minimum=1)
         sizes = torch.tensor([int(o.numel()) for o in self.session_orders], dtype=torch.long)
         return sizes // world_size * world_size
 
@@ -400,7 +394,7 @@ class SiBlurryStream:
         (gather of each rank's list, then de-duplication), so inside a global batch rank 0's samples
         come first; pass ``batch_size`` (global) and ``world_size`` to reproduce that order.
         """
-        world_size = _check_positive_int(world_size, "world_size")
+        world_size = check_int(world_size, "world_size", owner="SiBlurryStream.exposure_order", minimum=1)
         orders = self.effective_session_orders(world_size)
         if world_size > 1:
             if batch_size is None:
@@ -462,19 +456,13 @@ class SiBlurryStream:
     # -- private -------------------------------------------------------------------------------------
 
     def _check_session(self, session: int) -> None:
-        if isinstance(session, bool) or not isinstance(session, numbers.Integral):
-            raise TypeError(f"session must be an int, got {type(session).__name__}")
-        if not 0 <= int(session) < self.num_sessions:
-            raise ValueError(f"session must lie in [0, {self.num_sessions}), got {session}")
+        check_int(session, "session", owner="SiBlurryStream", minimum=0, maximum=self.num_sessions - 1)
 
     @staticmethod
     def _check_batching(batch_size: int, rank: int, world_size: int, *, return_rank: bool = False):
-        batch_size = _check_positive_int(batch_size, "batch_size")
-        world_size = _check_positive_int(world_size, "world_size")
-        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
-            raise TypeError(f"rank must be an int, got {type(rank).__name__}")
-        if not 0 <= int(rank) < world_size:
-            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        batch_size = check_int(batch_size, "batch_size", owner="SiBlurryStream", minimum=1)
+        world_size = check_int(world_size, "world_size", owner="SiBlurryStream", minimum=1)
+        rank = check_int(rank, "rank", owner="SiBlurryStream", minimum=0, maximum=world_size - 1)
         if batch_size % world_size:
             raise ValueError(
                 f"batch_size is the global batch size and must be a multiple of world_size so that every "
@@ -508,6 +496,9 @@ def _random_cuts(count: int, num_sessions: int, generator: torch.Generator) -> T
 
 def _equal_cuts(count: int, num_sessions: int) -> Tensor:
     return torch.arange(num_sessions + 1, dtype=torch.long) * (count // num_sessions)
+
+
+_BUILD = "build_si_blurry_stream"
 
 
 def build_si_blurry_stream(
@@ -550,15 +541,14 @@ def build_si_blurry_stream(
     blurry sample is redistributed; sessions may be empty (random cut points can coincide, and
     ``C < T`` leaves sessions without classes).
     """
-    num_sessions = _check_positive_int(num_sessions, "num_sessions")
+    num_sessions = check_int(num_sessions, "num_sessions", owner=_BUILD, minimum=1)
     r_disjoint = _check_ratio(disjoint_ratio, "disjoint_ratio")
     r_blurry = _check_ratio(blurry_ratio, "blurry_ratio")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    seed = check_int(seed, "seed", owner=_BUILD)
     if split not in ("random", "equal"):
         raise ValueError(f"split must be 'random' (the paper's protocol) or 'equal', got {split!r}")
     if num_classes is not None:
-        num_classes = _check_positive_int(num_classes, "num_classes")
+        num_classes = check_int(num_classes, "num_classes", owner=_BUILD, minimum=1)
     targets = check_label_vector(labels, num_classes)
     if num_classes is None:
         num_classes = int(targets.max()) + 1

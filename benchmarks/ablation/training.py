@@ -17,6 +17,7 @@ from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_
 
 from ..methods.base import MethodOutput, PromptMethod
 from ..parallel import BatchShare, DataParallel
+from .components import Components
 from .diagnostics import ExpertUsage
 from .metrics import AnytimeEvalTrigger
 from .stream import Exposure, SiBlurryStream, StreamBatch
@@ -88,7 +89,7 @@ class OnlineTrainer:
     """
 
     def __init__(
-        self, model: PromptMethod, components: Any, evaluate: Callable[..., None], usage: ExpertUsage, *,
+        self, model: PromptMethod, components: Components, evaluate: Callable[..., None], usage: ExpertUsage, *,
         protocol: Any, train: Any, stream: SiBlurryStream, exposure: Exposure, parallel: DataParallel,
         device: torch.device, lr: float,
     ) -> None:

@@ -18,6 +18,8 @@ from typing import Dict, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from fly_modules._validation import check_int
+
 from .records import (
     AUTOAUGMENT_POLICY,
     DATASET_STATS,
@@ -279,9 +281,8 @@ class SyntheticImageDataset(TensorImageDataset):
 
 def synthetic_class_split(num_upstream: int, num_downstream: int) -> Tuple[Tensor, Tensor]:
     """Disjoint global class ids: upstream (pretraining) ``0..U-1``, downstream (continual) ``U..U+D-1``."""
-    for value, name in ((num_upstream, "num_upstream"), (num_downstream, "num_downstream")):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    num_upstream = check_int(num_upstream, "num_upstream", owner="synthetic_class_split", minimum=0)
+    num_downstream = check_int(num_downstream, "num_downstream", owner="synthetic_class_split", minimum=0)
     return torch.arange(num_upstream), torch.arange(num_upstream, num_upstream + num_downstream)
 
 
@@ -328,8 +329,7 @@ def make_synthetic_dataset(
         raise ValueError("class_ids is empty; a dataset needs at least one class")
     if int(ids.min()) < 0 or torch.unique(ids).numel() != ids.numel():
         raise ValueError("class_ids must be distinct non-negative ints")
-    if isinstance(samples_per_class, bool) or not isinstance(samples_per_class, int) or samples_per_class < 1:
-        raise ValueError(f"samples_per_class must be a positive int, got {samples_per_class!r}")
+    samples_per_class = check_int(samples_per_class, "samples_per_class", owner="make_synthetic_dataset", minimum=1)
     image_size = _check_image_size(image_size)
     if image_size < 8:
         raise ValueError(f"image_size must be at least 8 pixels to draw shapes, got {image_size}")

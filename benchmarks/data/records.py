@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from fly_modules._validation import check_int
+
 __all__ = [
     "DATASET_STATS",
     "AUTOAUGMENT_POLICY",
@@ -338,7 +340,5 @@ class FolderImageDataset(ImageDataset):
 
 
 def _check_image_size(image_size: int) -> int:
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
-        raise ValueError(f"image_size must be a positive int, got {image_size!r}")
-    return image_size
+    return check_int(image_size, "image_size", owner="benchmarks.data", minimum=1)
 

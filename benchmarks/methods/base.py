@@ -1,8 +1,9 @@
-"""The seam contract every reference method implements, and the registry that builds methods by name.
+"""The base class of the reference methods, and the registry that builds methods by name.
 
-``PromptMethod`` splits a prompt method into what fly-modules replaces or drives: the frozen query
-pass, the selection (restricted to given experts to route or force it), the prompted pass, the head
-and its logit transform, and the training hooks. The contract is described in docs/methods.md.
+``PromptMethod`` implements ``fly_modules.adapters.SeamContract``: it splits a prompt method into what
+fly-modules replaces or drives (the frozen query pass, the selection restricted to given experts to
+route or force it, the prompted pass, the head and its logit transform) and adds the training hooks a
+loop calls. The contract is described in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
 
 import torch
 import torch.nn.functional as F
+from fly_modules.adapters import SeamContract
 from torch import Tensor, nn
 
 from ..parallel import WHOLE_BATCH, BatchShare
@@ -63,8 +65,9 @@ class MethodOutput:
     aux_loss: Tensor
 
 
-class PromptMethod(nn.Module):
-    """Base class of the reference implementations in ``benchmarks.methods``.
+class PromptMethod(nn.Module, SeamContract):
+    """Base class of the reference implementations in ``benchmarks.methods``: a
+    :class:`~fly_modules.adapters.SeamContract` with the training hooks of a loop.
 
     Subclasses set the class attributes and implement ``compute_query``, ``select``, ``expert_of`` and
     ``forward_features``; everything else has a working default. Every instance has the frozen

@@ -10,6 +10,8 @@ from typing import Any, Dict, Iterable, List, Optional
 import torch
 from torch import Tensor, nn
 
+from fly_modules._validation import check_int
+
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import QueryFeatures, register_method
 from .prompting import (
@@ -72,8 +74,8 @@ class DualPrompt(ConcatPromptMethod):
                 f"{type(self).__name__}: pool_size {pool_size} is smaller than num_experts {self.num_experts}; "
                 "every step needs at least one slot"
             )
-        if g_prompt_length < 1 or e_prompt_length < 1:
-            raise ValueError(f"{type(self).__name__}: prompt lengths must be >= 1")
+        g_prompt_length = check_int(g_prompt_length, "g_prompt_length", owner=type(self).__name__, minimum=1)
+        e_prompt_length = check_int(e_prompt_length, "e_prompt_length", owner=type(self).__name__, minimum=1)
         self.pool_size = pool_size
         self.slots_per_step = pool_size // self.num_experts
         owner = type(self).__name__

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from fly_modules import AnalyticRouter, TemporalEnsembleHead
+from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, register_method
@@ -71,8 +72,7 @@ class FlyPrompt(ConcatPromptMethod):
         aggregate: str = "softmax_max",
     ) -> None:
         super().__init__(backbone, num_classes, num_experts=num_experts)
-        if prompt_length < 1:
-            raise ValueError(f"FlyPrompt: prompt_length must be >= 1, got {prompt_length}")
+        prompt_length = check_int(prompt_length, "prompt_length", owner="FlyPrompt", minimum=1)
         self.prompt_layers = resolve_layers(prompt_layers, self.depth, default=(0, 1, 2, 3, 4), what="FlyPrompt prompt")
         self.prompt_length = int(prompt_length)
         factory = self._factory()

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fly_modules._validation import check_int
+
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, PromptMethod, QueryFeatures, frozen_cls, register_method
 from .prefix_attention import check_prefixable_backbone, prefixed_block, resolve_prefix_layers
@@ -173,18 +175,13 @@ class HiDePrompt(PromptMethod):
         if num_tasks is not None and num_experts is not None and num_tasks != num_experts:
             raise ValueError(f"num_tasks ({num_tasks}) and its alias num_experts ({num_experts}) disagree")
         num_tasks = num_tasks if num_tasks is not None else (num_experts if num_experts is not None else 5)
-        for pname, value, low in (
-            ("num_classes", num_classes, 1),
-            ("num_tasks", num_tasks, 1),
-            ("prefix_length", prefix_length, 0),
-            ("ca_samples_per_class", ca_samples_per_class, 1),
-            ("ca_steps", ca_steps, 0),
-            ("ca_batch_size", ca_batch_size, 1),
-        ):
-            if int(value) != value or value < low:
-                raise ValueError(
-                    f"{type(self).__name__}: {pname} must be an integer >= {low}, found {value!r}"
-                )
+        owner = type(self).__name__
+        num_classes = check_int(num_classes, "num_classes", owner=owner, minimum=1)
+        num_tasks = check_int(num_tasks, "num_tasks", owner=owner, minimum=1)
+        prefix_length = check_int(prefix_length, "prefix_length", owner=owner, minimum=0)
+        ca_samples_per_class = check_int(ca_samples_per_class, "ca_samples_per_class", owner=owner, minimum=1)
+        ca_steps = check_int(ca_steps, "ca_steps", owner=owner, minimum=0)
+        ca_batch_size = check_int(ca_batch_size, "ca_batch_size", owner=owner, minimum=1)
         nonnegative = (("lam_orth", lam_orth), ("ca_min_var", ca_min_var), ("ca_momentum", ca_momentum))
         for pname, value in nonnegative:
             if not value >= 0:

@@ -9,6 +9,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from fly_modules._validation import check_int
+
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, QueryFeatures, register_method
 from .prompting import ConcatPromptMethod, cls_position, cosine_distance, embed_tokens
@@ -55,8 +57,8 @@ class L2P(ConcatPromptMethod):
         diversified: bool = False,
     ) -> None:
         super().__init__(backbone, num_classes, num_experts=num_experts)
-        if prompt_length < 1 or top_k < 1:
-            raise ValueError(f"L2P: prompt_length and top_k must be >= 1, got {prompt_length} and {top_k}")
+        prompt_length = check_int(prompt_length, "prompt_length", owner="L2P", minimum=1)
+        top_k = check_int(top_k, "top_k", owner="L2P", minimum=1)
         slice_size = pool_size // self.num_experts
         if slice_size < top_k:
             raise ValueError(

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fly_modules._validation import check_int
+
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, QueryFeatures, register_method
 from .prompting import ConcatPromptMethod, cosine_distance, embed_tokens, resolve_layers
@@ -95,8 +97,8 @@ class MVP(ConcatPromptMethod):
             raise ValueError(
                 f"MVP: the query skips the last block, so the backbone needs >= 2 blocks, has {self.depth}"
             )
-        if g_prompt_length < 1 or e_prompt_length < 1:
-            raise ValueError("MVP: prompt lengths must be >= 1")
+        g_prompt_length = check_int(g_prompt_length, "g_prompt_length", owner="MVP", minimum=1)
+        e_prompt_length = check_int(e_prompt_length, "e_prompt_length", owner="MVP", minimum=1)
         self.g_layers = resolve_layers(g_prompt_layers, self.depth, default=(0, 1), what="MVP G-prompt")
         self.e_layers = resolve_layers(e_prompt_layers, self.depth, default=(2, 3, 4), what="MVP E-prompt")
         self.g_prompt_length = int(g_prompt_length)

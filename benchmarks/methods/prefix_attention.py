@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fly_modules._validation import check_int
+
 __all__ = ["prefix_attention", "prefixed_block", "check_prefixable_backbone", "resolve_prefix_layers"]
 
 
@@ -153,9 +155,8 @@ def resolve_prefix_layers(prefix_layers: Union[int, Sequence[int]], depth: int) 
     if depth < 1:
         raise ValueError("the backbone has no transformer blocks to prefix")
     if isinstance(prefix_layers, int):
-        if prefix_layers < 1:
-            raise ValueError(f"prefix_layers must be >= 1 (the first n blocks), found {prefix_layers}")
-        return tuple(range(min(prefix_layers, depth)))
+        first = check_int(prefix_layers, "prefix_layers (the first n blocks)", owner="resolve_prefix_layers", minimum=1)
+        return tuple(range(min(first, depth)))
     layers = tuple(sorted({int(i) for i in prefix_layers}))
     if not layers or layers[0] < 0 or layers[-1] >= depth:
         raise ValueError(f"prefix_layers must be block indices in [0, {depth}), found {list(prefix_layers)}")

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fly_modules._validation import check_int
+
 from .base import PromptMethod, QueryFeatures, frozen_cls
 
 __all__ = [
@@ -195,10 +197,8 @@ class ConcatPromptMethod(PromptMethod):
     def __init__(self, backbone: nn.Module, num_classes: int, *, num_experts: int) -> None:
         super().__init__()
         check_vit(backbone, type(self).__name__)
-        if int(num_classes) < 1:
-            raise ValueError(f"{type(self).__name__}: num_classes must be >= 1, got {num_classes}")
-        if int(num_experts) < 1:
-            raise ValueError(f"{type(self).__name__}: num_experts must be >= 1, got {num_experts}")
+        num_classes = check_int(num_classes, "num_classes", owner=type(self).__name__, minimum=1)
+        num_experts = check_int(num_experts, "num_experts", owner=type(self).__name__, minimum=1)
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone

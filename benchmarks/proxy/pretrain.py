@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_OUTPUT = REPO / "benchmarks" / "checkpoints" / "proxy_vit.safetensors"
+DEFAULT_OUTPUT = REPO / "benchmarks" / "proxy" / "weights" / "proxy_vit.safetensors"
 #: The proxy backbone: a standard timm VisionTransformer (vit_tiny_patch16_224 family) on 32x32 images.
 MODEL_NAME = "vit_tiny_patch16_224"
 MODEL_KWARGS: Dict[str, Any] = dict(img_size=32, patch_size=8, embed_dim=128, depth=6, num_heads=4)

@@ -1,5 +1,5 @@
 """The official FlyPrompt code (a user's checkout of AnAppleCore/FlyGCL), loaded read-only for
-``bench_vs_reference.py``: its DualPrompt / MVP models and trainers, built with random weights.
+``benchmarks.speed.vs_reference``: its DualPrompt / MVP models and trainers, built with random weights.
 
 Nothing is copied from the checkout and nothing in it is written. In memory only:
 

@@ -1,4 +1,5 @@
-"""Timing and reporting helpers shared by the micro-benchmarks (``bench_router.py``, ``bench_ensemble.py``).
+"""Timing and reporting helpers shared by the micro-benchmarks (``benchmarks.speed.router``,
+``benchmarks.speed.ensemble``).
 
 The benchmark machines are shared, so absolute times are noisy; every target is therefore a *ratio*
 of two approaches timed side by side in the same process: the candidates are called in interleaved
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
+
+from fly_modules._validation import check_int
 
 __all__ = [
     "available_cpus", "configure_threads", "load_average", "print_header", "time_side_by_side", "median", "best_ratio",
@@ -125,8 +128,7 @@ def time_side_by_side(
     Returns:
         name -> list of ``repeats`` per-call times in seconds (take the median).
     """
-    if repeats < 1:
-        raise ValueError(f"time_side_by_side: repeats must be >= 1, got {repeats}")
+    repeats = check_int(repeats, "repeats", owner="time_side_by_side", minimum=1)
     names = list(candidates)
     inner = dict(inner or {})
     times: Dict[str, List[float]] = {name: [] for name in names}

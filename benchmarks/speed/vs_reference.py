@@ -75,6 +75,8 @@ class Variant:
     collect: bool = False
     solve_seconds: List[float] = field(default_factory=list)
     part_seconds: List[float] = field(default_factory=list)
+    hook_seconds: List[float] = field(default_factory=list)  # ours: the retrofit's forward (pre-)hooks
+    fold_seconds: List[float] = field(default_factory=list)  # ours: the router's folds (inside end_batch)
 
 
 class EvalBatches:
@@ -165,7 +167,30 @@ def build_variants(checkout: ref.Checkout, method: str, args: argparse.Namespace
     record_seconds(official, "update_ema_fc", variants["official"].part_seconds, **timing)
     record_seconds(handle, "end_batch", variants["ours"].part_seconds, **timing)
     record_seconds(handle, "update_ensemble", variants["ours"].part_seconds, **timing)
+    record_seconds(handle.router, "flush", variants["ours"].fold_seconds, **timing)
+    time_forward_hooks(handle, variants["ours"].hook_seconds, **timing)
     return variants
+
+
+def time_forward_hooks(handle: Retrofit, sink: List[float], sync: Callable[[], None],
+                       clock: Callable[[], float]) -> None:
+    """Wrap every forward (pre-)hook the retrofit installed so that each call appends its duration to
+    ``sink``. (The optimizer step hook runs ``update_ensemble``, which is timed by itself.)"""
+    for hook_handle, what in handle.install._hooks:
+        hooks = hook_handle.hooks_dict_ref()
+        if not what.startswith("forward") or hooks is None or hook_handle.id not in hooks:
+            continue
+        original = hooks[hook_handle.id]
+
+        def timed(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+            sync()
+            start = clock()
+            result = _original(*args, **kwargs)
+            sync()
+            sink.append(clock() - start)
+            return result
+
+        hooks[hook_handle.id] = timed
 
 
 def use_expansion(handle: Retrofit, official_matrix: Tensor) -> None:
@@ -195,6 +220,8 @@ def make_batch(generator: torch.Generator, size: int, args: argparse.Namespace) 
 class Timings:
     train: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     train_parts: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
+    train_hooks: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
+    train_folds: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     eval_fresh: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     eval_repeat: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     solve_fresh: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
@@ -225,11 +252,13 @@ def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argpar
         order = [variants[name] for name in VARIANTS[shift:] + VARIANTS[:shift]]
         images, labels = make_batch(generator, args.train_batch, args)
         for variant in order:
-            parts = len(variant.part_seconds)
+            parts, hooks, folds = len(variant.part_seconds), len(variant.hook_seconds), len(variant.fold_seconds)
             seconds = timed(functools.partial(stream_batch, variant, images, labels, args.online_iter))
             if measured:
                 timings.train[variant.name].append(seconds)
                 timings.train_parts[variant.name].append(sum(variant.part_seconds[parts:]))
+                timings.train_hooks[variant.name].append(sum(variant.hook_seconds[hooks:]))
+                timings.train_folds[variant.name].append(sum(variant.fold_seconds[folds:]))
         for phase, total, solve in (("fresh", timings.eval_fresh, timings.solve_fresh),
                                     ("repeat", timings.eval_repeat, timings.solve_repeat)):
             for variant in order:
@@ -263,6 +292,7 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
           f"(_collect_rp_features, update_ema_fc), ours {format_seconds(parts['ours'])} = "
           f"{100 * parts['ours'] / train['baseline']:.1f}% (end_batch, update_ensemble)")
 
+    breakdown = overhead_breakdown(timings, args)
     samples = test_set.samples
     print(f"evaluation = {len(test_set)} batch(es) of {args.eval_batch} ({samples} samples) through the official "
           f"trainer's online_evaluate; medians of {args.rounds} rounds")
@@ -287,12 +317,35 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
                         f"unchanged statistics: {speedup['repeat']:.2f}x")
     return {
         "train_seconds": train, "train_seconds_all": timings.train, "train_part_seconds": parts,
+        "train_overhead_breakdown": breakdown,
         "train_overhead_percent": overhead, "train_official_over_ours": paired_ratio(timings.train, "official", "ours"),
         "eval_samples": samples, "eval_seconds": figures,
         "eval_seconds_all": {"fresh": timings.eval_fresh, "repeat": timings.eval_repeat},
         "solve_seconds_all": {"fresh": timings.solve_fresh, "repeat": timings.solve_repeat},
         "eval_speedup_fresh": speedup["fresh"], "eval_speedup_repeat": speedup["repeat"],
     }
+
+
+def overhead_breakdown(timings: Timings, args: argparse.Namespace) -> Dict[str, float]:
+    """Our training-step overhead over the baseline, in parts (percent of the baseline's step, medians of
+    per-round values): the router's and ensemble's own calls (``end_batch``, of which the router's folds,
+    and ``update_ensemble``), the retrofit's forward hooks, and the rest, which no call of ours contains
+    (the retrofit's swapped modules inside the forward, extra allocations, cache effects)."""
+    rounds = range(len(timings.train["ours"]))
+    base = timings.train["baseline"]
+    parts = {
+        "total": [timings.train["ours"][i] - base[i] for i in rounds],
+        "calls": [timings.train_parts["ours"][i] for i in rounds],
+        "folds": [timings.train_folds["ours"][i] for i in rounds],
+        "hooks": [timings.train_hooks["ours"][i] for i in rounds],
+    }
+    parts["rest"] = [parts["total"][i] - parts["calls"][i] - parts["hooks"][i] for i in rounds]
+    result = {name: 100.0 * median([v / b for v, b in zip(values, base)]) for name, values in parts.items()}
+    print(f"  ours' overhead in parts, % of the baseline step (medians of per-round values): total {result['total']:+.1f}"
+          f" = our calls {result['calls']:.1f} (router folds {result['folds']:.1f} of it, amortised) + forward hooks "
+          f"{result['hooks']:.1f} + outside both {result['rest']:+.1f} (swapped modules in the forward, allocations, "
+          f"caches{', synchronisations' if args.device.type == 'cuda' else ''})")
+    return result
 
 
 def paired_ratio(times: Dict[str, List[float]], numerator: str, denominator: str) -> float:

@@ -1,0 +1,187 @@
+"""The router's blocked statistics update: rows wait in a bounded buffer and are folded into G and Q in one
+rank-k update; everything that reads the statistics sees every row added so far."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+
+from fly_modules import AnalyticRouter, InvalidParameterError, _blocked, _ridge
+
+D, M, EXPERTS = 6, 40, 3
+
+
+def stream(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    centers = 3 * torch.randn(EXPERTS, D, generator=g, dtype=torch.float64)
+    ids = torch.randint(0, EXPERTS, (n,), generator=g)
+    return centers[ids] + torch.randn(n, D, generator=g, dtype=torch.float64), ids
+
+
+def feed(router: AnalyticRouter, features: torch.Tensor, ids: torch.Tensor, sizes) -> None:
+    start = 0
+    for size in sizes:
+        router.update(features[start:start + size], ids[start:start + size])
+        start += size
+    assert start == features.shape[0]
+
+
+def assert_float64_statistics(router: AnalyticRouter, features: torch.Tensor, ids: torch.Tensor) -> None:
+    """G and Q against the float64 sums of the whole stream, within worst-case rounding bounds that hold
+    for any summation order (so on any CPU): with a = |h| |R|^T >= |phi|, each float64 dot product of
+    the expansion is within gamma_d a of the exact one, and each sum of n terms within 2 n eps of it."""
+    eps = torch.finfo(torch.float64).eps
+    gamma = D * eps / (1 - D * eps)
+    phi = router.expansion(features)
+    magnitude = features.abs() @ router.expansion.weight.abs().t()
+    onehot = torch.nn.functional.one_hot(ids, EXPERTS).double()
+    tolerance = 2 * gamma + gamma**2 + 2 * features.shape[0] * eps
+    gram_error = torch.tril(router.gram - phi.t() @ phi).abs()
+    assert bool((gram_error <= torch.tril(tolerance * (magnitude.t() @ magnitude))).all())
+    assert bool(((router.cross - phi.t() @ onehot).abs() <= tolerance * (magnitude.t() @ onehot)).all())
+    assert torch.equal(router.counts, torch.bincount(ids, minlength=EXPERTS))
+
+
+def test_rows_wait_in_the_buffer_and_every_read_sees_them():
+    features, ids = stream(70)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    feed(router, features[:10], ids[:10], [4, 6])
+    assert router.pending_rows == 10 and router.num_samples == 10
+    assert torch.count_nonzero(router._buffers["gram"]) == 0  # nothing folded yet
+    assert_float64_statistics(router, features[:10], ids[:10])  # reading gram/cross folds them in
+    assert router.pending_rows == 0
+    # Appends that would overflow the buffer fold first; a batch as large as the buffer goes straight in.
+    feed(router, features[10:], ids[10:], [9, 9, 20, 3, 15, 4])
+    assert 0 < router.pending_rows < 16
+    assert_float64_statistics(router, features, ids)
+
+
+@pytest.mark.parametrize("fold_rows", [None, 1, 7, 64])
+def test_solve_sees_the_pending_rows(fold_rows):
+    features, ids = stream(50)
+    blocked = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=fold_rows)
+    per_batch = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=1)
+    for router in (blocked, per_batch):
+        feed(router, features, ids, [5] * 10)
+    torch.testing.assert_close(blocked.weight, per_batch.weight, rtol=1e-9, atol=1e-12)
+    assert blocked.pending_rows == 0
+
+
+def test_the_buffer_size_rule_and_its_memory_bound():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert _blocked.default_fold_rows(10_000, cpu) == 512 and _blocked.default_fold_rows(10_000, gpu) == 1024
+    assert _blocked.default_fold_rows(64, cpu) == 64 and _blocked.default_fold_rows(2_048, cpu) == 256
+    for width in (1, 64, 700, 4_096, 10_000, 50_000):
+        for device in (cpu, gpu):
+            rows = _blocked.default_fold_rows(width, device)
+            assert rows * width <= max(64 * width, width * width / 8)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0)
+    assert router.pending_bytes == 0  # allocated on the first update
+    router.update(*stream(3))
+    assert router.pending_bytes == 64 * M * 8 + 64 * 8  # 64 float64 rows of phi and their int64 ids
+
+
+def test_state_dict_holds_every_row_and_a_resumed_run_is_bit_identical():
+    features, ids = stream(90)
+    run = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    feed(run, features[:35], ids[:35], [5] * 7)
+    assert run.pending_rows
+    buffer = io.BytesIO()
+    torch.save(run.state_dict(), buffer)
+    assert run.pending_rows == 0
+    buffer.seek(0)
+    resumed = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    resumed.update(features[:3], ids[:3])  # rows of another run, replaced by the checkpoint's statistics
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    assert resumed.pending_rows == 0
+    assert_float64_statistics(resumed, features[:35], ids[:35])
+    for router in (run, resumed):
+        feed(router, features[35:], ids[35:], [5] * 11)
+    for name in ("gram", "cross", "counts"):
+        assert torch.equal(getattr(run, name), getattr(resumed, name)), name
+    assert torch.equal(run.weight, resumed.weight)
+
+
+def test_a_refused_checkpoint_keeps_the_pending_rows():
+    features, ids = stream(20)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    router.update(features[:8], ids[:8])
+    state = AnalyticRouter(D, EXPERTS, expansion_dim=M + 1, ridge=1.0).state_dict()
+    with pytest.raises(InvalidParameterError):
+        router.load_state_dict(state)
+    assert router.pending_rows == 8
+    assert_float64_statistics(router, features[:8], ids[:8])
+
+
+def test_merge_reset_copies_and_casts_fold_or_drop_the_pending_rows():
+    features, ids = stream(40)
+    left = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=32)
+    right = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=32)
+    left.update(features[:15], ids[:15])
+    right.update(features[15:], ids[15:])
+    twin = copy.deepcopy(right)
+    assert twin.pending_rows == right.pending_rows == 25
+    left.merge_(right)  # both sides fold
+    assert left.pending_rows == right.pending_rows == 0
+    assert_float64_statistics(left, features, ids)
+    assert_float64_statistics(twin, features[15:], ids[15:])
+    narrow = copy.deepcopy(twin)
+    narrow.update(features[:2], ids[:2])
+    narrow.float()  # folded in float64 first, then cast
+    assert narrow.gram.dtype == torch.float32 and narrow.pending_rows == 0 and narrow.pending_bytes == 0
+    phi = twin.expansion(torch.cat([features[15:], features[:2]]))
+    torch.testing.assert_close(torch.tril(narrow.gram), torch.tril(phi.t() @ phi).float())
+    twin.update(features[:3], ids[:3])
+    twin.reset_statistics()  # the pending rows go with the statistics
+    assert twin.pending_rows == 0 and twin.num_samples == 0 and torch.count_nonzero(twin.gram) == 0
+
+
+def test_rows_added_in_inference_mode_can_be_followed_by_rows_outside_it():
+    features, ids = stream(12)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=32)
+    with torch.inference_mode():
+        router.update(features[:6], ids[:6])  # allocates the buffer
+    router.update(features[6:], ids[6:])
+    assert_float64_statistics(router, features, ids)
+
+
+def test_fold_rows_is_validated_and_a_change_takes_effect_at_the_next_update():
+    with pytest.raises(InvalidParameterError, match="fold_rows"):
+        AnalyticRouter(D, EXPERTS, expansion_dim=M, fold_rows=0)
+    features, ids = stream(30)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    router.update(features[:10], ids[:10])
+    router.fold_rows = 4
+    router.update(features[10:12], ids[10:12])
+    assert router.pending_rows == 2 and router._pending.capacity == 4
+    router.update(features[12:], ids[12:])
+    assert_float64_statistics(router, features, ids)
+
+
+def test_the_device_property_does_not_fold():
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    router.update(*stream(5))
+    assert router.device == torch.device("cpu") and router.stats_dtype == torch.float64
+    assert router.pending_rows == 5
+
+
+def test_auto_solver_rule_per_device_and_width(monkeypatch):
+    cpu = torch.device("cpu")
+    assert _ridge.preferred_solver(cpu, 4_096) == "mixed" and _ridge.preferred_solver(cpu, 2_048) == "cholesky"
+    for capability, expected in (((9, 0), "cholesky"), ((8, 0), "cholesky"), ((8, 6), "mixed"), ((8, 9), "mixed")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert _ridge.preferred_solver(torch.device("cuda"), 10_000) == expected, capability
+
+
+def test_auto_solver_follows_the_rule_and_matches_the_other_path():
+    features, ids = stream(200)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0)
+    router.update(features, ids)
+    weights = router.weight.t()
+    assert router.solver_ == _ridge.preferred_solver(router.device, M) == "cholesky"
+    mixed = _ridge.solve_mixed(router.gram, router.cross, 1.0)
+    torch.testing.assert_close(weights, mixed.weights, rtol=1e-9, atol=1e-12)
+
