@@ -188,7 +188,9 @@ class Retrofit:
         forced = self._forced_expert
         if isinstance(forced, Tensor):  # one expert per sample (verify's batch-independence check)
             if forced.shape != (features.shape[0],):
-                raise RuntimeError(f"Retrofit: {forced.numel()} forced experts for a routed call of {features.shape[0]} samples")
+                raise RuntimeError(
+                    f"Retrofit: {forced.numel()} forced experts for a routed call of {features.shape[0]} samples"
+                )
             return forced.to(device=features.device, dtype=torch.long)
         if forced is not None:
             return torch.full((features.shape[0],), forced, dtype=torch.long, device=features.device)

@@ -125,7 +125,10 @@ def test_routed_mixed_experts_reach_each_sample_intact_with_the_option():
 
 
 def _verify(model, original, handle, x):
-    return handle.verify(x, forward=lambda images: jhlee_forward(model, original, images, handle.current_expert)["logits"])
+    def forward(images):
+        return jhlee_forward(model, original, images, handle.current_expert)["logits"]
+
+    return handle.verify(x, forward=forward)
 
 
 def test_verify_passes_with_the_option_and_fails_on_the_upstream_mixed_assembly():

@@ -201,7 +201,8 @@ class JLPrefixDualPrompt(JLDualPrompt):
         res = self.e_prompt(tokens, prompt_mask=prompt_mask, cls_features=cls_features)
         prefix = res["batched_prompt"]  # (layers, B, 2, length, heads, head_dim)
         prompts = {i: self.g_prompt[j].expand(x.shape[0], -1, -1) for j, i in enumerate(self.g_prompt_layer_idx)}
-        prompts.update({i: (prefix[j, :, 0] + 2 * prefix[j, :, 1]).flatten(-2) for j, i in enumerate(self.e_prompt_layer_idx)})
+        layers = enumerate(self.e_prompt_layer_idx)
+        prompts.update({i: (prefix[j, :, 0] + 2 * prefix[j, :, 1]).flatten(-2) for j, i in layers})
         res["pre_logits"] = prompted_blocks(self.vit, tokens, prompts)[:, 0]
         res["logits"] = self.head(res["pre_logits"])
         return res
