@@ -91,6 +91,7 @@ def wire_prefix_model(
                 wiring.eval_query = gate(x)[1].detach()  # the loop did not run the gate first
         return wiring.route(wiring.pop_query(x.shape[0]))
 
+    inside = {"prompt": False}  # a forward_prompt call is running
     # What the prefixes were built from: the task_id the branch hands to backbone.forward_features.
     seen: Dict[str, Optional[Tensor]] = {}
     backbone = getattr(model, "backbone", None)
@@ -117,7 +118,11 @@ def wire_prefix_model(
             handle.observed["routed"] = experts
         task_id = args[0] if args else kwargs.get("task_id")
         seen.clear()
-        output = prompt(x, *args, **kwargs)
+        inside["prompt"] = True
+        try:
+            output = prompt(x, *args, **kwargs)
+        finally:
+            inside["prompt"] = False
         used = seen.pop("task", None)
         if used is None:
             used = _task_tensor(task_id, x.shape[0], x.device)
@@ -132,5 +137,7 @@ def wire_prefix_model(
 
     handle.install.set_attribute(model, "forward_prompt", forward_prompt)
     if options.ensemble:
-        wiring.swap_head(model, "prompt_head")
+        # The ensemble answers inside forward_prompt at inference only: FlyGCL's classifier alignment
+        # trains prompt_head directly with the model in eval mode, which must reach the online head.
+        wiring.swap_head(model, "prompt_head", is_training=lambda: handle.training or not inside["prompt"])
     return handle
