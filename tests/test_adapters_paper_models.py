@@ -1,0 +1,161 @@
+"""The paper's own retrofit targets in FlyGCL (S-Prompts, the HiDe-Prompt / NoRGa port), on stand-ins
+that reproduce their signatures (``upstream_standins``): per-sample routing that reaches every sample
+intact, the loop's calls, and what the adapters refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("timm")
+from fly_modules.adapters import SeamError, retrofit  # noqa: E402
+from upstream_cases import CASES, ROUTER, batch, trainable  # noqa: E402
+from upstream_standins import (  # noqa: E402
+    C,
+    FlyGCLPrefixModel,
+    FlyGCLSPrompt,
+    Original,
+    prefix_alignment_step,
+    prefix_eval_forward,
+    sprompt_eval_forward,
+)
+
+from fly_modules import InvalidParameterError, SampleBudgetSchedule  # noqa: E402
+
+NAMES = ["flygcl-sprompt", "flygcl-hide", "flygcl-norga"]
+MIXED = torch.tensor([0, 1, 0, 1])
+
+
+def routed_model(name: str):
+    """A retrofitted stand-in whose router sends the 4 samples of ``batch(n=4)`` to experts [0, 1, 0, 1]."""
+    case = CASES[name]
+    model, _ = case.build()
+    with torch.no_grad():  # experts that differ (a fresh expert starts as a copy of the others' mean)
+        for parameter in model.parameters():
+            parameter.add_(0.3 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(4)))
+    handle = retrofit(model, case.method, **{**ROUTER, "ridge": 1e-6})
+    x, _ = batch(n=4)
+    handle.router.update(case.router_features(model, None, x), MIXED)
+    model.eval()
+    return case, model, handle, x
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_mixed_experts_reach_each_sample_as_if_alone(name):
+    case, model, handle, x = routed_model(name)
+    with torch.no_grad():
+        together, used = case.forward(model, None, x)
+        assert torch.equal(used, MIXED) and torch.equal(handle.observed["routed"], MIXED)
+        alone = torch.cat([case.forward(model, None, x[i : i + 1])[0] for i in range(4)])
+        torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
+        # the experts really differ: the same samples all on expert 0 give other outputs
+        handle._forced_expert = 0
+        forced = case.forward(model, None, x)[0]
+        handle._forced_expert = None
+    assert (forced[1] - together[1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_one_expert_batch_equals_its_samples_one_by_one(name):
+    case, model, handle, x = routed_model(name)
+    handle._forced_expert = 1
+    with torch.no_grad():
+        together = case.forward(model, None, x)[0]
+        alone = torch.cat([case.forward(model, None, x[i : i + 1])[0] for i in range(4)])
+    handle._forced_expert = None
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_verify_passes_through_the_loops_calls(name):
+    case = CASES[name]
+    model, _ = case.build()
+    optimizer = torch.optim.Adam(trainable(model), lr=1e-2)
+    handle = retrofit(model, case.method, optimizer=optimizer, **ROUTER)
+    x, y = batch()
+    for expert in range(2):
+        handle.start_expert(expert)
+        model.train()
+        logits, _ = case.forward(model, None, x, task=expert)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(logits, y).backward()
+        optimizer.step()
+        handle.end_batch()
+
+    def forward(images):
+        return case.forward(model, None, images, task=handle.current_expert)[0]
+
+    report = handle.verify(x, forward=forward)
+    assert report.ok, str(report)
+
+
+def test_sprompt_schedule_moves_task_count_and_its_prompt_start():
+    model = FlyGCLSPrompt()
+    optimizer = torch.optim.Adam(trainable(model), lr=1e-2)
+    handle = retrofit(model, "sprompt", optimizer=optimizer, schedule=SampleBudgetSchedule(8, 2), **ROUTER)
+    x, y = batch()
+    model.train()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    handle.end_batch()
+    assert model.task_count == 1 and handle.current_expert == 1
+    # process_task_count() started expert 1 from the mean of the earlier prompts, as FlyGCL does
+    torch.testing.assert_close(model.experts.prompts[:, 1], model.experts.prompts[:, :1].mean(1))
+    model.train()
+    model(x)
+    assert model.experts.last_expert_ids.tolist() == [1] * 8
+
+
+def test_sprompt_router_off_keeps_the_loops_expert_ids():
+    model = FlyGCLSPrompt()
+    handle = retrofit(model, "sprompt", router=False, ensemble=True)
+    model.eval()
+    sprompt_eval_forward(model, batch(n=3)[0])
+    assert model.experts.last_expert_ids.tolist() == [0, 0, 0]
+    handle.remove()
+
+
+def test_sprompt_refuses_a_model_without_expert_ids():
+    class NoExpertIds(FlyGCLSPrompt):
+        def forward(self, inputs, **kwargs):
+            return super().forward(inputs)
+
+    with pytest.raises(SeamError, match="expert_ids"):
+        retrofit(NoExpertIds(), "sprompt")
+    with pytest.raises(InvalidParameterError, match="num_experts=3"):
+        retrofit(FlyGCLSPrompt(), "sprompt", num_experts=3)
+
+
+def test_prefix_layout_classifier_alignment_reaches_the_online_head():
+    """FlyGCL's task end trains prompt_head directly with the model in eval mode: the online head
+    answers there (the ensemble only inside forward_prompt), and a schedule may run it from end_batch."""
+    model = FlyGCLPrefixModel()
+    reference = FlyGCLPrefixModel()
+    handle = retrofit(model, "hide", schedule=SampleBudgetSchedule(8, 2),
+                      start_expert=lambda expert: prefix_alignment_step(model), **ROUTER)
+    x, _ = batch()
+    model.train()
+    prefix_eval_forward(model, x)  # in training mode: both branches, the router's query recorded
+    with pytest.warns(RuntimeWarning, match="did not move"):  # no optimizer: no EMA step in this test
+        handle.end_batch()  # starts expert 1: the alignment step runs here, with autograd
+    prefix_alignment_step(reference)
+    assert handle.current_expert == 1
+    assert torch.equal(model.prompt_head.weight, reference.prompt_head.weight)
+    model.eval()
+    scores = prefix_eval_forward(model, x)
+    assert torch.allclose(scores.exp().sum(1), torch.ones(len(x)))  # the ensemble's log-probabilities
+
+
+def test_prefix_layout_routes_on_the_gate_and_refuses_other_query_options():
+    with pytest.raises(InvalidParameterError, match="gate features"):
+        retrofit(FlyGCLPrefixModel(), "hide", original_model=Original())
+    model = FlyGCLPrefixModel(gated=True)
+    handle = retrofit(model, "norga", **ROUTER)
+    x, _ = batch(n=4)
+    handle.router.update(CASES["flygcl-norga"].router_features(model, None, x), MIXED)
+    model.eval()
+    with torch.no_grad():
+        model.forward_prompt(x, task_id=0)  # no gate call first: the adapter runs the gate itself
+    assert model.backbone.last_task_ids.tolist() == handle.router.route(
+        CASES["flygcl-norga"].router_features(model, None, x)).tolist()
+    assert model.prompt_head.out_features == C
