@@ -8,10 +8,11 @@ import pytest
 import torch
 
 pytest.importorskip("timm")
-from fly_modules.adapters import SeamError, retrofit  # noqa: E402
+from fly_modules.adapters import EnsembleLinear, SeamError, retrofit  # noqa: E402
 from upstream_cases import CASES, ROUTER, batch, trainable  # noqa: E402
 from upstream_standins import (  # noqa: E402
     C,
+    FlyGCLCodaPrompt,
     FlyGCLPrefixModel,
     FlyGCLSPrompt,
     Original,
@@ -159,3 +160,55 @@ def test_prefix_layout_routes_on_the_gate_and_refuses_other_query_options():
     assert model.backbone.last_task_ids.tolist() == handle.router.route(
         CASES["flygcl-norga"].router_features(model, None, x)).tolist()
     assert model.prompt_head.out_features == C
+
+
+# ------------------------------------------------------------------------------------- CODA-Prompt
+def coda_model():
+    model = FlyGCLCodaPrompt()
+    model.process_task_count()  # two tasks' blocks in the window
+    return model
+
+
+def test_coda_routed_task_gets_its_component_window_sample_by_sample():
+    model, reference = coda_model(), coda_model()
+    handle = retrofit(model, "coda_prompt", **{**ROUTER, "ridge": 1e-6})
+    x, _ = batch(n=4)
+    with torch.no_grad():
+        features = model.backbone.forward_features(x)[:, 0]
+    handle.router.update(features, MIXED)
+    model.eval(), reference.eval()
+    with torch.no_grad():
+        together = model(x)
+        assert torch.equal(handle.observed["routed"], MIXED) and model.task_count == 1
+        alone = torch.cat([model(x[i : i + 1]) for i in range(4)])
+        windows = []
+        for i, expert in enumerate(MIXED.tolist()):  # the model itself with the expert's window
+            reference.task_count = expert
+            windows.append(reference(x[i : i + 1]))
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
+    # ensemble members are the online head's copies: before any EMA step the log of its softmax
+    torch.testing.assert_close(together, torch.cat(windows).log_softmax(1), rtol=0, atol=1e-5)
+    assert (windows[0] - reference(x[:1])).abs().max() > 1e-4  # task 0's window differs from task 1's
+
+
+def test_coda_training_unchanged_schedule_moves_task_count_and_remove_restores():
+    model, reference = FlyGCLCodaPrompt(), FlyGCLCodaPrompt()
+    optimizer = torch.optim.SGD(trainable(model), lr=0.1)
+    handle = retrofit(model, "coda_prompt", optimizer=optimizer, schedule=SampleBudgetSchedule(8, 2), **ROUTER)
+    x, y = batch()
+    model.train(), reference.train()
+    logits, _ = model(x)
+    assert torch.equal(logits, reference(x)[0])
+    torch.nn.functional.cross_entropy(logits, y).backward()
+    optimizer.step()
+    handle.end_batch()
+    assert model.task_count == 1 and handle.current_expert == 1 and handle.router.num_samples == 8
+    report = handle.verify(x, forward=lambda images: model(images)[0] if model.training else model(images))
+    assert report.ok, str(report)
+    handle.remove()
+    assert "forward" not in vars(model) and not isinstance(model.backbone.fc, EnsembleLinear)
+
+
+def test_coda_refuses_a_pool_too_small_for_its_tasks():
+    with pytest.raises(InvalidParameterError, match="the pool holds 4"):
+        retrofit(FlyGCLCodaPrompt(), "coda_prompt", num_experts=3)

@@ -635,3 +635,45 @@ def prefix_alignment_step(model: nn.Module) -> None:
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+
+
+# ------------------------------------------------------------------------------ FlyGCL CODA-Prompt
+class FlyGCLCodaPrompt(nn.Module):
+    """FlyGCL ``models.codaprompt.CodaPrompt``: per prompt layer ``e_k_<l>``, ``e_a_<l>`` (pool, D) and
+    ``e_p_<l>`` (pool, len, D); ``num_pt_per_task`` components per task; ``forward(inputs)`` (training:
+    ``(logits, loss)``, components ``[0, (task_count+1)·pt)`` with the earlier ones detached; inference:
+    logits, the same window); ``process_task_count()`` re-creates the Parameters (quirk: new objects)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.task_num, self.task_count, self.num_pt_per_task = E, 0, 2
+        self.backbone = classifier_backbone(fc=True)
+        self.register_buffer("pos_e_prompt", torch.tensor([0, 1]))
+        torch.manual_seed(11)
+        for layer in (0, 1):
+            setattr(self, f"e_k_{layer}", nn.Parameter(torch.randn(E * 2, D)))
+            setattr(self, f"e_a_{layer}", nn.Parameter(torch.randn(E * 2, D)))
+            setattr(self, f"e_p_{layer}", nn.Parameter(torch.randn(E * 2, 2, D)))
+
+    def forward(self, inputs: Tensor) -> Any:
+        with torch.no_grad():
+            query = self.backbone.forward_features(inputs)[:, 0]
+        start, end = self.task_count * self.num_pt_per_task, (self.task_count + 1) * self.num_pt_per_task
+        prompts = {}
+        for layer in (0, 1):
+            key, attention, prompt = (getattr(self, f"e_{n}_{layer}") for n in "kap")
+            if self.training:
+                key, attention, prompt = (torch.cat([t[:start].detach(), t[start:end]]) for t in (key, attention, prompt))
+            else:
+                key, attention, prompt = key[:end], attention[:end], prompt[:end]
+            weights = torch.einsum("bkd,kd->bk", F.normalize(query.unsqueeze(1) * attention, dim=2),
+                                   F.normalize(key, dim=1))
+            prompts[layer] = torch.einsum("bk,kld->bld", weights, prompt)
+        logits = self.backbone.fc(prompted_blocks(self.backbone, embed(self.backbone, inputs), prompts)[:, 0])
+        return (logits, torch.zeros(())) if self.training else logits
+
+    @torch.no_grad()
+    def process_task_count(self) -> None:
+        self.task_count += 1
+        for name in [n for n, _ in self.named_parameters() if n.startswith("e_")]:
+            setattr(self, name, nn.Parameter(getattr(self, name).detach().clone()))
