@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from fly_modules._validation import InvalidParameterError, check_int
 
-from ._errors import missing_seam
+from ._errors import SeamError, missing_seam
 from ._handle import Retrofit
 from ._head import find_head
 from ._keypool import _merge_groups
@@ -51,6 +51,15 @@ def retrofit(
         router_dim: width of the router features (default the classifier's ``in_features``).
     """
     owner = "fly_modules.adapters.coda_prompt"
+    inner = getattr(model, "prompt", None)
+    if isinstance(inner, nn.Module) and hasattr(inner, "task_count") and not hasattr(model, "pos_e_prompt"):
+        raise SeamError(
+            f"{owner}: {type(model).__name__} keeps CODA-Prompt's components in a separate `prompt` module "
+            f"({type(inner).__name__}, called inside the ViT's blocks: the Mammoth / LAMDA-PILOT layout), which this "
+            "family does not wire; only FlyGCL's CodaPrompt (components on the model, forward(inputs)) is supported. "
+            "The same mapping applies (a routed task t gets the component window [0, (t+1)*pt) of prompt.task_count), "
+            "but it is not implemented or verified for this layout"
+        )
     layers = getattr(model, "pos_e_prompt", None)
     if not isinstance(layers, Tensor) or not all(hasattr(model, f"e_k_{int(i)}") for i in layers):
         raise missing_seam("coda_prompt", model, "pos_e_prompt` and `e_k_<layer>", _WHAT)

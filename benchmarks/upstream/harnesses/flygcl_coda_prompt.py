@@ -78,6 +78,21 @@ class FlyGCLCodaPrompt(FlyGCLTaskPair):
     def counter(self, ctx):
         return int(ctx.model.task_count)
 
+    def probes(self, ctx, adapters):
+        """Informational: which prompt components the trainer's optimizer still steps after the task end."""
+        stepped = {id(p) for group in ctx.optimizer.param_groups for p in group["params"]}
+
+        def in_optimizer():
+            names = [n for n, _ in ctx.model.named_parameters() if n.startswith("e_")]
+            return sum(id(getattr(ctx.model, n)) in stepped for n in names), len(names)
+
+        before = in_optimizer()
+        ctx.model.process_task_count()  # what online_after_task calls; the trainer never re-creates its optimizer
+        after = in_optimizer()
+        return [("opt", "INFO", "prompt components the optimizer steps, before / after process_task_count()",
+                 f"{before[0]} of {before[1]} / {after[0]} of {after[1]}: from the second task on, FlyGCL's "
+                 "CodaPrompt trains no prompt component (only the classifier)")]
+
 
 def run(checkout: Path, settings: Settings):
     return run_checks(FlyGCLCodaPrompt(checkout), settings)
