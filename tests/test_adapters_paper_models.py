@@ -212,3 +212,19 @@ def test_coda_training_unchanged_schedule_moves_task_count_and_remove_restores()
 def test_coda_refuses_a_pool_too_small_for_its_tasks():
     with pytest.raises(InvalidParameterError, match="the pool holds 4"):
         retrofit(FlyGCLCodaPrompt(), "coda_prompt", num_experts=3)
+
+
+def test_coda_refuses_the_separate_prompt_module_layout_with_its_reason():
+    class CodaModule(torch.nn.Module):  # Mammoth / PILOT: forward(x_querry, l, x_block, train=False, task_id=None)
+        task_count = 0
+
+        def forward(self, x_querry, l, x_block, train=False, task_id=None):  # noqa: E741  (the upstream name)
+            return None, 0, x_block
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.prompt, self.last = CodaModule(), torch.nn.Linear(4, 2)
+
+    with pytest.raises(SeamError, match="separate `prompt` module.*not implemented"):
+        retrofit(Net(), "coda_prompt")
