@@ -151,20 +151,26 @@ def official_agreement(pair: FlyGCLTaskPair, settings: Settings, report: Report)
     ctx.model.eval()
     handle.set_logit_mask(ctx.trainer.mask.clone())
     x = x_test.clone()
+    seen = trainer.task_id + 1
     with torch.no_grad():
         theirs = pair.official_routes(ctx, official, trainer, x)
         official_p = pair.official_probabilities(ctx, official, trainer, x, theirs)
-        ours = handle.router.route(pair.our_query(ctx, x).double()).to(theirs.device)
+        official_scores = official.forward_with_rp(x)[:, :seen].double()
+        query = pair.our_query(ctx, x).double()
+        ours_scores = handle.router(query)[:, :seen]
+        ours = handle.router.route(query).to(theirs.device)
         ours_p = pair.our_forward(ctx, x).exp()
     routed = float((ours == theirs).float().mean())
     predicted = float((ours_p.argmax(1) == official_p.argmax(1)).float().mean())
     error = float((ours_p - official_p).abs().max())
-    ok = routed == 1.0 and predicted == 1.0 and error < 1e-4
+    scores = float((ours_scores - official_scores).abs().max() / official_scores.abs().max().clamp_min(1e-30))
+    ok = routed == 1.0 and predicted == 1.0 and error < 1e-4 and scores < 1e-3
     report.add("o", "PASS" if ok else "FAIL",
                "agrees with the official --use_rp_gate / --use_ema_head evaluation on identical state",
-               f"{len(x)} test samples: routed task equal for {100 * routed:.1f}% (official {theirs.tolist()}), "
-               f"prediction equal for {100 * predicted:.1f}%, max |p_official - p_ours| {error:.1e} (official: "
-               "float32 statistics and solve; ours: float64)")
+               f"{len(x)} test samples: router scores max |official - ours| / max |official| {scores:.1e}, routed "
+               f"task equal for {100 * routed:.1f}% (official {theirs.tolist()}), prediction equal for "
+               f"{100 * predicted:.1f}%, max |p_official - p_ours| {error:.1e} (official: float32 statistics and "
+               "solve; ours: float64)")
     handle.remove()
 
 
