@@ -11,7 +11,7 @@ per sample); nothing else changes. One ensemble bank per task on ``model.backbon
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -39,7 +39,7 @@ def retrofit(
     options: RetrofitOptions,
     *,
     num_experts: Optional[int] = None,
-    start_expert: Optional[Any] = None,
+    start_expert: Optional[Callable[[int], None]] = None,
     router_dim: Optional[int] = None,
 ) -> Retrofit:
     """Retrofit FlyGCL's CODA-Prompt model.

@@ -7,7 +7,7 @@ training task ``model.task_count``. Its trainer picks ``expert_ids`` at evaluati
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -54,7 +54,7 @@ def retrofit(
     options: RetrofitOptions,
     *,
     num_experts: Optional[int] = None,
-    start_expert: Optional[Any] = None,
+    start_expert: Optional[Callable[[int], None]] = None,
     router_dim: Optional[int] = None,
 ) -> Retrofit:
     """Retrofit FlyGCL's S-Prompts model.
