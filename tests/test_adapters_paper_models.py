@@ -21,6 +21,7 @@ from upstream_standins import (  # noqa: E402
     sprompt_eval_forward,
 )
 
+from benchmarks.upstream.observe import forced_route  # noqa: E402
 from fly_modules import InvalidParameterError, SampleBudgetSchedule  # noqa: E402
 
 NAMES = ["flygcl-sprompt", "flygcl-hide", "flygcl-norga"]
@@ -50,20 +51,18 @@ def test_mixed_experts_reach_each_sample_as_if_alone(name):
         alone = torch.cat([case.forward(model, None, x[i : i + 1])[0] for i in range(4)])
         torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
         # the experts really differ: the same samples all on expert 0 give other outputs
-        handle._forced_expert = 0
-        forced = case.forward(model, None, x)[0]
-        handle._forced_expert = None
+        with forced_route(handle, 0):
+            forced = case.forward(model, None, x)[0]
     assert (forced[1] - together[1]).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_one_expert_batch_equals_its_samples_one_by_one(name):
     case, model, handle, x = routed_model(name)
-    handle._forced_expert = 1
-    with torch.no_grad():
-        together = case.forward(model, None, x)[0]
+    with torch.no_grad(), forced_route(handle, 1):
+        together, used = case.forward(model, None, x)
         alone = torch.cat([case.forward(model, None, x[i : i + 1])[0] for i in range(4)])
-    handle._forced_expert = None
+    assert used.tolist() == [1] * 4
     torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
 
 

@@ -1,6 +1,7 @@
-"""FlyGCL's task-expert models (the paper's own retrofit targets): S-Prompts (``models.sprompt.SPrompt``
-with ``methods.sprompt.SPrompt``) and the HiDe-Prompt / NoRGa port (``models.hide_norga_prefix_vit`` with
-``methods.hide_norga_trainer``), driven by their trainers' own ``online_step`` and ``online_evaluate``.
+"""FlyGCL's task-expert models: S-Prompts (``models.sprompt.SPrompt`` with ``methods.sprompt.SPrompt``) and
+the HiDe-Prompt / NoRGa port (``models.hide_norga_prefix_vit`` with ``methods.hide_norga_trainer``), the paper's
+own retrofit targets, and CODA-Prompt (``models.codaprompt``), driven by their trainers' own ``online_step``
+and ``online_evaluate``.
 
 The trainers advance by task: the harness runs at each task boundary what FlyGCL's ``_Trainer`` loop runs
 there (``online_after_task``, then ``online_before_task``; for S-Prompts first the end-of-task prototype
@@ -59,7 +60,7 @@ class Seen:
 
 
 class FlyGCLTaskPair(OnlineTrainerPair):
-    """Shared by the three harnesses: task-boundary calls, the experts used, the official agreement."""
+    """Shared by the four harnesses: task-boundary calls, the experts used, the official agreement."""
 
     import_checkout = staticmethod(import_with_sklearn_stub)
     backbone = _flygcl.BACKBONE

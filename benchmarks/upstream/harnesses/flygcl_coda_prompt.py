@@ -14,16 +14,15 @@ from pathlib import Path
 import torch
 
 from benchmarks.upstream.checks import Settings, run_checks
-from benchmarks.upstream.harnesses._flygcl_tasks import FlyGCLTaskPair, Seen, instance_wrapper
+from benchmarks.upstream.harnesses._flygcl_tasks import FlyGCLTaskPair, instance_wrapper
 from benchmarks.upstream.harnesses._online_trainer import NUM_CLASSES
 from benchmarks.upstream.stream import NUM_TASKS
 
 
-class _WindowCapture(Seen):
+class _WindowCapture:
     """For each ``prompt_tuning`` call: its batch's ``task_count`` (the component window's task)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
         self.model = model
         self.calls = []
 
@@ -40,14 +39,6 @@ class _WindowCapture(Seen):
 
     def __exit__(self, *exc):
         self.context.__exit__(*exc)
-
-    @property
-    def experts(self):
-        return [torch.cat(self.calls)] if self.calls else []
-
-    @experts.setter
-    def experts(self, value):
-        pass
 
 
 class FlyGCLCodaPrompt(FlyGCLTaskPair):
@@ -69,8 +60,8 @@ class FlyGCLCodaPrompt(FlyGCLTaskPair):
         return _WindowCapture(ctx.model)
 
     def used_rows(self, ctx, capture):
-        # groups run in expert order; the capture holds them in call order, the batch order is the router's
-        return capture.experts[-1].sort().values if capture.experts else None
+        # the windows of the evaluation's calls (one per routed task present, in task order)
+        return torch.cat(capture.calls).sort().values if capture.calls else None
 
     def verify_forward(self, ctx, handle):
         return lambda x: ctx.model(x)[0] if ctx.model.training else ctx.model(x)
