@@ -25,7 +25,7 @@ from ._verify import VerifyReport as VerifyReport
 from .contract import SeamContract as SeamContract
 
 # The families register themselves on import.
-from . import dualprompt, generic, hide, l2p, mvp, reference  # noqa: E402, F401  isort: skip
+from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
     "EnsembleLinear", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
@@ -54,8 +54,9 @@ def retrofit(
     Args:
         model: the user's model (its ``training`` flag tells training from inference).
         method: a name of :func:`list_families` (``"l2p"``, ``"dualprompt"``, ``"misa"``, ``"mvp"``,
-            ``"hide"``, ``"norga"``, ``"generic"``, ``"reference"``). A model implementing
-            :class:`SeamContract` goes to ``"reference"``: the families that recognise upstream code refuse it.
+            ``"hide"``, ``"norga"``, ``"sprompt"``, ``"coda_prompt"``, ``"generic"``, ``"reference"``). A model
+            implementing :class:`SeamContract` goes to ``"reference"``: the families that recognise upstream code
+            refuse it.
         router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate,
             correct_assembly: the options every family shares (:class:`RetrofitOptions`).
         **family_options: the family's own (``num_experts``, ``original_model``, ...; see

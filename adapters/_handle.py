@@ -273,7 +273,6 @@ class Retrofit:
         self.ensemble.update(None if banks is None else banks)
         self._ensemble_steps += 1
 
-    @torch.no_grad()
     def end_batch(self, batch_size: Optional[int] = None, *, query: Optional[Tensor] = None) -> List[int]:
         """Call once per stream batch, after its online iterations.
 
@@ -282,6 +281,9 @@ class Retrofit:
         target, then advances a sample-budget schedule by ``batch_size`` (default: the samples of the
         batch's first training forward; the baseline variant installs no hook, so pass it there).
         Returns the experts started.
+
+        The experts the schedule starts run the method's own start with autograd as the caller has it (a
+        start that trains, such as FlyGCL's classifier alignment, works).
 
         Raises ``RuntimeError`` when the router is on and no query was recorded (the query module did
         not run in training), and when the method's own step counter left the current expert.
@@ -309,7 +311,8 @@ class Retrofit:
             )
         if self.router is not None and features is not None:
             # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
-            self.router.update(features.to(self.router.device), self.current_expert)
+            with torch.no_grad():
+                self.router.update(features.detach().to(self.router.device), self.current_expert)
         self._pending_query, self._pending_size, self._ensemble_steps = None, None, 0
         started: List[int] = []
         if isinstance(self.schedule, SampleBudgetSchedule):

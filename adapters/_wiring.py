@@ -170,17 +170,19 @@ class Wiring:
 
     # ---------------------------------------------------------------------------- installs
     def swap_head(
-        self, owner: nn.Module, name: str, scorer: Optional[Callable[[Tensor], Tensor]] = None
+        self, owner: nn.Module, name: str, scorer: Optional[Callable[[Tensor], Tensor]] = None,
+        is_training: Optional[Callable[[], bool]] = None,
     ) -> EnsembleLinear:
         """Replace ``owner.name`` by an :class:`EnsembleLinear` (undone by ``remove()``).
 
-        The default scorer ensembles the banks the forward recorded with ``handle.logit_mask``.
+        The default scorer ensembles the banks the forward recorded with ``handle.logit_mask``;
+        ``is_training`` (default: the model's mode) tells when the online head answers instead.
         """
         ensemble = self.handle.ensemble
         if scorer is None:
             def scorer(x: Tensor) -> Tensor:
                 return ensemble_scores(ensemble, x, self.pop_banks(x.shape[0]), self.handle.logit_mask)
-        wrapper = EnsembleLinear(ensemble.online, scorer, lambda: self.handle.training)
+        wrapper = EnsembleLinear(ensemble.online, scorer, is_training or (lambda: self.handle.training))
         self.handle.install.set_attribute(owner, name, wrapper)
         return wrapper
 

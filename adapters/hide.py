@@ -1,6 +1,7 @@
-"""HiDe-Prompt / NoRGa: our reference ``hide``/``norga`` and the official codebases (thu-ml/HiDe-Prompt,
-Minhchuyentoancbn/MoE_PromptCL). The routed task replaces the loop's task identification (TII): it is
-injected as ``e_prompt(..., prompt_idx=expert[:, None])``. One ensemble bank per task on ``model.head``.
+"""HiDe-Prompt / NoRGa: our reference ``hide``/``norga``, the official codebases (thu-ml/HiDe-Prompt,
+Minhchuyentoancbn/MoE_PromptCL) and FlyGCL's port. The routed task replaces the loop's task identification
+(TII): in the official layout it is injected as ``e_prompt(..., prompt_idx=expert[:, None])`` with one
+ensemble bank per task on ``model.head``; FlyGCL's prefix layout is wired by ``_prefix_hide``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ._errors import SeamError, missing_seam
 from ._handle import Retrofit
 from ._head import find_head
 from ._options import RetrofitOptions
+from ._prefix_hide import is_prefix_model, wire_prefix_model
 from ._registry import register_family
 from ._signatures import named_parameters
 from ._wiring import Wiring, default_query
@@ -41,8 +43,10 @@ def retrofit(
     """Retrofit a HiDe-Prompt or NoRGa model.
 
     Args:
-        num_experts: tasks (default ``model.e_prompt.pool_size``, one prompt per task).
-        original_model: the frozen/TII model whose output ``["pre_logits"]`` are the router features.
+        num_experts: tasks (default ``model.e_prompt.pool_size``, one prompt per task; FlyGCL's prefix
+            layout: ``model.task_num``).
+        original_model: the frozen/TII model whose output ``["pre_logits"]`` are the router features
+            (the official layout; FlyGCL's prefix layout routes on its gate features ``h``).
         query_module, query_from_output: any other module (and output mapping) giving the router features.
         run_query_module: run that module on the model's input (once per stream batch, under ``no_grad``)
             when the loop did not run it first: NoRGa's training loop never runs ``original_model``.
@@ -51,6 +55,16 @@ def retrofit(
         router_dim: width of the router features (default the classifier's ``in_features``).
     """
     owner = "fly_modules.adapters.hide"
+    if is_prefix_model(model) and not hasattr(model, "e_prompt"):
+        given = [name for name, value in (("original_model", original_model), ("query_module", query_module),
+                                          ("query_from_output", query_from_output)) if value is not None]
+        if given:
+            raise InvalidParameterError(
+                f"{owner}: {type(model).__name__} (FlyGCL's prefix layout) routes on its own gate features "
+                f"(forward_gate's h); {given} are options of the official HiDe-Prompt/NoRGa layout"
+            )
+        return wire_prefix_model(model, options, family="hide", num_experts=num_experts,
+                                 run_query_module=run_query_module, start_expert=start_expert, router_dim=router_dim)
     prompt = getattr(model, "e_prompt", None)
     if not isinstance(prompt, nn.Module):
         raise missing_seam("hide", model, "e_prompt", _WHAT)

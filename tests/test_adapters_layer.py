@@ -74,7 +74,8 @@ def test_unknown_method_and_unknown_family_option_name_what_is_accepted():
         retrofit(Tiny(), "coda")
     with pytest.raises(InvalidParameterError, match=r"\['slots'\] are not options of method 'generic'.*route_kwarg"):
         retrofit(Tiny(), "generic", num_experts=2, router=False, slots=3)
-    assert set(list_families()) >= {"l2p", "dualprompt", "misa", "mvp", "hide", "norga", "generic", "reference"}
+    assert set(list_families()) >= {"l2p", "dualprompt", "misa", "mvp", "hide", "norga", "sprompt", "coda_prompt",
+                                    "codaprompt", "generic", "reference"}
 
 
 def test_register_family_adds_a_method_with_the_common_options():

@@ -17,6 +17,8 @@ from upstream_standins import (
     FlyGCLDualPrompt,
     FlyGCLL2P,
     FlyGCLMVP,
+    FlyGCLPrefixModel,
+    FlyGCLSPrompt,
     HDModel,
     JLDualPrompt,
     MISADualPrompt,
@@ -25,6 +27,9 @@ from upstream_standins import (
     hide_train_forward,
     jhlee_forward,
     norga_train_forward,
+    prefix_eval_forward,
+    prefix_train_forward,
+    sprompt_eval_forward,
 )
 
 ROUTER = dict(expansion_dim=128, ridge=1e-4)
@@ -299,6 +304,71 @@ class GenericDefaultBanksCase(HiDeCase):
         return selection if handle.routing_active() else torch.full_like(selection, handle.ensemble.active_expert)
 
 
+class SPromptCase(Case):
+    """FlyGCL S-Prompts: ``model(x)`` in training (the task counter's prompts), ``model(x, expert_ids=...)``
+    at evaluation; the expert used is what ``experts`` was called with."""
+
+    method = "sprompt"
+    schedule = "budget"
+    craftable = False
+
+    def build(self):
+        return FlyGCLSPrompt(), None
+
+    def adapter_kwargs(self, model, original):
+        return {}  # num_experts from experts.num_experts
+
+    def head(self, model):
+        return model.backbone, "fc"
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        logits = model(x) if model.training else sprompt_eval_forward(model, x)
+        return logits, model.experts.last_expert_ids
+
+    def router_features(self, model, original, x):
+        with torch.no_grad():
+            return model.backbone.forward_features(x)[:, 0]
+
+    def expert_of(self, selection):
+        return selection
+
+    def bank_of(self, selection, handle):
+        return selection
+
+
+class PrefixCase(Case):
+    """FlyGCL's HiDe-Prompt / NoRGa port: the trainer's two branches, no ``forward``."""
+
+    schedule = "session"
+    craftable = False
+
+    def __init__(self, method: str) -> None:
+        self.method, self.gated = method, method == "norga"
+
+    def build(self):
+        return FlyGCLPrefixModel(self.gated), None
+
+    def adapter_kwargs(self, model, original):
+        return {}  # num_experts from task_num
+
+    def head(self, model):
+        return model, "prompt_head"
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        logits = prefix_train_forward(model, x, task) if model.training else prefix_eval_forward(model, x)
+        return logits, model.backbone.last_task_ids
+
+    def router_features(self, model, original, x):
+        with torch.no_grad():
+            return model.g_mlp(model.backbone.forward_features(x, use_prefix=False))
+
+    def expert_of(self, selection):
+        return selection
+
+    def bank_of(self, selection, handle):
+        return selection
+
+
 CASES: Dict[str, Case] = {
     "jhlee-l2p": JLL2PCase(),
     "jhlee-l2p-query-module": JLL2PCase(query_module=True),
@@ -312,6 +382,9 @@ CASES: Dict[str, Case] = {
     "norga": HiDeCase("norga"),
     "generic": HiDeCase(use_generic=True),
     "generic-default-banks": GenericDefaultBanksCase(),
+    "flygcl-sprompt": SPromptCase(),
+    "flygcl-hide": PrefixCase("hide"),
+    "flygcl-norga": PrefixCase("norga"),
 }
 
 

@@ -37,6 +37,7 @@ HARNESSES: Dict[str, str] = {
     "mammoth_dualprompt": "mammoth", "pilot_dualprompt": "LAMDA-PILOT", "siblurry_dualprompt": "Si-Blurry",
     "misa_dualprompt": "MISA", "flygcl_mvp": "FlyGCL", "siblurry_mvp": "Si-Blurry", "misa_mvp": "MISA",
     "hide_prompt_hide": "HiDe-Prompt", "moe_promptcl_hide": "MoE_PromptCL", "moe_promptcl_norga": "MoE_PromptCL",
+    "flygcl_sprompt": "FlyGCL", "flygcl_hide": "FlyGCL", "flygcl_norga": "FlyGCL", "flygcl_coda_prompt": "FlyGCL",
     "mammoth_coda_prompt": "mammoth", "pilot_coda_prompt": "LAMDA-PILOT",
 }
 
@@ -80,6 +81,15 @@ ROWS: Tuple[Row, ...] = (
         ("moe_promptcl_hide",)),
     Row("`norga`", "Minhchuyentoancbn/MoE_PromptCL (NoRGa)", "`model` (+ `original_model`)", _HIDE,
         ("moe_promptcl_norga",)),
+    Row("`sprompt`", "AnAppleCore/FlyGCL (`SPrompt`)", "`model`",
+        "nearest task prototype → the routed task's prompts (`expert_ids`)", ("flygcl_sprompt",)),
+    Row("`hide`", "AnAppleCore/FlyGCL (`HiDePrefixModel`)", "`model`",
+        "gate class → first-task mapping → the routed task (`forward_prompt`'s `task_id`)", ("flygcl_hide",)),
+    Row("`norga`", "AnAppleCore/FlyGCL (`NoRGaPrefixModel`)", "`model`",
+        "gate class → first-task mapping → the routed task (`forward_prompt`'s `task_id`)", ("flygcl_norga",)),
+    Row("`coda_prompt`", "AnAppleCore/FlyGCL (`CodaPrompt`)", "`model`",
+        "the current task's component window → the routed task's window ([how]({adapters}#coda-prompt))",
+        ("flygcl_coda_prompt",)),
     Row("—", "aimagelab/mammoth, LAMDA-CL/LAMDA-PILOT (`coda_prompt`)", "—",
         "not supported: refused by every family ([why]({adapters}#coda-prompt))",
         ("mammoth_coda_prompt", "pilot_coda_prompt")),

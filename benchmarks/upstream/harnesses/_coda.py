@@ -1,8 +1,9 @@
 """CODA-Prompt (mammoth, LAMDA-PILOT): the real model at the harness size, the framework's own training
 step and evaluation once, then every family asked to retrofit it; each must refuse.
 
-CODA-Prompt has no discrete prompt selection (every sample mixes all components of the seen tasks
-through attention weights), so there is nothing to route. Both frameworks' net classes hard-code
+Their nets keep the component pool in a separate ``prompt`` module (``CodaPrompt.forward(x_querry, l, x_block,
+train=False, task_id=None)``, its window read from ``prompt.task_count`` inside the ViT's blocks): the
+``coda_prompt`` family wires FlyGCL's layout only and refuses this one with that reason. Both frameworks' net classes hard-code
 ViT-B/16 widths: the net is made without ``__init__`` with a harness-size ViT of the framework's own
 class, a 32-wide linear classifier and a 32-wide ``CodaPrompt`` (2 tasks, 10 components, length 8).
 On CPU the frameworks' training step raises (a zero tensor made with ``requires_grad`` and then ``.to``
@@ -22,7 +23,7 @@ from benchmarks.upstream.report import Report
 from benchmarks.upstream.stream import make_stream
 
 FAMILIES = (("l2p", dict(num_experts=2)), ("dualprompt", dict(num_experts=2)), ("mvp", {}), ("hide", {}),
-            ("norga", {}))
+            ("norga", {}), ("sprompt", {}), ("coda_prompt", {}))
 CODA_PROMPT = dict(emb_d=32, n_tasks=2, prompt_param=[10, 8, 0.0], key_dim=32)
 
 

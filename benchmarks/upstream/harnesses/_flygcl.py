@@ -20,15 +20,16 @@ BACKBONE = "fly_harness_tiny"
 TINY_VIT = dict(img_size=IMAGE_SIZE, patch_size=8, embed_dim=32, depth=5, num_heads=2)
 
 
-def import_flygcl(checkout: Path, modules: Sequence[str]) -> List[str]:
-    stubs = import_upstream(checkout, ["models.vit", *modules, "utils.train_utils"], allowed_stubs=["pandas"])
+def import_flygcl(checkout: Path, modules: Sequence[str], stubs: Sequence[str] = ("pandas",)) -> List[str]:
+    """Import ``modules``; a missing third-party package named in ``stubs`` becomes a stand-in."""
+    made = import_upstream(checkout, ["models.vit", *modules, "utils.train_utils"], allowed_stubs=list(stubs))
     import models.vit as vit
 
     def tiny_vit(pretrained=False, num_classes=1000, **kwargs):
         return vit.VisionTransformer(**TINY_VIT, num_classes=num_classes)
 
     setattr(vit, BACKBONE, tiny_vit)
-    return stubs
+    return made
 
 
 def step_schedule() -> dict:
