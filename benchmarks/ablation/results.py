@@ -7,15 +7,15 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, TextIO
 
 from ..methods import method_class
-from .checkpointing import CheckpointStore, checkpoint_folder
+from .checkpointing import CheckpointStore, WriteError, checkpoint_folder
 from .protocol import RunSpec
 from .variants import variants_for
 
 __all__ = [
-    "ProtocolMismatchError", "result_path", "write_json_atomic", "load_results", "setting_differences",
+    "ProtocolMismatchError", "WriteError", "result_path", "write_text_atomic", "write_json_atomic", "load_results", "setting_differences",
     "check_resumable", "check_checkpoints", "checkpoints_of", "remove_finished_checkpoints", "plan", "trainings",
 ]
 
@@ -30,17 +30,35 @@ def _umask() -> int:
     return mask
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file in the same folder and rename it into place (never half-written).
+    A failed write (disk full, permissions) removes the temporary file, keeps the previous ``path`` and
+    raises :class:`WriteError` with one line saying so."""
+    _write_atomic(path, lambda stream: stream.write(text))
+
+
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write to a temporary file in the same folder and rename it into place (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """:func:`write_text_atomic` of ``payload`` as JSON."""
+    _write_atomic(path, lambda stream: json.dump(payload, stream))
+
+
+def _write_atomic(path: Path, write: Callable[[TextIO], Any]) -> None:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise WriteError.of(path, error) from error
     try:
         with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream)
+            write(stream)
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp creates 0600; results are ordinary files
         os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
+    except BaseException as error:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise WriteError.of(path, error) from error
         raise
 
 
