@@ -114,5 +114,12 @@ def test_two_sweeps_started_together_on_one_folder(tmp_path):
     assert all(table.strip() in out for out, _ in outputs)  # each ends with the complete table
     rows = json.loads((output / "table.json").read_text())
     assert [(r["method"], r["seeds"]) for r in rows] == [("l2p", 2), ("dualprompt", 2)]
+    # The same table as one sweep alone (timings and memory aside).
+    assert cli.main([*argv[2:-1], str(tmp_path / "alone")]) == 0
+
+    def metrics(table):
+        return [{k: v for k, v in r.items() if k not in ("seconds_per_batch", "peak_memory_mb")} for r in table]
+
+    assert metrics(rows) == metrics(json.loads((tmp_path / "alone" / "table.json").read_text()))
     assert not (output / "claims").exists() and not (output / "checkpoints").exists()
     assert not [p for p in output.glob("**/*") if re.search(r"\.tmp$", p.name)]

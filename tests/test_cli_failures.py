@@ -141,3 +141,14 @@ def test_a_sweep_whose_result_cannot_be_written_ends_with_one_line(tmp_path, mon
                           "kept") and err.count("\n") == 1, err
     assert result.read_bytes() == before
     assert not list(output.glob("**/.*.tmp"))
+
+
+def test_a_damaged_result_file_is_one_line_before_any_work(tmp_path, capsys):
+    output = tmp_path / "out"
+    result = output / "runs" / "synthetic" / "l2p" / "baseline" / "seed1.json"
+    result.parent.mkdir(parents=True)
+    result.write_text('{"spec": {"method": "l2p"')  # cut short by an editor or a damaged disk
+    assert cli.main([*TINY, "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {result} is not a result file (JSONDecodeError") and err.count("\n") == 1, err
+    assert "delete it" in err

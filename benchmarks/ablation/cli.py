@@ -8,7 +8,9 @@ Each finished run is written to ``<output>/runs/<dataset>/<method>/<variant>/see
 and rerunning the same command skips finished runs. The table is printed and written as ``table.md``,
 ``table.csv`` and ``table.json`` with ``curves.png`` and ``deltas.png``; ``<output>`` defaults to
 ``results/<preset>``. Every value is checked before any data or model work; usage and environment
-errors print one line and exit with status 2. Nothing is downloaded without ``--download``.
+errors print one line and exit with status 2. A training that fails becomes error rows in the tables and
+the sweep goes on (exit status 1). Several sweeps may share one output folder (``claims.py``). Nothing is
+downloaded without ``--download``.
 """
 
 from __future__ import annotations
@@ -502,9 +504,9 @@ def execute(
         return RESUMABLE_EXIT_CODE
     if not lead:
         return 0
-    wanted = set(specs)
     with claims.table_lock():  # whoever writes the table last has read every result written before it
-        results = [r for r in load_results(sweep.output) if RunSpec(**r["spec"]) in wanted]
+        check_resumable(sweep.output, specs, settings)  # a sweep of another setting may share the folder
+        results = load_results(sweep.output, specs)
         failed = failures.load_failures(sweep.output, specs)
         rows = add_failures(summarize_results(results), failed)
         markdown = write_tables(sweep.output, rows, caption=PRESETS[sweep.preset]["caption"])

@@ -44,11 +44,13 @@ def one_line(error: BaseException) -> str:
 
 
 def record_failure(output: Path, group: Sequence[RunSpec], error: BaseException, setting: Dict[str, Any]) -> Path:
-    """Write the failure of the training that gives ``group``; returns the first file."""
+    """Write the failure of the training that gives ``group``; returns the first file. A result file of an
+    earlier sweep that this one was to recompute (``--no-resume``) goes: the run has no result now."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     for spec in group:
         write_json_atomic(failure_path(output, spec),
                           {"spec": asdict(spec), "error": one_line(error), "traceback": text, "setting": setting})
+        result_path(output, spec).unlink(missing_ok=True)
     return failure_path(output, group[0])
 
 
@@ -76,4 +78,6 @@ def load_failures(output: Path, specs: Sequence[RunSpec]) -> List[Dict[str, Any]
                 found.append(json.loads(path.read_text()))
             except FileNotFoundError:  # another process finished the run meanwhile
                 continue
+            except (UnicodeDecodeError, json.JSONDecodeError):  # damaged: the run still failed
+                found.append({"spec": asdict(spec), "error": f"the failure record {path} cannot be read"})
     return found

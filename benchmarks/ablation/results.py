@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, TextIO
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from ..methods import method_class
 from .checkpointing import CheckpointStore, WriteError, checkpoint_folder
@@ -15,8 +15,8 @@ from .protocol import RunSpec
 from .variants import variants_for
 
 __all__ = [
-    "ProtocolMismatchError", "WriteError", "result_path", "write_text_atomic", "write_json_atomic", "load_results", "setting_differences",
-    "check_resumable", "check_checkpoints", "checkpoints_of", "remove_finished_checkpoints", "plan", "trainings",
+    "ProtocolMismatchError", "UnreadableResultError", "WriteError", "result_path", "write_text_atomic",
+    "write_json_atomic", "read_result", "load_results", "setting_differences", "check_resumable", "check_checkpoints", "checkpoints_of", "remove_finished_checkpoints", "plan", "trainings",
 ]
 
 
@@ -62,8 +62,27 @@ def _write_atomic(path: Path, write: Callable[[TextIO], Any]) -> None:
         raise
 
 
-def load_results(output: Path) -> List[Dict[str, Any]]:
-    return [json.loads(path.read_text()) for path in sorted((output / "runs").glob("**/*.json"))]
+def read_result(path: Path) -> Dict[str, Any]:
+    """A result file; :class:`UnreadableResultError` (one line) when it is not one (edited, damaged disk:
+    the sweep itself writes atomically)."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UnreadableResultError(
+            f"{path} is not a result file ({type(error).__name__}: {error}); delete it to train the run again, or "
+            "choose another --output"
+        ) from None
+    if not isinstance(result, dict) or not isinstance(result.get("spec"), dict):
+        raise UnreadableResultError(f"{path} is not a result file (no 'spec' entry); delete it to train the run "
+                                    "again, or choose another --output")
+    return result
+
+
+def load_results(output: Path, specs: Optional[Sequence[RunSpec]] = None) -> List[Dict[str, Any]]:
+    """The result files of ``specs`` that exist (default: every file under ``runs/``)."""
+    if specs is None:
+        return [read_result(path) for path in sorted((output / "runs").glob("**/*.json"))]
+    return [read_result(path) for path in (result_path(output, spec) for spec in specs) if path.exists()]
 
 
 def setting_differences(stored: Dict[str, Any], wanted: Dict[str, Any]) -> List[str]:
@@ -88,7 +107,7 @@ def check_resumable(output: Path, specs: Sequence[RunSpec], settings: Dict[str, 
         path = result_path(output, spec)
         if not path.exists():
             continue
-        result = json.loads(path.read_text())
+        result = read_result(path)
         stored = result.get("setting", {"protocol": result.get("protocol", {})})
         _refuse_differences(path, setting_differences(stored, settings[spec.dataset]), "recompute such runs")
 
@@ -138,6 +157,10 @@ LEGACY_PROTOCOL = {"router_query": "first_iteration"}
 
 class ProtocolMismatchError(RuntimeError):
     """A finished run in the output folder used a different protocol or data setting."""
+
+
+class UnreadableResultError(ProtocolMismatchError):
+    """A file where a run's result belongs is not a result file."""
 
 
 def plan(methods: Sequence[str], variants: Sequence[str], datasets: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:
