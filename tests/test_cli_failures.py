@@ -152,3 +152,25 @@ def test_a_damaged_result_file_is_one_line_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {result} is not a result file (JSONDecodeError") and err.count("\n") == 1, err
     assert "delete it" in err
+
+
+def test_a_failed_table_or_figure_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    rows = report.summarize_results([{"spec": {"method": "mvp", "variant": "baseline", "dataset": "d", "seed": 1},
+                                      "metrics": {"A_auc": 0.5, "A_last": 0.4, "A_avg": 0.45, "F_last": 0.1},
+                                      "seconds_per_batch": 0.01, "peak_memory_mb": 10.0}])
+    report.write_tables(tmp_path, rows)
+    before = {name: (tmp_path / name).read_bytes() for name in ("table.md", "table.json", "table.csv")}
+    disk_full(monkeypatch, results)
+    with pytest.raises(results.WriteError, match="table.md .*the previous file is kept"):
+        report.write_tables(tmp_path, report.add_failures(rows, []))
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+
+    class Figure:
+        def savefig(self, stream, **kwargs):
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    (tmp_path / "deltas.png").write_bytes(b"the previous figure")
+    with pytest.raises(results.WriteError, match="Disk quota exceeded"):
+        report._save_figure(Figure(), tmp_path / "deltas.png")
+    assert (tmp_path / "deltas.png").read_bytes() == b"the previous figure"
+    assert not list(tmp_path.glob(".*.tmp"))

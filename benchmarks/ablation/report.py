@@ -5,14 +5,16 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
 from .diagnostics import ROUTING_VERSIONS
-from .results import write_json_atomic, write_text_atomic
+from .results import WriteError, write_json_atomic, write_text_atomic
 from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 
 __all__ = [
@@ -267,6 +269,26 @@ def write_tables(output: Path, rows: Sequence[Dict[str, Any]], caption: str = ""
     return markdown
 
 
+def _save_figure(figure: Any, path: Path) -> None:
+    """``savefig`` to a temporary file renamed into place; a failed write keeps the previous figure
+    (``results.WriteError``)."""
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise WriteError.of(path, error) from error
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            figure.savefig(stream, dpi=100, format=path.suffix.lstrip("."))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException as error:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise WriteError.of(path, error) from error
+        raise
+
+
 def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Path]:
     """Anytime accuracy (mean over seeds) per method and variant, one panel per (dataset, method)."""
     try:
@@ -305,7 +327,7 @@ def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Pat
         axis.axis("off")
     figure.tight_layout()
     path = output / "curves.png"
-    figure.savefig(path, dpi=100)
+    _save_figure(figure, path)
     plt.close(figure)
     return path
 
@@ -339,6 +361,6 @@ def plot_paper_deltas(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[
     axis.legend(fontsize=8)
     figure.tight_layout()
     path = output / "deltas.png"
-    figure.savefig(path, dpi=100)
+    _save_figure(figure, path)
     plt.close(figure)
     return path
