@@ -4,7 +4,7 @@ Each flag is checked on its own when it is parsed; values that are each valid ca
 (``--image-size`` and the model's input size, ``--num-experts`` and a method's prompt pool,
 ``--method-kwargs`` and the method's constructor). :func:`check` finds those once, cheaply, before any
 data is generated or loaded: it probes the output folder, allocates on the device, builds the backbone
-(with its weights) and every method on the CPU and runs one tiny batch through each. A failure is a
+(with its weights) and every method on the CPU and scores one blank image with each. A failure is a
 :class:`PreflightError`, one line naming what was found, what was expected and the flag to change.
 
 Only the exception types that user values provoke are turned into that line (wrong keywords, values and
@@ -107,7 +107,7 @@ def _model_flags(protocol: Protocol) -> str:
 
 def check_models(protocol: Protocol, methods: Sequence[str], datasets: Sequence[str], class_counts: dict,
                  seed: int) -> None:
-    """Build the backbone and each method on the CPU and score two blank images with each."""
+    """Build the backbone and each method on the CPU and score one blank image with each."""
     with _SavedRandomState(), torch.no_grad():
         try:
             backbone = build_backbone(protocol).eval()
@@ -118,7 +118,7 @@ def check_models(protocol: Protocol, methods: Sequence[str], datasets: Sequence[
                 f"{_model_flags(protocol)}: timm cannot build it ({_first_line(error)}); expected a timm ViT and "
                 "keyword arguments of its constructor (change --model or --model-kwargs)"
             ) from None
-        images = torch.zeros(2, 3, protocol.image_size, protocol.image_size)
+        images = torch.zeros(1, 3, protocol.image_size, protocol.image_size)  # one: ViT-B passes are slow on a CPU
         try:
             backbone(images)
         except USER_ERRORS as error:
@@ -154,6 +154,25 @@ def class_counts(data: dict) -> dict:
 
 def check(sweep: Any) -> None:
     """Every check of this module for a ``benchmarks.ablation.cli.Sweep``; raises :class:`PreflightError`."""
+    if sweep.threads:
+        torch.set_num_threads(sweep.threads)  # as the sweep will
     check_output(sweep.output)
     check_device(sweep.device)
     check_models(sweep.protocol, sweep.methods, sweep.datasets, class_counts(sweep.data), sweep.seeds[0])
+
+
+def _time_checks(argv: Optional[Sequence[str]] = None) -> None:
+    """``python -m benchmarks.ablation.preflight [sweep flags]``: the time of these checks alone."""
+    import time
+
+    from .cli import build_parser, resolve
+
+    sweep = resolve(build_parser().parse_args(argv))
+    started = time.perf_counter()
+    check(sweep)
+    print(f"checks of {len(sweep.methods)} methods on {sweep.protocol.model}: {time.perf_counter() - started:.1f} s "
+          f"on {torch.get_num_threads()} CPU thread(s)")
+
+
+if __name__ == "__main__":
+    _time_checks()
