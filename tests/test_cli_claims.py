@@ -123,3 +123,24 @@ def test_two_sweeps_started_together_on_one_folder(tmp_path):
     assert metrics(rows) == metrics(json.loads((tmp_path / "alone" / "table.json").read_text()))
     assert not (output / "claims").exists() and not (output / "checkpoints").exists()
     assert not [p for p in output.glob("**/*") if re.search(r"\.tmp$", p.name)]
+
+
+def test_a_sweep_of_another_setting_on_the_same_folder_is_caught_before_the_table(tmp_path, capsys, monkeypatch):
+    output = tmp_path / "out"
+    original = cli.run_training
+    other = output / "runs" / "synthetic" / "dualprompt" / "baseline" / "seed1.json"
+
+    def meanwhile(method, *args, **kwargs):  # another sweep, with another --lr, finishes dualprompt first
+        records = original(method, *args, **kwargs)
+        record = json.loads(json.dumps(records["baseline"]))
+        record["spec"]["method"] = "dualprompt"
+        record["setting"] = {"protocol": {**record["protocol"], "lr": 0.5}}
+        other.parent.mkdir(parents=True)
+        other.write_text(json.dumps(record))
+        return records
+
+    monkeypatch.setattr(cli, "run_training", meanwhile)
+    assert cli.main([*TINY, "--methods", "l2p,dualprompt", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {other} was run with another setting (lr: 0.5 -> None)" in err and err.count("\n") == 1, err
+    assert not (output / "table.json").exists()
