@@ -29,7 +29,7 @@ from ..methods import method_class
 from .protocol import Protocol
 from .runner import BackboneLoadError, build_backbone
 
-__all__ = ["PreflightError", "USER_ERRORS", "check", "check_output", "check_device", "check_models"]
+__all__ = ["PreflightError", "USER_ERRORS", "check", "check_output", "check_device", "check_models", "class_counts"]
 
 #: What construction and a forward pass raise for unfitting user values: unknown keywords (TypeError),
 #: values a constructor refuses (ValueError), timm's shape asserts (AssertionError), tensor shape
