@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from fly_modules import AnalyticRouter
 
 __all__ = [
-    "FORMAT", "VERSION", "CheckpointError", "CheckpointStore", "checkpoint_folder", "write_atomic",
+    "FORMAT", "VERSION", "CheckpointError", "WriteError", "CheckpointStore", "checkpoint_folder", "write_atomic",
     "read_checkpoint", "rng_states", "restore_rng_states", "frozen_backbone_digest", "capture", "restore",
 ]
 
@@ -42,6 +42,17 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be used: unreadable, of another format, or of another run or backbone."""
 
 
+class WriteError(Exception):
+    """A file could not be written (disk full, permissions); the previous version of it, if any, is kept."""
+
+    @classmethod
+    def of(cls, path: Path, error: OSError) -> "WriteError":
+        kept = "the previous file is kept" if Path(path).exists() else "nothing was written"
+        reason = f"{type(error).__name__}: {error.strerror or error}"
+        return cls(f"cannot write {path} ({reason}); {kept}: free space or make the folder writable, "
+                   "or choose another --output")
+
+
 def checkpoint_folder(output: Path, dataset: str, method: str, seed: int) -> Path:
     """Where the checkpoints of one training (every variant of a method, dataset and seed) live."""
     return Path(output) / "checkpoints" / dataset / method / f"seed{seed}"
@@ -51,19 +62,24 @@ def checkpoint_folder(output: Path, dataset: str, method: str, seed: int) -> Pat
 def write_atomic(path: Path, payload: Dict[str, Any]) -> int:
     """``torch.save`` to a temporary file beside ``path``, fsync, rename, fsync the folder; returns the size."""
     folder = Path(path).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{Path(path).name}.", suffix=".tmp")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{Path(path).name}.", suffix=".tmp")
+    except OSError as error:
+        raise WriteError.of(path, error) from error
     try:
         with os.fdopen(handle, "wb") as stream:
             torch.save(payload, stream)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
-    except BaseException:
+        _fsync_folder(folder)  # the rename itself survives a crash of the machine
+    except BaseException as error:
         if os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise WriteError.of(path, error) from error
         raise
-    _fsync_folder(folder)  # the rename itself survives a crash of the machine
     return Path(path).stat().st_size
 
 
@@ -102,9 +118,10 @@ class CheckpointStore:
 
     def paths(self) -> List[Path]:
         """The complete checkpoints, oldest first (temporary files of interrupted writes are not)."""
-        if not self.folder.is_dir():
+        try:
+            found = [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := _NAME.match(p.name))]
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        found = [(int(m.group(1)), p) for p in self.folder.iterdir() if (m := _NAME.match(p.name))]
         return [p for _, p in sorted(found)]
 
     def latest(self, *, lazily: bool = False) -> Optional[Tuple[Path, Dict[str, Any]]]:
@@ -113,13 +130,16 @@ class CheckpointStore:
         An unreadable newer file (a damaged disk: writes are atomic) is reported and the previous one
         used; when no file can be read this raises.
         """
-        paths = self.paths()
-        for path in reversed(paths):
+        damaged = False
+        for path in reversed(self.paths()):
             try:
                 return path, read_checkpoint(path, lazily=lazily)
+            except FileNotFoundError:  # removed meanwhile by another process of the sweep (its run finished)
+                continue
             except Exception as error:  # any damage: report it and fall back
+                damaged = True
                 warnings.warn(f"checkpoint {path} cannot be read ({error}); trying the previous one", stacklevel=2)
-        if paths:
+        if damaged:
             raise CheckpointError(f"no checkpoint in {self.folder} can be read; delete the folder to restart the run")
         return None
 
@@ -148,20 +168,27 @@ class CheckpointStore:
         older = [p for p in self.paths() if _batches(p) < batches]
         newer = [p for p in self.paths() if _batches(p) > batches]
         for stale in newer + older[: max(len(older) - self.keep + 1, 0)] + list(self.folder.glob(".batch*.tmp")):
-            stale.unlink()
+            stale.unlink(missing_ok=True)
         return path, size
 
     def clear(self) -> None:
         """Remove the folder (checkpoints and temporary files) and the parents it leaves empty, up to
         ``checkpoints/``."""
-        if self.folder.is_dir():
-            shutil.rmtree(self.folder)
+        # Tolerant of files that vanish meanwhile: a sweep killed between its last result and this
+        # removal leaves the folder, which every later sweep on the output folder then removes.
+        shutil.rmtree(self.folder, onerror=_ignore_missing)
         for parent in self.folder.parents:
-            if not parent.is_dir() or any(parent.iterdir()):
+            try:
+                parent.rmdir()  # only an empty folder goes
+            except OSError:
                 break
-            parent.rmdir()
             if parent.name == "checkpoints":
                 break
+
+
+def _ignore_missing(function: Any, path: str, info: Any) -> None:
+    if not issubclass(info[0], FileNotFoundError):
+        raise info[1]
 
 
 def _batches(path: Path) -> int:

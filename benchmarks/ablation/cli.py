@@ -8,7 +8,9 @@ Each finished run is written to ``<output>/runs/<dataset>/<method>/<variant>/see
 and rerunning the same command skips finished runs. The table is printed and written as ``table.md``,
 ``table.csv`` and ``table.json`` with ``curves.png`` and ``deltas.png``; ``<output>`` defaults to
 ``results/<preset>``. Every value is checked before any data or model work; usage and environment
-errors print one line and exit with status 2. Nothing is downloaded without ``--download``.
+errors print one line and exit with status 2. A training that fails becomes error rows in the tables and
+the sweep goes on (exit status 1). Several sweeps may share one output folder (``claims.py``). Nothing is
+downloaded without ``--download``.
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from benchmarks.ablation import failures, preflight
 from benchmarks.ablation.checkpointing import CheckpointError
+from benchmarks.ablation.claims import ClaimHeldError, Claims
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE, RunInterrupted, StopSignals, any_process
 from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.protocol import PAPER_METHODS, ROUTER_QUERIES, Protocol, RunSpec
-from benchmarks.ablation.report import plot_curves, plot_paper_deltas, summarize_results, write_tables
+from benchmarks.ablation.report import add_failures, plot_curves, plot_paper_deltas, summarize_results, write_tables
 from benchmarks.ablation.results import (
     ProtocolMismatchError,
+    WriteError,
     check_checkpoints,
     check_resumable,
     checkpoints_of,
@@ -429,8 +434,12 @@ def execute(
     data_cache: Dict[str, Any] = {}
     outer = progress(total=len(todo), desc="runs") if progress else None
     stopped: Optional[str] = None
-    with StopSignals() as stop:
-        for group in groups:
+    # Other processes may share the output folder: each training is claimed before it starts (claims.py).
+    claims = Claims(sweep.output, parallel=parallel, device=device, lead=lead,
+                    notify=lambda line: print(line, file=sys.stderr, flush=True))
+    unfinished = _unfinished(sweep.output, resume, since=time.time())
+    with StopSignals() as stop, claims:
+        for group in claims.claimed(groups, unfinished=unfinished, stop=lambda: stop.requested):
             first = group[0]
             if any_process(stop.requested, parallel, device):
                 stopped = f"before {first.dataset}/{first.method}/seed{first.seed}"
@@ -455,6 +464,11 @@ def execute(
             except RunInterrupted as interrupted:
                 stopped = str(interrupted)
                 break
+            except Exception as error:  # one failed training must not lose the others' results
+                if not failures.recordable(error, world):
+                    raise
+                _report_failure(sweep.output, group, error, settings[first.dataset], lead, outer)
+                continue
             wall = time.perf_counter() - started
             for spec in group:
                 result = records[spec.variant]
@@ -464,6 +478,7 @@ def execute(
                 if not lead:
                     continue
                 write_json_atomic(result_path(sweep.output, spec), result)
+                failures.clear_failures(sweep.output, [spec])
                 m = result["metrics"]
                 line = (f"{spec.key}: A_auc {100 * m['A_auc']:.2f}  A_last {100 * m['A_last']:.2f}  "
                         f"F_last {100 * m['F_last']:.2f}  {result['seconds_per_batch'] * 1000:.1f} ms/batch  "
@@ -473,6 +488,8 @@ def execute(
                     outer.update(1)
             if lead:
                 store.clear()  # the result files replace the checkpoints
+    if stopped is None and stop.requested:  # while waiting for trainings held by other processes
+        stopped = "while waiting for trainings that other processes hold"
     if outer:
         outer.close()
     if world > 1:
@@ -487,14 +504,50 @@ def execute(
         return RESUMABLE_EXIT_CODE
     if not lead:
         return 0
-    wanted = set(specs)
-    results = [r for r in load_results(sweep.output) if RunSpec(**r["spec"]) in wanted]
-    rows = summarize_results(results)
-    markdown = write_tables(sweep.output, rows, caption=PRESETS[sweep.preset]["caption"])
-    plot_curves(sweep.output, results)
-    plot_paper_deltas(sweep.output, rows)
+    with claims.table_lock():  # whoever writes the table last has read every result written before it
+        check_resumable(sweep.output, specs, settings)  # a sweep of another setting may share the folder
+        results = load_results(sweep.output, specs)
+        failed = failures.load_failures(sweep.output, specs)
+        rows = add_failures(summarize_results(results), failed)
+        markdown = write_tables(sweep.output, rows, caption=PRESETS[sweep.preset]["caption"])
+        plot_curves(sweep.output, results)
+        plot_paper_deltas(sweep.output, [row for row in rows if row["seeds"]])
     print(markdown)
+    if failed:
+        print(f"error: {len(failed)} of {len(specs)} runs failed (error rows in the table; tracebacks in "
+              f"{sweep.output / 'failures'}); rerunning the command trains them again", file=sys.stderr)
+        return failures.FAILED_RUNS_EXIT_CODE
     return 0
+
+
+def _unfinished(output: Path, resume: bool, since: float) -> Callable[[RunSpec], bool]:
+    """Whether a run still needs training: no result file, or (``resume`` off) one older than this sweep."""
+
+    def unfinished(spec: RunSpec) -> bool:
+        try:
+            written = result_path(output, spec).stat().st_mtime
+        except FileNotFoundError:
+            return True
+        return not resume and written < since
+
+    return unfinished
+
+
+def _report_failure(output: Path, group: Sequence[RunSpec], error: BaseException, setting: Dict[str, Any],
+                    lead: bool, outer: Any) -> None:
+    """Print the failed training's traceback and record it (benchmarks/ablation/failures.py)."""
+    if not lead:
+        return
+    import traceback
+
+    traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    path = failures.record_failure(output, group, error, setting)
+    first = group[0]
+    line = (f"{first.dataset}/{first.method}/seed{first.seed} failed ({failures.one_line(error)}); "
+            f"{len(group)} run(s) recorded as failed in {path.parent.parent}; the sweep goes on")
+    print(line, file=sys.stderr, flush=True)
+    if outer:
+        outer.update(len(group))
 
 
 #: the documented entry point (a thin file that runs :func:`main`)
@@ -515,10 +568,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         sweep = resolve(args)
+        preflight.check(sweep)
         with downloads_allowed(args.download):
             return execute(sweep, data_root=args.data_root, download=args.download, resume=not args.no_resume,
                            show_progress=not args.no_progress, checkpoint_every=args.checkpoint_every, argv=argv)
-    except (UsageError, DatasetNotFoundError, BackboneLoadError, ProtocolMismatchError, CheckpointError) as error:
+    except (UsageError, preflight.PreflightError, DatasetNotFoundError, BackboneLoadError, ProtocolMismatchError,
+            CheckpointError, WriteError, ClaimHeldError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
 from .diagnostics import ROUTING_VERSIONS
-from .results import write_json_atomic
+from .results import WriteError, write_json_atomic, write_text_atomic
 from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 
 __all__ = [
-    "ABLATION_VARIANTS", "METRICS", "PAPER_CIFAR100_A_AUC", "summarize_results", "format_markdown", "write_tables",
+    "ABLATION_VARIANTS", "METRICS", "PAPER_CIFAR100_A_AUC", "summarize_results", "add_failures", "format_markdown",
+    "write_tables",
     "plot_curves", "plot_paper_deltas", "verdicts",
 ]
 
@@ -82,6 +86,27 @@ def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]
             own = row["variant"] != "baseline" and base is not None
             row[f"{metric}_delta"] = row[f"{metric}_mean"] - base[f"{metric}_mean"] if own else None
     return rows
+
+
+def add_failures(rows: Sequence[Dict[str, Any]], failures: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``rows`` with the failed runs (``benchmarks.ablation.failures`` records): every row gains
+    ``failed_seeds`` and ``error`` (the first failure's line); a (dataset, method, variant) with no finished
+    seed becomes an error row: ``seeds`` 0 and every metric ``None``."""
+    failed: Dict[tuple, List[Dict[str, Any]]] = {}
+    for record in failures:
+        spec = record["spec"]
+        failed.setdefault((spec["dataset"], spec["method"], spec["variant"]), []).append(record)
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    out = [{**row, "failed_seeds": [], "error": None} for row in rows]
+    index = {(r["dataset"], r["method"], r["variant"]): r for r in out}
+    for key, records in failed.items():
+        row = index.get(key)
+        if row is None:
+            row = {**dict.fromkeys(columns), "dataset": key[0], "method": key[1], "variant": key[2], "seeds": 0}
+            out.append(row)
+        row["failed_seeds"] = sorted(record["spec"]["seed"] for record in records)
+        row["error"] = records[0]["error"]
+    return sorted(out, key=lambda r: _row_order((r["dataset"], r["method"], r["variant"])))
 
 
 ROUTING_COLUMNS = [f"routing_{who}_{version}_{when}" for version in ROUTING_VERSIONS
@@ -194,7 +219,10 @@ def _signed(value: Optional[float]) -> str:
 
 
 def format_markdown(rows: Sequence[Dict[str, Any]], caption: str = "") -> str:
-    """The table as Markdown, under a caption saying what the numbers are."""
+    """The table as Markdown, under a caption saying what the numbers are; failed runs (``add_failures``)
+    in a table of their own below it."""
+    failed = [r for r in rows if r.get("failed_seeds")]
+    rows = [r for r in rows if r["seeds"]]
     seeds = sorted({r["seeds"] for r in rows})
     lines = [caption + "." if caption and not caption.endswith(".") else caption] if caption else []
     lines += [
@@ -218,20 +246,47 @@ def format_markdown(rows: Sequence[Dict[str, Any]], caption: str = "") -> str:
     found = verdicts(rows)
     if found:
         lines += ["", *found]
+    if failed:
+        lines += ["", "Failed runs: not in the rows above; the sweep trains them again when rerun. Each traceback is "
+                  "in failures/<dataset>/<method>/<variant>/seed<k>.json.", "",
+                  "| dataset | method | variant | failed seeds | error |", "|---|---|---|---|---|"]
+        lines += [f"| {r['dataset']} | {METHOD_NAMES.get(r['method'], r['method'])} | {r['variant']} | "
+                  f"{','.join(map(str, r['failed_seeds']))} | {r['error'].replace('|', '/')} |" for r in failed]
     return "\n".join(lines)
 
 
 def write_tables(output: Path, rows: Sequence[Dict[str, Any]], caption: str = "") -> str:
     """``table.md``, ``table.json`` and ``table.csv`` in ``output``; returns the Markdown."""
     markdown = format_markdown(rows, caption)
-    (output / "table.md").write_text(markdown + "\n")
+    write_text_atomic(output / "table.md", markdown + "\n")
     write_json_atomic(output / "table.json", list(rows))
     if rows:
-        with open(output / "table.csv", "w", newline="") as stream:
-            writer = csv.DictWriter(stream, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text_atomic(output / "table.csv", text.getvalue())
     return markdown
+
+
+def _save_figure(figure: Any, path: Path) -> None:
+    """``savefig`` to a temporary file renamed into place; a failed write keeps the previous figure
+    (``results.WriteError``)."""
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise WriteError.of(path, error) from error
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            figure.savefig(stream, dpi=100, format=path.suffix.lstrip("."))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException as error:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise WriteError.of(path, error) from error
+        raise
 
 
 def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Path]:
@@ -272,7 +327,7 @@ def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Pat
         axis.axis("off")
     figure.tight_layout()
     path = output / "curves.png"
-    figure.savefig(path, dpi=100)
+    _save_figure(figure, path)
     plt.close(figure)
     return path
 
@@ -306,6 +361,6 @@ def plot_paper_deltas(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[
     axis.legend(fontsize=8)
     figure.tight_layout()
     path = output / "deltas.png"
-    figure.savefig(path, dpi=100)
+    _save_figure(figure, path)
     plt.close(figure)
     return path

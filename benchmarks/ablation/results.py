@@ -7,16 +7,16 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from ..methods import method_class
-from .checkpointing import CheckpointStore, checkpoint_folder
+from .checkpointing import CheckpointStore, WriteError, checkpoint_folder
 from .protocol import RunSpec
 from .variants import variants_for
 
 __all__ = [
-    "ProtocolMismatchError", "result_path", "write_json_atomic", "load_results", "setting_differences",
-    "check_resumable", "check_checkpoints", "checkpoints_of", "remove_finished_checkpoints", "plan", "trainings",
+    "ProtocolMismatchError", "UnreadableResultError", "WriteError", "result_path", "write_text_atomic",
+    "write_json_atomic", "read_result", "load_results", "setting_differences", "check_resumable", "check_checkpoints", "checkpoints_of", "remove_finished_checkpoints", "plan", "trainings",
 ]
 
 
@@ -30,22 +30,59 @@ def _umask() -> int:
     return mask
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file in the same folder and rename it into place (never half-written).
+    A failed write (disk full, permissions) removes the temporary file, keeps the previous ``path`` and
+    raises :class:`WriteError` with one line saying so."""
+    _write_atomic(path, lambda stream: stream.write(text))
+
+
 def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write to a temporary file in the same folder and rename it into place (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """:func:`write_text_atomic` of ``payload`` as JSON."""
+    _write_atomic(path, lambda stream: json.dump(payload, stream))
+
+
+def _write_atomic(path: Path, write: Callable[[TextIO], Any]) -> None:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise WriteError.of(path, error) from error
     try:
         with os.fdopen(handle, "w") as stream:
-            json.dump(payload, stream)
+            write(stream)
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp creates 0600; results are ordinary files
         os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
+    except BaseException as error:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        if isinstance(error, OSError):
+            raise WriteError.of(path, error) from error
         raise
 
 
-def load_results(output: Path) -> List[Dict[str, Any]]:
-    return [json.loads(path.read_text()) for path in sorted((output / "runs").glob("**/*.json"))]
+def read_result(path: Path) -> Dict[str, Any]:
+    """A result file; :class:`UnreadableResultError` (one line) when it is not one (edited, damaged disk:
+    the sweep itself writes atomically)."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UnreadableResultError(
+            f"{path} is not a result file ({type(error).__name__}: {error}); delete it to train the run again, or "
+            "choose another --output"
+        ) from None
+    if not isinstance(result, dict) or not isinstance(result.get("spec"), dict):
+        raise UnreadableResultError(f"{path} is not a result file (no 'spec' entry); delete it to train the run "
+                                    "again, or choose another --output")
+    return result
+
+
+def load_results(output: Path, specs: Optional[Sequence[RunSpec]] = None) -> List[Dict[str, Any]]:
+    """The result files of ``specs`` that exist (default: every file under ``runs/``)."""
+    if specs is None:
+        return [read_result(path) for path in sorted((output / "runs").glob("**/*.json"))]
+    return [read_result(path) for path in (result_path(output, spec) for spec in specs) if path.exists()]
 
 
 def setting_differences(stored: Dict[str, Any], wanted: Dict[str, Any]) -> List[str]:
@@ -70,7 +107,7 @@ def check_resumable(output: Path, specs: Sequence[RunSpec], settings: Dict[str, 
         path = result_path(output, spec)
         if not path.exists():
             continue
-        result = json.loads(path.read_text())
+        result = read_result(path)
         stored = result.get("setting", {"protocol": result.get("protocol", {})})
         _refuse_differences(path, setting_differences(stored, settings[spec.dataset]), "recompute such runs")
 
@@ -120,6 +157,10 @@ LEGACY_PROTOCOL = {"router_query": "first_iteration"}
 
 class ProtocolMismatchError(RuntimeError):
     """A finished run in the output folder used a different protocol or data setting."""
+
+
+class UnreadableResultError(ProtocolMismatchError):
+    """A file where a run's result belongs is not a result file."""
 
 
 def plan(methods: Sequence[str], variants: Sequence[str], datasets: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:

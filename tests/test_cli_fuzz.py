@@ -1,0 +1,81 @@
+"""Property: whatever flags a user combines, from valid and invalid values alike, the sweep either
+finishes (every result file complete, the table written) or exits with status 2 and one line on stderr;
+never a traceback, never a failed run, never a partial file left in the output folder. Tiny data: each
+finished example trains a one-block ViT on a dozen images."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tiny_sweep import TINY, TINY_MODEL
+
+from benchmarks.ablation import cli
+from benchmarks.ablation.results import plan, result_path
+
+#: flag -> values: valid ones, values valid alone that may not fit the rest, and invalid ones
+FLAGS = {
+    "--methods": ["l2p", "dualprompt", "flyprompt", "hide", "l2p,mvp", "bogus", ""],
+    "--variants": ["baseline", "router,both", "oracle", "full", "bogus"],
+    "--num-experts": ["1", "2", "3", "7", "0", "x"],
+    "--num-sessions": ["1", "2", "5", "0"],
+    "--image-size": ["32", "48", "-1"],
+    "--model-kwargs": [json.dumps(TINY_MODEL), json.dumps({**TINY_MODEL, "embed_dim": 50}),
+                       json.dumps({**TINY_MODEL, "bogus": 1}), json.dumps({**TINY_MODEL, "patch_size": 7}), "{bad"],
+    "--method-kwargs": ['{"l2p": {"pool_size": 4, "top_k": 1}}', '{"l2p": {"bogus": 1}}', '{"l2p": 3}',
+                        '{"nope": {}}', '{"dualprompt": {"reference_quirks": true}}'],
+    "--batch-size": ["1", "4", "100", "0"],
+    "--online-iter": ["1", "2", "0"],
+    "--eval-period": ["4", "1000", "0"],
+    "--test-batch-size": ["1", "64", "0"],
+    "--disjoint-ratio": ["0", "0.5", "1", "1.5"],
+    "--blurry-ratio": ["0", "1", "-0.1"],
+    "--decays": ["0.9", "0.5,0.9", "1.0", "0.9,0.9"],
+    "--ridge": ["1", "auto", "0", "nan"],
+    "--expansion-dim": ["0", "16", "-1"],
+    "--aggregate": ["softmax_max", "mean", "bogus"],
+    "--router-query": ["clean", "first_iteration", "bogus"],
+    "--synthetic-classes": ["2", "3", "1"],
+    "--synthetic-train-per-class": ["1", "4", "0"],
+    "--seeds": ["1", "0,3", "1,1", "-1"],
+    "--device": ["cpu", "meta", "bogus"],
+    "--checkpoint-every": ["evaluation", "1", "off", "often"],
+    "--lr": ["0.01", "-1"],
+}
+
+
+@st.composite
+def command_lines(draw):
+    chosen = draw(st.lists(st.sampled_from(sorted(FLAGS)), max_size=5, unique=True))
+    argv = []
+    for flag in chosen:
+        argv += [flag, draw(st.sampled_from(FLAGS[flag]))]
+    return argv
+
+
+def outcome_is_clean(argv, output: Path, capsys) -> None:
+    status = cli.main([*TINY, *argv, "--output", str(output)])  # an exception here fails the property
+    err = capsys.readouterr().err
+    left = sorted(str(p.relative_to(output)) for p in output.glob("**/*") if p.is_file()) if output.exists() else []
+    assert not [p for p in left if p.endswith(".tmp") or p.startswith(("claims", "checkpoints", "failures"))], left
+    if status == 2:
+        lines = [line for line in err.splitlines() if not line.startswith("warning: ")]
+        assert len(lines) == 1 and lines[0].startswith("error: "), err
+        assert not [p for p in left if p.startswith("runs")], left  # rejected before any run
+        return
+    assert status == 0, f"exit status {status}: {err}"
+    args = cli.build_parser().parse_args([*TINY, *argv])
+    sweep = cli.resolve(args)
+    for spec in plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds):
+        assert "metrics" in json.loads(result_path(output, spec).read_text())
+    assert json.loads((output / "table.json").read_text())
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(argv=command_lines())
+def test_any_flag_combination_finishes_or_is_one_line(argv, capsys):
+    with tempfile.TemporaryDirectory() as folder:
+        outcome_is_clean(argv, Path(folder) / "out", capsys)
