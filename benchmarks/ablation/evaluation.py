@@ -6,6 +6,12 @@ ensemble on each; it also counts the diagnostics (docs/diagnostics.md). The forc
 one prompted pass per trained expert, is computed at the end of the stream only.
 :class:`PredictEvaluator` scores one variant through ``model.predict`` (the reference path).
 Every count is summed over the processes of a data-parallel run in one all-reduce per evaluation.
+
+What does not change between evaluations is computed once per run (:class:`TestImages`): the test
+images are read once and kept on the device, transformed there batch by batch, and the frozen,
+prompt-free features of a method that splits its query (``PromptMethod.splits_query``) are computed
+once per test image. A sample goes through the prompts of a selection once per evaluation: the
+routes, the oracle and the forced experts that repeat a selection reuse its pass.
 """
 
 from __future__ import annotations
@@ -17,24 +23,73 @@ from torch import Tensor
 
 from fly_modules import seen_class_mask
 
-from ..methods.base import MethodOutput, PromptMethod
+from ..methods.base import MethodOutput, PromptMethod, QueryFeatures
 from ..parallel import DataParallel
 from .diagnostics import ROUTING_VERSIONS, ExpertUsage, expert_matrix_summary, member_summary, routing_summary
 from .metrics import EvaluationLog, count_correct
 from .stream import Exposure
+from .timer import NO_TIMER, PartTimer
 from .variants import VARIANTS
 
-__all__ = ["EvaluationPoint", "PredictEvaluator", "VariantEvaluator"]
+__all__ = ["EvaluationPoint", "PredictEvaluator", "TestImages", "VariantEvaluator"]
 
 # (kind, timestamp, samples_seen, session, final): where in the stream an evaluation runs.
 EvaluationPoint = Tuple[str, int, int, int, bool]
 
 
+class TestImages:
+    """The test set, read once per run: its images on the device, and a method's frozen features.
+
+    Args:
+        test: the ``benchmarks.data`` test record.
+        device: where the images are kept (at stored resolution, uint8) when they take at most
+            ``max_device_bytes``; otherwise they stay in host memory and batches move per evaluation.
+        batch_size: the batches in which missing frozen features are computed.
+    """
+
+    def __init__(self, test: Any, device: torch.device, batch_size: int, *, max_device_bytes: int = 2 << 30) -> None:
+        from ..data.records import TensorImageDataset
+
+        self.test, self.device, self.batch_size = test, device, int(batch_size)
+        raw, targets = test.get_raw_batch(torch.arange(len(test)))
+        home = device if raw.numel() <= max_device_bytes else torch.device("cpu")
+        # The same record type and transform as the dataset's own get_batch, on the images' device.
+        self.images = TensorImageDataset(raw.to(home), targets, test.classes, name=test.name,
+                                         image_size=test.image_size, stats=(test.mean, test.std))
+        self._frozen: Optional[List[Tensor]] = None  # the method's frozen features, rows filled when needed
+        self._tuple = False
+        self._have = torch.zeros(len(test), dtype=torch.bool)
+
+    def batch(self, indices: Tensor) -> Tensor:
+        """Normalised ``(n, 3, S, S)`` images on the device (the dataset's test transform)."""
+        return self.images.get_batch(indices)[0].to(self.device)
+
+    def frozen(self, model: PromptMethod, indices: Tensor) -> Any:
+        """``model.frozen_features`` of the test images ``indices``, computing only the rows not yet known."""
+        missing = indices[~self._have[indices]]
+        for chunk in torch.split(missing, self.batch_size):
+            features = model.frozen_features(self.batch(chunk))
+            parts = features if isinstance(features, tuple) else (features,)
+            if self._frozen is None:
+                self._frozen = [part.new_zeros((len(self.test), *part.shape[1:])) for part in parts]
+                self._tuple = isinstance(features, tuple)
+            rows = chunk.to(self._frozen[0].device)
+            for store, part in zip(self._frozen, parts):
+                store[rows] = part
+            self._have[chunk] = True
+        if self._frozen is None:
+            raise ValueError("TestImages.frozen: no test index given before the first features were computed")
+        parts = tuple(store[indices.to(store.device)] for store in self._frozen)
+        return parts if self._tuple else parts[0]
+
+
 class _TestSubset:
     """The test samples of the exposed classes at an evaluation point, this process's share of them."""
 
-    def __init__(self, test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device) -> None:
+    def __init__(self, test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device,
+                 images: Optional[TestImages] = None) -> None:
         self.test, self.exposure, self.parallel, self.device = test, exposure, parallel, device
+        self.images = images
 
     def select(self, samples_seen: int) -> Tuple[int, Tensor, Tensor, Tensor, Tensor]:
         """``(exposed, seen-class mask, all targets, this rank's indices, this rank's targets)``."""
@@ -44,11 +99,13 @@ class _TestSubset:
         return exposed, mask, targets, self.parallel.split(indices), self.parallel.split(targets)
 
     def batches(self, indices: Tensor, targets: Tensor, batch_size: int):
+        """``(indices, images, labels)`` per batch (images on the device)."""
         # Nothing to score (no class exposed yet, or a rank's empty share): torch.split would yield one empty batch.
         if len(indices) == 0:
             return
         for chunk, labels in zip(torch.split(indices, batch_size), torch.split(targets, batch_size)):
-            yield self.test.get_batch(chunk)[0].to(self.device), labels.to(self.device)
+            images = self.images.batch(chunk) if self.images is not None else self.test.get_batch(chunk)[0]
+            yield chunk, images.to(self.device), labels.to(self.device)
 
 
 class PredictEvaluator:
@@ -66,7 +123,7 @@ class PredictEvaluator:
     def __call__(self, kind: str, *, timestamp: int, samples_seen: int, session: int, final: bool) -> None:
         exposed, mask, _, indices, targets = self.subset.select(samples_seen)
         correct = torch.zeros(exposed, dtype=torch.long, device=self.subset.device)
-        for images, labels in self.subset.batches(indices, targets, self.batch_size):
+        for _, images, labels in self.subset.batches(indices, targets, self.batch_size):
             correct += count_correct(self.model.predict(images, mask).argmax(dim=1), labels, exposed)[0]
         total = count_correct(targets, targets, exposed)[1].to(correct.device)
         counts = self.parallel.sum_counts(torch.stack([correct, total])).cpu()
@@ -87,17 +144,27 @@ class VariantEvaluator:
         variants: names from ``benchmarks.ablation.variants.VARIANTS``.
         member_names: names of the ensemble's members (online head, then one per decay).
         meta: the evaluation logs' meta (the variant's spec is added).
+        timer: times the parts of each evaluation (``benchmarks.ablation.timer``).
+        reuse: keep the test images on the device, compute frozen features once per image and skip a
+            pass whose selection was already made (``False``: every pass at every evaluation, the
+            reference the reuse is tested and profiled against).
     """
 
     def __init__(
         self, model: PromptMethod, components: Any, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
         exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
-        member_names: Sequence[str], meta: Dict[str, Dict[str, Any]],
+        member_names: Sequence[str], meta: Dict[str, Dict[str, Any]], timer: PartTimer = NO_TIMER,
+        reuse: bool = True,
     ) -> None:
         self.model, self.components, self.usage = model, components, usage
         self.variants = [VARIANTS[name] for name in variants]
-        self.batch_size, self.parallel = int(batch_size), parallel
-        self.subset = _TestSubset(test, exposure, parallel, device)
+        self.batch_size, self.parallel, self.timer, self.reuse = int(batch_size), parallel, timer, reuse
+        images = TestImages(test, device, batch_size) if reuse else None
+        self.subset = _TestSubset(test, exposure, parallel, device, images)
+        # Frozen features are reused only when the method splits its query and its backbone is frozen.
+        frozen = not any(p.requires_grad for p in model.backbone.parameters())
+        self.reuse_frozen = reuse and type(model).splits_query() and frozen
+        self.prompted_rows = 0  # images through a prompted pass (what the plan's probe divides by)
         self.member_names = list(member_names)
         self.logs = {v.name: EvaluationLog(meta=meta[v.name]) for v in self.variants}
         self.member_logs = {
@@ -122,53 +189,104 @@ class VariantEvaluator:
             raise RuntimeError("an exposed test class has no training sample counted: the usage table is out of step")
         tally = _Tally(self.per_class_counts, exposed, self.usage.num_experts, self.subset.device)
         matrix_experts = torch.nonzero(trained).flatten().tolist() if final else []
-        for images, labels in self.subset.batches(indices, targets, self.batch_size):
-            self._score_batch(images, labels, mask, modal, first, trained_any, matrix_experts, tally)
-        counts = tally.unpack(self.parallel.sum_counts(tally.pack()))
-        for name, log in self.logs.items():
-            log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
-                       correct=counts[name].cpu(), total=counts["total"].cpu())
-        for name, logs in self.member_logs.items():
-            for member, log in enumerate(logs):
+        batches = iter(self.subset.batches(indices, targets, self.batch_size))
+        while True:
+            with self.timer("eval/images"):
+                batch = next(batches, None)
+            if batch is None:
+                break
+            self._score_batch(*batch, mask, modal, first, trained_any, matrix_experts, tally)
+        with self.timer("eval/counts"):
+            counts = tally.unpack(self.parallel.sum_counts(tally.pack()))
+            for name, log in self.logs.items():
                 log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
-                           correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
-        self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained))
+                           correct=counts[name].cpu(), total=counts["total"].cpu())
+            for name, logs in self.member_logs.items():
+                for member, log in enumerate(logs):
+                    log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
+                               correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
+            self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained))
         if final:
             self.expert_matrix = expert_matrix_summary(counts["matrix"], counts["group_sizes"], trained)
             self.true_experts = modal[:exposed].tolist()
 
+    def _query(self, indices: Tensor, images: Tensor) -> QueryFeatures:
+        if self.reuse_frozen:
+            return self.model.query_from_frozen(self.subset.images.frozen(self.model, indices))
+        return self.model.compute_query(images)
+
+    def _prompted(self, images: Tensor, query: QueryFeatures, expert: Optional[Tensor],
+                  made: List[MethodOutput]) -> MethodOutput:
+        """``model(images, expert=expert, query=query)`` where it is new: a sample whose selection one of
+        the passes ``made`` on this batch already had takes that pass's row (the same image through the
+        same prompts), and only the other samples go through the backbone, in one pass."""
+        if not self.reuse:
+            self.prompted_rows += len(images)
+            return self.model(images, expert=expert, query=query)
+        selection = self.model.select(query.query, train=False, expert=expert)
+        source = torch.full((len(images),), -1, dtype=torch.long, device=selection.device)
+        for index, output in enumerate(made):
+            same = (output.selection == selection).reshape(len(images), -1).all(dim=1)
+            source = torch.where((source < 0) & same, torch.full_like(source, index), source)
+        new = torch.nonzero(source < 0).flatten()
+        if len(new) == len(images):
+            output = self.model(images, expert=expert, query=query)
+            self.prompted_rows += len(images)
+            made.append(output)
+            return output
+        logits = torch.empty((len(images), *made[0].logits.shape[1:]), dtype=made[0].logits.dtype, device=images.device)
+        features = torch.empty((len(images), *made[0].features.shape[1:]), dtype=made[0].features.dtype,
+                               device=images.device)
+        for index, output in enumerate(made):
+            rows = torch.nonzero(source == index).flatten()
+            logits[rows], features[rows] = output.logits[rows], output.features[rows]
+        if len(new):
+            part = QueryFeatures(query=query.query[new], router=query.router[new])
+            fresh = self.model(images[new], expert=None if expert is None else expert[new], query=part)
+            self.prompted_rows += len(new)
+            logits[new], features[new] = fresh.logits, fresh.features
+        output = MethodOutput(logits, features, query, selection, self.model.expert_of(selection), logits.new_zeros(()))
+        made.append(output)
+        return output
+
     def _score_batch(
-        self, images: Tensor, labels: Tensor, mask: Tensor, modal: Tensor, first: Tensor, trained_any: Tensor,
-        matrix_experts: List[int], tally: "_Tally",
+        self, indices: Tensor, images: Tensor, labels: Tensor, mask: Tensor, modal: Tensor, first: Tensor,
+        trained_any: Tensor, matrix_experts: List[int], tally: "_Tally",
     ) -> None:
-        model = self.model
-        query = model.compute_query(images)
-        true_expert = modal[labels]
-        outputs: Dict[str, MethodOutput] = {"own": model(images, query=query)}
-        own_experts = model.expert_of(outputs["own"].selection)
-        routed = self.components.route(query.router)
-        rear_experts = own_experts if routed is None else routed.to(own_experts.device)
-        if "routed" in self.selections:
-            outputs["routed"] = outputs["own"] if routed is None else model(images, expert=routed, query=query)
-        if "oracle" in self.selections:
-            outputs["oracle"] = model(images, expert=true_expert, query=query)
-        members = {s: self._member_scores(outputs[s], mask) for s in self.ensemble_selections}
-        for variant in self.variants:
-            if variant.head == "online":
-                scores = outputs[variant.selection].logits + mask
-            else:
-                scores = self.components.ensemble.aggregate_members(members[variant.selection])
-                for member in range(len(self.member_names)):
-                    tally.add_correct(f"{variant.name}/{member}", members[variant.selection][:, member], labels)
-            tally.add_correct(variant.name, scores, labels)
-        tally.add_total(labels)
-        tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
-        tally.add_routing("rear", rear_experts, true_expert, first[labels], trained_any[labels])
-        if matrix_experts:
+        model, timer = self.model, self.timer
+        with timer("eval/query"):
+            query = self._query(indices, images)
+        with timer("eval/prompted"):
+            true_expert = modal[labels]
+            made: List[MethodOutput] = []
+            outputs: Dict[str, MethodOutput] = {"own": self._prompted(images, query, None, made)}
+            own_experts = model.expert_of(outputs["own"].selection)
+            routed = self.components.route(query.router)
+            rear_experts = own_experts if routed is None else routed.to(own_experts.device)
+            if "routed" in self.selections:
+                outputs["routed"] = outputs["own"] if routed is None else self._prompted(images, query, routed, made)
+            if "oracle" in self.selections:
+                outputs["oracle"] = self._prompted(images, query, true_expert, made)
+        with timer("eval/scoring"):
+            members = {s: self._member_scores(outputs[s], mask) for s in self.ensemble_selections}
+            for variant in self.variants:
+                if variant.head == "online":
+                    scores = outputs[variant.selection].logits + mask
+                else:
+                    scores = self.components.ensemble.aggregate_members(members[variant.selection])
+                    for member in range(len(self.member_names)):
+                        tally.add_correct(f"{variant.name}/{member}", members[variant.selection][:, member], labels)
+                tally.add_correct(variant.name, scores, labels)
+            tally.add_total(labels)
+            tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
+            tally.add_routing("rear", rear_experts, true_expert, first[labels], trained_any[labels])
+        if not matrix_experts:
+            return
+        with timer("eval/forced"):
             tally.add_groups(true_expert)
-        for expert in matrix_experts:
-            forced = model(images, expert=torch.full_like(labels, expert), query=query)
-            tally.add_forced(expert, forced.logits + mask, labels, true_expert)
+            for expert in matrix_experts:
+                forced = self._prompted(images, query, torch.full_like(labels, expert), made)
+                tally.add_forced(expert, forced.logits + mask, labels, true_expert)
 
     def _member_scores(self, output: MethodOutput, mask: Tensor) -> Tensor:
         """``(B, members, C)`` masked logits of the online head and each EMA copy of the samples' banks."""
