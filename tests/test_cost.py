@@ -187,3 +187,29 @@ def test_shard_without_a_plan_balances_counted_work(tmp_path, capsys, monkeypatc
     (output / "plan.json").write_text(json.dumps({"format": plan.PLAN_FORMAT, "protocol": {}, "trainings": []}))
     assert cross_ablation.main([*sweep, "--shard", "1/2"]) == 2
     assert "was made for another protocol" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ GPU check
+def test_paper_cost_check_runs_tiny_on_the_cpu(tmp_path):
+    """The GPU cost check end to end at toy sizes (two methods: FlyPrompt and one with added components)."""
+    from benchmarks.gpu import paper_cost
+
+    output = tmp_path / "cost"
+    assert paper_cost.main(["--device", "cpu", "--tiny", "--methods", "hide,flyprompt", "--output", str(output)]) == 0
+    document = json.loads((output / "paper_cost.json").read_text())
+    assert document["errors"] == {} and document["skipped"] == []
+    assert set(document["probes"]) == set(document["sweep"]) == {"hide", "flyprompt"}
+    assert all(result["logs_identical"] for result in document["sweep"].values())
+    table = document["paper_table"]
+    assert table["methods"] == ["hide", "flyprompt"] and not table["complete"]
+    assert table["trainings"] == 3 * 2 * 5  # datasets x methods x seeds
+    assert table["total_seconds"]["per_variant"] > table["total_seconds"]["train"]
+    assert "| imagenet-r | flyprompt | 5 |" in (output / "paper_table_plan.md").read_text()
+
+
+def test_paper_cost_check_refuses_unknown_methods(capsys):
+    from benchmarks.gpu import paper_cost
+
+    with pytest.raises(SystemExit):
+        paper_cost.parse_args(["--output", "x", "--methods", "bogus"])
+    assert "--methods: expected names from l2p" in capsys.readouterr().err

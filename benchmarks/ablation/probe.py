@@ -74,7 +74,9 @@ def probe(
         raise ValueError(f"the {dataset} stream has {trainer.position.batches} batches; the probe needs more "
                          f"than warmup={warmup}")
     per_batch = (trainer.position.train_seconds - before) / timed
-    train_parts = {part: _per(value["seconds"], timed) for part, value in timer.summary().items()}
+    # (a session that ends inside the probe is evaluated by the loop: its parts are not training)
+    train_parts = {part: _per(value["seconds"], timed) for part, value in timer.summary().items()
+                   if part.startswith("train/")}
 
     # Every class exposed; a class the few probe batches did not train is counted for the current expert,
     # so that the evaluation scores every sampled image (the probe's state is thrown away).
