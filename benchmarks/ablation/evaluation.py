@@ -8,10 +8,11 @@ one prompted pass per trained expert, is computed at the end of the stream only.
 Every count is summed over the processes of a data-parallel run in one all-reduce per evaluation.
 
 What does not change between evaluations is computed once per run (:class:`TestImages`): the test
-images are read once and kept on the device, transformed there batch by batch, and the frozen,
-prompt-free features of a method that splits its query (``PromptMethod.splits_query``) are computed
-once per test image. A sample goes through the prompts of a selection once per evaluation: the
-routes, the oracle and the forced experts that repeat a selection reuse its pass.
+images are read once and kept on the device, transformed there batch by batch; the frozen,
+prompt-free features of a method that splits its query (``PromptMethod.splits_query``) are reused for
+a test batch the previous evaluation had; a prompted pass whose selection equals, sample for sample,
+one already made on the batch (routed, oracle, forced experts) is not repeated. Every reuse is of the
+same computation on the same batch, so the logs are those of every pass at every evaluation.
 """
 
 from __future__ import annotations
@@ -40,56 +41,55 @@ EvaluationPoint = Tuple[str, int, int, int, bool]
 class TestImages:
     """The test set, read once per run: its images on the device, and a method's frozen features.
 
+    Frozen features are kept per test batch, by the batch's exact indices: an evaluation whose subset is
+    the previous one's (no class exposed in between) reuses them, and a batch that changed is computed
+    again. Keyed so, a reused feature is the one the same computation on the same batch gives, on any
+    device (a batch of other images may round differently).
+
     Args:
         test: the ``benchmarks.data`` test record.
         device: where the images are kept (at stored resolution, uint8) when they take at most
             ``max_device_bytes``; otherwise they stay in host memory and batches move per evaluation.
-        batch_size: the batches in which missing frozen features are computed.
     """
 
-    def __init__(self, test: Any, device: torch.device, batch_size: int, *, max_device_bytes: int = 2 << 30) -> None:
+    def __init__(self, test: Any, device: torch.device, *, max_device_bytes: int = 2 << 30) -> None:
         from ..data.records import TensorImageDataset
 
-        self.test, self.device, self.batch_size = test, device, int(batch_size)
+        self.test, self.device = test, device
         raw, targets = test.get_raw_batch(torch.arange(len(test)))
         home = device if raw.numel() <= max_device_bytes else torch.device("cpu")
         # The same record type and transform as the dataset's own get_batch, on the images' device.
         self.images = TensorImageDataset(raw.to(home), targets, test.classes, name=test.name,
                                          image_size=test.image_size, stats=(test.mean, test.std))
-        self._frozen: Optional[List[Tensor]] = None  # the method's frozen features, rows filled when needed
-        self._tuple = False
-        self._have = torch.zeros(len(test), dtype=torch.bool)
+        self._previous: Dict[bytes, Any] = {}  # batch indices -> frozen features, of the last evaluation
+        self._current: Dict[bytes, Any] = {}
+        self.computed_rows = 0
 
     def batch(self, indices: Tensor) -> Tensor:
         """Normalised ``(n, 3, S, S)`` images on the device (the dataset's test transform)."""
         return self.images.get_batch(indices)[0].to(self.device)
 
-    def frozen(self, model: PromptMethod, indices: Tensor) -> Any:
-        """``model.frozen_features`` of the test images ``indices``, computing only the rows not yet known."""
-        missing = indices[~self._have[indices]]
-        for chunk in torch.split(missing, self.batch_size):
-            features = model.frozen_features(self.batch(chunk))
-            parts = features if isinstance(features, tuple) else (features,)
-            if self._frozen is None:
-                self._frozen = [part.new_zeros((len(self.test), *part.shape[1:])) for part in parts]
-                self._tuple = isinstance(features, tuple)
-            rows = chunk.to(self._frozen[0].device)
-            for store, part in zip(self._frozen, parts):
-                store[rows] = part
-            self._have[chunk] = True
-        if self._frozen is None:
-            raise ValueError("TestImages.frozen: no test index given before the first features were computed")
-        parts = tuple(store[indices.to(store.device)] for store in self._frozen)
-        return parts if self._tuple else parts[0]
+    def next_evaluation(self) -> None:
+        """Keep only the batches of the evaluation that just ended."""
+        self._previous, self._current = self._current, {}
+
+    def frozen(self, model: PromptMethod, indices: Tensor, images: Tensor) -> Any:
+        """``model.frozen_features(images)`` of the batch ``indices``, reused if the last evaluation had it."""
+        key = indices.cpu().numpy().tobytes()
+        features = self._current.get(key, self._previous.get(key))
+        if features is None:
+            features = model.frozen_features(images)
+            self.computed_rows += len(indices)
+        self._current[key] = features
+        return features
 
 
 class _TestSubset:
     """The test samples of the exposed classes at an evaluation point, this process's share of them."""
 
-    def __init__(self, test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device,
-                 images: Optional[TestImages] = None) -> None:
+    def __init__(self, test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device) -> None:
         self.test, self.exposure, self.parallel, self.device = test, exposure, parallel, device
-        self.images = images
+        self.images = TestImages(test, device)
 
     def select(self, samples_seen: int) -> Tuple[int, Tensor, Tensor, Tensor, Tensor]:
         """``(exposed, seen-class mask, all targets, this rank's indices, this rank's targets)``."""
@@ -104,8 +104,7 @@ class _TestSubset:
         if len(indices) == 0:
             return
         for chunk, labels in zip(torch.split(indices, batch_size), torch.split(targets, batch_size)):
-            images = self.images.batch(chunk) if self.images is not None else self.test.get_batch(chunk)[0]
-            yield chunk, images.to(self.device), labels.to(self.device)
+            yield chunk, self.images.batch(chunk), labels.to(self.device)
 
 
 class PredictEvaluator:
@@ -145,9 +144,9 @@ class VariantEvaluator:
         member_names: names of the ensemble's members (online head, then one per decay).
         meta: the evaluation logs' meta (the variant's spec is added).
         timer: times the parts of each evaluation (``benchmarks.ablation.timer``).
-        reuse: keep the test images on the device, compute frozen features once per image and skip a
-            pass whose selection was already made (``False``: every pass at every evaluation, the
-            reference the reuse is tested and profiled against).
+        reuse: reuse the frozen features of a batch the previous evaluation had and skip a pass whose
+            selection was already made (``False``: every pass at every evaluation, the reference the
+            reuse is tested and profiled against).
     """
 
     def __init__(
@@ -159,8 +158,7 @@ class VariantEvaluator:
         self.model, self.components, self.usage = model, components, usage
         self.variants = [VARIANTS[name] for name in variants]
         self.batch_size, self.parallel, self.timer, self.reuse = int(batch_size), parallel, timer, reuse
-        images = TestImages(test, device, batch_size) if reuse else None
-        self.subset = _TestSubset(test, exposure, parallel, device, images)
+        self.subset = _TestSubset(test, exposure, parallel, device)
         # Frozen features are reused only when the method splits its query and its backbone is frozen.
         frozen = not any(p.requires_grad for p in model.backbone.parameters())
         self.reuse_frozen = reuse and type(model).splits_query() and frozen
@@ -196,6 +194,7 @@ class VariantEvaluator:
             if batch is None:
                 break
             self._score_batch(*batch, mask, modal, first, trained_any, matrix_experts, tally)
+        self.subset.images.next_evaluation()
         with self.timer("eval/counts"):
             counts = tally.unpack(self.parallel.sum_counts(tally.pack()))
             for name, log in self.logs.items():
@@ -212,41 +211,21 @@ class VariantEvaluator:
 
     def _query(self, indices: Tensor, images: Tensor) -> QueryFeatures:
         if self.reuse_frozen:
-            return self.model.query_from_frozen(self.subset.images.frozen(self.model, indices))
+            return self.model.query_from_frozen(self.subset.images.frozen(self.model, indices, images))
         return self.model.compute_query(images)
 
     def _prompted(self, images: Tensor, query: QueryFeatures, expert: Optional[Tensor],
                   made: List[MethodOutput]) -> MethodOutput:
-        """``model(images, expert=expert, query=query)`` where it is new: a sample whose selection one of
-        the passes ``made`` on this batch already had takes that pass's row (the same image through the
-        same prompts), and only the other samples go through the backbone, in one pass."""
-        if not self.reuse:
-            self.prompted_rows += len(images)
-            return self.model(images, expert=expert, query=query)
-        selection = self.model.select(query.query, train=False, expert=expert)
-        source = torch.full((len(images),), -1, dtype=torch.long, device=selection.device)
-        for index, output in enumerate(made):
-            same = (output.selection == selection).reshape(len(images), -1).all(dim=1)
-            source = torch.where((source < 0) & same, torch.full_like(source, index), source)
-        new = torch.nonzero(source < 0).flatten()
-        if len(new) == len(images):
-            output = self.model(images, expert=expert, query=query)
-            self.prompted_rows += len(images)
-            made.append(output)
-            return output
-        logits = torch.empty((len(images), *made[0].logits.shape[1:]), dtype=made[0].logits.dtype, device=images.device)
-        features = torch.empty((len(images), *made[0].features.shape[1:]), dtype=made[0].features.dtype,
-                               device=images.device)
-        for index, output in enumerate(made):
-            rows = torch.nonzero(source == index).flatten()
-            logits[rows], features[rows] = output.logits[rows], output.features[rows]
-        if len(new):
-            part = QueryFeatures(query=query.query[new], router=query.router[new])
-            fresh = self.model(images[new], expert=None if expert is None else expert[new], query=part)
-            self.prompted_rows += len(new)
-            logits[new], features[new] = fresh.logits, fresh.features
-        output = MethodOutput(logits, features, query, selection, self.model.expert_of(selection), logits.new_zeros(()))
+        """``model(images, expert=expert, query=query)``, or a pass already ``made`` on this batch with the
+        same selection for every sample (the same computation: its output is the one this pass gives)."""
+        if self.reuse:
+            selection = self.model.select(query.query, train=False, expert=expert)
+            for output in made:
+                if output.selection.shape == selection.shape and torch.equal(output.selection, selection):
+                    return output
+        output = self.model(images, expert=expert, query=query)
         made.append(output)
+        self.prompted_rows += len(images)
         return output
 
     def _score_batch(

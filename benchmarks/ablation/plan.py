@@ -41,7 +41,8 @@ class TrainingWork:
         batches: stream batches (each ``online_iter`` optimizer steps).
         evaluations: evaluation points (anytime and session ends).
         eval_images: test images scored, summed over the evaluation points.
-        test_images: distinct test images scored (each one's frozen pass runs once per training).
+        query_images: test images whose frozen pass runs: those of every evaluation whose subset differs
+            from the previous one's (a class was exposed in between); the others are reused.
         final_images: test images of the last evaluation (each gets a forced pass per trained expert).
         selections: prompted passes per scored image at most (own, routed, oracle).
     """
@@ -53,7 +54,7 @@ class TrainingWork:
     batches: int
     evaluations: int
     eval_images: int
-    test_images: int
+    query_images: int
     final_images: int
     experts: int
     selections: int
@@ -92,6 +93,8 @@ def count_work(specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str
         exposure = stream.exposure()
         points = evaluation_points(stream, protocol)
         sizes = [len(exposure.eval_subset(test.targets, seen)[0]) for seen in points]
+        exposed = [exposure.num_exposed(seen) for seen in points]
+        changed = [size for i, size in enumerate(sizes) if i == 0 or exposed[i] != exposed[i - 1]]
         variants = [spec.variant for spec in group]
         selections = {VARIANTS[v].selection for v in variants} | {"own"}
         if method_class(first.method).builtin_components:
@@ -99,7 +102,7 @@ def count_work(specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str
         work.append(TrainingWork(
             dataset=first.dataset, method=first.method, seed=first.seed, variants=variants,
             batches=stream.num_batches(protocol.batch_size), evaluations=len(points), eval_images=sum(sizes),
-            test_images=max(sizes, default=0), final_images=sizes[-1] if sizes else 0,
+            query_images=sum(changed), final_images=sizes[-1] if sizes else 0,
             experts=protocol.num_experts, selections=len(selections),
         ))
     return work
@@ -113,7 +116,7 @@ def estimate(work: TrainingWork, unit: Dict[str, Any]) -> Dict[str, float]:
     prompted = unit["prompted_per_image"]
     scoring = unit["eval_per_image"]
     evaluation = (work.eval_images * (scoring + work.selections * prompted)
-                  + work.test_images * unit["frozen_per_image"]
+                  + work.query_images * unit["frozen_per_image"]
                   + work.final_images * work.experts * prompted)
     query = unit["frozen_per_image"] or unit["eval_parts"].get("eval/query", 0.0)
     single = work.eval_images * (query + prompted)  # one variant: a query and one prompted pass per image

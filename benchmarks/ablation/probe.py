@@ -2,8 +2,8 @@
 
 :func:`probe` builds the run as :func:`benchmarks.ablation.runner.run_training` does (same model, stream,
 components and evaluator, on the caller's device), trains a few stream batches and evaluates a sample
-of the test set twice: the first evaluation also computes the frozen features of its images (once per
-run in a real training), the second reuses them. The plan (``benchmarks.ablation.plan``) multiplies
+of the test set twice: the first evaluation also computes the frozen features of its images, the
+second reuses them (as every evaluation whose subset is the previous one's). The plan (``benchmarks.ablation.plan``) multiplies
 these unit costs by the counted work of every training; docs/benchmark.md ("Cost of a sweep").
 """
 

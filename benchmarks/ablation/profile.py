@@ -4,8 +4,8 @@
     python -m benchmarks.ablation.profile --methods dualprompt --preset proxy --output profile.json
 
 Each method trains once on the preset's first dataset and seed; at every evaluation point two evaluators
-score the same model: the run's own (test images kept on the device, frozen features once per test
-image, no repeated pass) and the reference without reuse (every pass at every evaluation). Their logs
+score the same model: the run's own (frozen features of a test batch the previous evaluation had are
+reused, no pass is repeated) and the reference without reuse (every pass at every evaluation). Their logs
 must be equal (the command fails otherwise) and their times give the saving. Times are CPU seconds of
 the process on the CPU (``time.process_time``: on a shared machine with one torch thread, what the
 work costs an idle core) and wall seconds on CUDA. docs/performance.md ("Profile of a run") quotes it.

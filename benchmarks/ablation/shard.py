@@ -57,7 +57,7 @@ def work_costs(work: Sequence[TrainingWork], online_iter: int, batch_size: int) 
     costs = {}
     for item in work:
         train = item.batches * batch_size * (3 * online_iter + 1)
-        evaluation = item.eval_images * item.selections + item.test_images + item.final_images * item.experts
+        evaluation = item.eval_images * item.selections + item.query_images + item.final_images * item.experts
         costs[item.key] = float(train + evaluation)
     return costs
 

@@ -114,7 +114,7 @@ class PromptMethod(nn.Module):
         """One frozen, prompt-free pass (no grad) giving the query and the router features.
 
         By default :meth:`query_from_frozen` of :meth:`frozen_features`; a method that implements that
-        split lets an evaluator compute the frozen pass once per test image and reuse it.
+        split lets an evaluator reuse the frozen pass of a test batch it has already seen.
         """
         return self.query_from_frozen(self.frozen_features(x))
 
