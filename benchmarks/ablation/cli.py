@@ -31,6 +31,7 @@ import torch
 from benchmarks.ablation import failures, preflight
 from benchmarks.ablation.checkpointing import CheckpointError
 from benchmarks.ablation.claims import ClaimHeldError, Claims
+from benchmarks.ablation.plan import count_work, format_plan, make_plan, training_key
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE, RunInterrupted, StopSignals, any_process
 from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.protocol import PAPER_METHODS, ROUTER_QUERIES, Protocol, RunSpec
@@ -49,6 +50,7 @@ from benchmarks.ablation.results import (
     write_json_atomic,
 )
 from benchmarks.ablation.runner import Checkpointing, run_training
+from benchmarks.ablation.shard import PLAN_FILE, parse_shard, plan_costs, split, work_costs
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.backbone import BackboneLoadError, check_backbone_available, downloads_allowed
 from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
@@ -243,6 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint each training after every anytime evaluation ('evaluation'), every N "
                              "stream batches, or never ('off' or 0; SIGTERM/SIGUSR1 still save one before the "
                              f"sweep exits with status {RESUMABLE_EXIT_CODE}); docs/checkpoints.md")
+    cost = parser.add_argument_group("cost and several jobs (docs/benchmark.md)")
+    cost.add_argument("--plan", action="store_true",
+                      help="train nothing: list the trainings and evaluations, time a short probe of each dataset "
+                           "and method on this device and print the estimated device-hours (writes plan.json)")
+    cost.add_argument("--shard", type=parse_shard, default=None, metavar="K/N",
+                      help="run only the K-th of N balanced parts of the trainings (1 <= K <= N), e.g. one task "
+                           "of a SLURM job array; --merge makes the tables once all parts have finished")
+    cost.add_argument("--merge", action="store_true",
+                      help="train nothing: make the tables from the results in the output folder (all must exist)")
     group = parser.add_argument_group("protocol (each defaults to the preset's value)")
     for item in fields(Protocol):
         kind, text = PROTOCOL_FLAGS.get(item.name, (None, item.name.replace("_", " ")))
@@ -396,8 +407,12 @@ def _init_distributed(device_arg: Optional[str]):
 def execute(
     sweep: Sweep, *, data_root: str, download: bool, resume: bool, show_progress: bool,
     checkpoint_every: Union[str, int] = "evaluation", argv: Optional[Sequence[str]] = None,
+    shard: Optional[Tuple[int, int]] = None, merge: bool = False,
 ) -> int:
     """Run the sweep's missing runs, then write and print the table.
+
+    ``shard=(K, N)`` runs only the K-th of N balanced parts of the trainings and writes no table;
+    ``merge`` runs nothing and writes the table once every result exists (``benchmarks.ablation.shard``).
 
     Each training checkpoints itself every ``checkpoint_every`` and, with ``resume``, continues from its
     last checkpoint. SIGTERM or SIGUSR1 stop the sweep at the next batch boundary after a checkpoint: it
@@ -409,6 +424,11 @@ def execute(
     specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
     settings = {name: run_setting(sweep, name) for name in sweep.datasets}
     todo = [s for s in specs if not resume or not result_path(sweep.output, s).exists()]
+    if merge and todo:
+        raise UsageError(f"--merge: {len(todo)} of {len(specs)} results are missing in {sweep.output} (the first: "
+                         f"{todo[0].key}); run the sweep or its --shard jobs first")
+    if shard is not None:
+        todo = shard_of(sweep, specs, todo, shard, data_root=data_root, download=download)
     groups = trainings(todo)  # one training scores every missing variant of a (dataset, seed, method)
     if resume:
         check_resumable(sweep.output, specs, settings)
@@ -504,6 +524,15 @@ def execute(
         return RESUMABLE_EXIT_CODE
     if not lead:
         return 0
+    if shard is not None:  # the tables come from --merge once every shard has finished
+        failed = failures.load_failures(sweep.output, todo)
+        print(f"shard {shard[0]}/{shard[1]} finished; once every shard has: "
+              f"{_command(argv, 1, merge=True)}")
+        if failed:
+            print(f"error: {len(failed)} of this shard's runs failed (tracebacks in "
+                  f"{sweep.output / 'failures'}); rerunning the shard trains them again", file=sys.stderr)
+            return failures.FAILED_RUNS_EXIT_CODE
+        return 0
     with claims.table_lock():  # whoever writes the table last has read every result written before it
         check_resumable(sweep.output, specs, settings)  # a sweep of another setting may share the folder
         results = load_results(sweep.output, specs)
@@ -550,14 +579,66 @@ def _report_failure(output: Path, group: Sequence[RunSpec], error: BaseException
         outer.update(len(group))
 
 
+def _device(sweep: Sweep) -> torch.device:
+    return torch.device(sweep.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def run_plan(sweep: Sweep, *, data_root: str, download: bool, argv: Optional[Sequence[str]] = None) -> int:
+    """``--plan``: count the sweep's work, probe each (dataset, method), print and write ``plan.json``."""
+    if sweep.threads:
+        torch.set_num_threads(sweep.threads)
+    cache: Dict[str, Any] = {}
+
+    def data(name: str) -> Any:
+        if name not in cache:
+            cache.clear()  # one dataset in memory at a time, as the sweep
+            cache[name] = load_data(name, sweep, data_root, download)
+        return cache[name]
+
+    specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
+    document = make_plan(specs, sweep.protocol, data, device=_device(sweep),
+                         protocol_record=run_setting(sweep, sweep.datasets[0])["protocol"],
+                         command=list(sys.argv[1:] if argv is None else argv),
+                         log=lambda line: print(line, file=sys.stderr, flush=True))
+    sweep.output.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(sweep.output / PLAN_FILE, document)
+    print(format_plan(document))
+    print(f"written: {sweep.output / PLAN_FILE}")
+    return 0
+
+
+def shard_of(sweep: Sweep, specs: List[RunSpec], todo: List[RunSpec], shard: Tuple[int, int], *, data_root: str,
+             download: bool) -> List[RunSpec]:
+    """The runs of ``todo`` that belong to the K-th of N parts of the sweep's trainings."""
+    keys = [training_key(g[0].dataset, g[0].method, g[0].seed) for g in trainings(specs)]
+    try:
+        costs = plan_costs(sweep.output, keys, run_setting(sweep, sweep.datasets[0])["protocol"])
+    except ValueError as error:
+        raise UsageError(f"--shard: {error}") from None
+    basis = "the estimates of plan.json"
+    if costs is None:
+        loaded: Dict[str, Any] = {}
+        work = count_work(specs, sweep.protocol,
+                          lambda name: loaded.setdefault(name, load_data(name, sweep, data_root, download)))
+        costs = work_costs(work, sweep.protocol.online_iter, sweep.protocol.batch_size)
+        basis = "counted work (no plan.json: run --plan first to balance by measured estimates)"
+    mine = set(split(keys, costs, shard[1])[shard[0] - 1])
+    print(f"shard {shard[0]}/{shard[1]}: {len(mine)} of {len(keys)} trainings, balanced by {basis}", flush=True)
+    return [s for s in todo if training_key(s.dataset, s.method, s.seed) in mine]
+
+
 #: the documented entry point (a thin file that runs :func:`main`)
 _ENTRY_POINT = Path(__file__).resolve().parents[1] / "cross_ablation.py"
 
 
-def _command(argv: Optional[Sequence[str]], world: int) -> str:
-    """This sweep's command line (under torchrun: with the number of processes per node)."""
+def _command(argv: Optional[Sequence[str]], world: int, *, merge: bool = False) -> str:
+    """This sweep's command line (under torchrun: with the number of processes per node); with
+    ``merge``, the command that makes its tables (``--shard`` replaced by ``--merge``)."""
     script = os.path.relpath(_ENTRY_POINT)
     args = list(sys.argv[1:] if argv is None else argv)
+    if merge:
+        args = [a for i, a in enumerate(args) if a != "--shard" and (i == 0 or args[i - 1] != "--shard")
+                and not a.startswith("--shard=")] + ["--merge"]
     if world > 1:
         return f"torchrun --nproc_per_node {os.environ.get('LOCAL_WORLD_SIZE', world)} {shlex.join([script, *args])}"
     return shlex.join([sys.executable, script, *args])
@@ -568,10 +649,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         sweep = resolve(args)
+        if sum((args.plan, args.shard is not None, args.merge)) > 1:
+            raise UsageError("--plan, --shard and --merge exclude each other (see --help)")
         preflight.check(sweep)
         with downloads_allowed(args.download):
+            if args.plan:
+                return run_plan(sweep, data_root=args.data_root, download=args.download, argv=argv)
             return execute(sweep, data_root=args.data_root, download=args.download, resume=not args.no_resume,
-                           show_progress=not args.no_progress, checkpoint_every=args.checkpoint_every, argv=argv)
+                           show_progress=not args.no_progress, checkpoint_every=args.checkpoint_every, argv=argv,
+                           shard=args.shard, merge=args.merge)
     except (UsageError, preflight.PreflightError, DatasetNotFoundError, BackboneLoadError, ProtocolMismatchError,
             CheckpointError, WriteError, ClaimHeldError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -6,6 +6,13 @@ ensemble on each; it also counts the diagnostics (docs/diagnostics.md). The forc
 one prompted pass per trained expert, is computed at the end of the stream only.
 :class:`PredictEvaluator` scores one variant through ``model.predict`` (the reference path).
 Every count is summed over the processes of a data-parallel run in one all-reduce per evaluation.
+
+What does not change between evaluations is computed once per run (:class:`TestImages`): the test
+images are read once and kept on the device, transformed there batch by batch; the frozen,
+prompt-free features of a method that splits its query (``PromptMethod.splits_query``) are reused for
+a test batch the previous evaluation had; a prompted pass whose selection equals, sample for sample,
+one already made on the batch (routed, oracle, forced experts) is not repeated. Every reuse is of the
+same computation on the same batch, so the logs are those of every pass at every evaluation.
 """
 
 from __future__ import annotations
@@ -17,18 +24,65 @@ from torch import Tensor
 
 from fly_modules import seen_class_mask
 
-from ..methods.base import MethodOutput, PromptMethod
+from ..methods.base import MethodOutput, PromptMethod, QueryFeatures
 from ..parallel import DataParallel
 from .components import ScoredComponents
 from .diagnostics import ROUTING_VERSIONS, ExpertUsage, expert_matrix_summary, member_summary, routing_summary
 from .metrics import EvaluationLog, count_correct
 from .stream import Exposure
+from .timer import NO_TIMER, PartTimer
 from .variants import VARIANTS
 
-__all__ = ["EvaluationPoint", "PredictEvaluator", "VariantEvaluator"]
+__all__ = ["EvaluationPoint", "PredictEvaluator", "TestImages", "VariantEvaluator"]
 
 # (kind, timestamp, samples_seen, session, final): where in the stream an evaluation runs.
 EvaluationPoint = Tuple[str, int, int, int, bool]
+
+
+class TestImages:
+    """The test set, read once per run: its images on the device, and a method's frozen features.
+
+    Frozen features are kept per test batch, by the batch's exact indices: an evaluation whose subset is
+    the previous one's (no class exposed in between) reuses them, and a batch that changed is computed
+    again. Keyed so, a reused feature is the one the same computation on the same batch gives, on any
+    device (a batch of other images may round differently).
+
+    Args:
+        test: the ``benchmarks.data`` test record.
+        device: where the images are kept (at stored resolution, uint8) when they take at most
+            ``max_device_bytes``; otherwise they stay in host memory and batches move per evaluation.
+    """
+
+    def __init__(self, test: Any, device: torch.device, *, max_device_bytes: int = 2 << 30) -> None:
+        from ..data.records import TensorImageDataset
+
+        self.test, self.device = test, device
+        raw, targets = test.get_raw_batch(torch.arange(len(test)))
+        home = device if raw.numel() <= max_device_bytes else torch.device("cpu")
+        # The same record type and transform as the dataset's own get_batch, on the images' device.
+        self.images = TensorImageDataset(raw.to(home), targets, test.classes, name=test.name,
+                                         image_size=test.image_size, stats=(test.mean, test.std))
+        self._previous: Dict[bytes, Any] = {}  # batch indices -> frozen features, of the last evaluation
+        self._current: Dict[bytes, Any] = {}
+        self.computed_rows = 0
+
+    def batch(self, indices: Tensor) -> Tensor:
+        """Normalised ``(n, 3, S, S)`` images on the device (the dataset's test transform)."""
+        return self.images.get_batch(indices)[0].to(self.device)
+
+    def next_evaluation(self) -> None:
+        """Keep only the batches of the evaluation that just ended."""
+        self._previous, self._current = self._current, {}
+
+    def frozen(self, model: PromptMethod, indices: Tensor, images: Tensor) -> Any:
+        """``model.frozen_features(images)`` of the batch ``indices``, reused if the last evaluation had it."""
+        key = indices.cpu().numpy().tobytes()
+        features = self._current.get(key, self._previous.get(key))
+        if features is None:
+            features = model.frozen_features(images)
+            self.computed_rows += len(indices)
+        self._current[key] = features
+        return features
 
 
 class _TestSubset:
@@ -36,6 +90,7 @@ class _TestSubset:
 
     def __init__(self, test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device) -> None:
         self.test, self.exposure, self.parallel, self.device = test, exposure, parallel, device
+        self.images = TestImages(test, device)
 
     def select(self, samples_seen: int) -> Tuple[int, Tensor, Tensor, Tensor, Tensor]:
         """``(exposed, seen-class mask, all targets, this rank's indices, this rank's targets)``."""
@@ -45,11 +100,12 @@ class _TestSubset:
         return exposed, mask, targets, self.parallel.split(indices), self.parallel.split(targets)
 
     def batches(self, indices: Tensor, targets: Tensor, batch_size: int):
+        """``(indices, images, labels)`` per batch (images on the device)."""
         # Nothing to score (no class exposed yet, or a rank's empty share): torch.split would yield one empty batch.
         if len(indices) == 0:
             return
         for chunk, labels in zip(torch.split(indices, batch_size), torch.split(targets, batch_size)):
-            yield self.test.get_batch(chunk)[0].to(self.device), labels.to(self.device)
+            yield chunk, self.images.batch(chunk), labels.to(self.device)
 
 
 class PredictEvaluator:
@@ -67,7 +123,7 @@ class PredictEvaluator:
     def __call__(self, kind: str, *, timestamp: int, samples_seen: int, session: int, final: bool) -> None:
         exposed, mask, _, indices, targets = self.subset.select(samples_seen)
         correct = torch.zeros(exposed, dtype=torch.long, device=self.subset.device)
-        for images, labels in self.subset.batches(indices, targets, self.batch_size):
+        for _, images, labels in self.subset.batches(indices, targets, self.batch_size):
             correct += count_correct(self.model.predict(images, mask).argmax(dim=1), labels, exposed)[0]
         total = count_correct(targets, targets, exposed)[1].to(correct.device)
         counts = self.parallel.sum_counts(torch.stack([correct, total])).cpu()
@@ -88,17 +144,26 @@ class VariantEvaluator:
         variants: names from ``benchmarks.ablation.variants.VARIANTS``.
         member_names: names of the ensemble's members (online head, then one per decay).
         meta: the evaluation logs' meta (the variant's spec is added).
+        timer: times the parts of each evaluation (``benchmarks.ablation.timer``).
+        reuse: reuse the frozen features of a batch the previous evaluation had and skip a pass whose
+            selection was already made (``False``: every pass at every evaluation, the reference the
+            reuse is tested and profiled against).
     """
 
     def __init__(
-        self, model: PromptMethod, components: ScoredComponents, usage: ExpertUsage, variants: Sequence[str], *,
-        test: Any, exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
-        member_names: Sequence[str], meta: Dict[str, Dict[str, Any]],
+        self, model: PromptMethod, components: ScoredComponents, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
+        exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
+        member_names: Sequence[str], meta: Dict[str, Dict[str, Any]], timer: PartTimer = NO_TIMER,
+        reuse: bool = True,
     ) -> None:
         self.model, self.components, self.usage = model, components, usage
         self.variants = [VARIANTS[name] for name in variants]
-        self.batch_size, self.parallel = int(batch_size), parallel
+        self.batch_size, self.parallel, self.timer, self.reuse = int(batch_size), parallel, timer, reuse
         self.subset = _TestSubset(test, exposure, parallel, device)
+        # Frozen features are reused only when the method splits its query and its backbone is frozen.
+        frozen = not any(p.requires_grad for p in model.backbone.parameters())
+        self.reuse_frozen = reuse and type(model).splits_query() and frozen
+        self.prompted_rows = 0  # images through a prompted pass (what the plan's probe divides by)
         self.member_names = list(member_names)
         self.logs = {v.name: EvaluationLog(meta=meta[v.name]) for v in self.variants}
         self.member_logs = {
@@ -123,53 +188,85 @@ class VariantEvaluator:
             raise RuntimeError("an exposed test class has no training sample counted: the usage table is out of step")
         tally = _Tally(self.per_class_counts, exposed, self.usage.num_experts, self.subset.device)
         matrix_experts = torch.nonzero(trained).flatten().tolist() if final else []
-        for images, labels in self.subset.batches(indices, targets, self.batch_size):
-            self._score_batch(images, labels, mask, modal, first, trained_any, matrix_experts, tally)
-        counts = tally.unpack(self.parallel.sum_counts(tally.pack()))
-        for name, log in self.logs.items():
-            log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
-                       correct=counts[name].cpu(), total=counts["total"].cpu())
-        for name, logs in self.member_logs.items():
-            for member, log in enumerate(logs):
+        batches = iter(self.subset.batches(indices, targets, self.batch_size))
+        while True:
+            with self.timer("eval/images"):
+                batch = next(batches, None)
+            if batch is None:
+                break
+            self._score_batch(*batch, mask, modal, first, trained_any, matrix_experts, tally)
+        self.subset.images.next_evaluation()
+        with self.timer("eval/counts"):
+            counts = tally.unpack(self.parallel.sum_counts(tally.pack()))
+            for name, log in self.logs.items():
                 log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
-                           correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
-        self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained))
+                           correct=counts[name].cpu(), total=counts["total"].cpu())
+            for name, logs in self.member_logs.items():
+                for member, log in enumerate(logs):
+                    log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
+                               correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
+            self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained))
         if final:
             self.expert_matrix = expert_matrix_summary(counts["matrix"], counts["group_sizes"], trained)
             self.true_experts = modal[:exposed].tolist()
 
+    def _query(self, indices: Tensor, images: Tensor) -> QueryFeatures:
+        if self.reuse_frozen:
+            return self.model.query_from_frozen(self.subset.images.frozen(self.model, indices, images))
+        return self.model.compute_query(images)
+
+    def _prompted(self, images: Tensor, query: QueryFeatures, expert: Optional[Tensor],
+                  made: List[MethodOutput]) -> MethodOutput:
+        """``model(images, expert=expert, query=query)``, or a pass already ``made`` on this batch with the
+        same selection for every sample (the same computation: its output is the one this pass gives)."""
+        if self.reuse:
+            selection = self.model.select(query.query, train=False, expert=expert)
+            for output in made:
+                if output.selection.shape == selection.shape and torch.equal(output.selection, selection):
+                    return output
+        output = self.model(images, expert=expert, query=query)
+        made.append(output)
+        self.prompted_rows += len(images)
+        return output
+
     def _score_batch(
-        self, images: Tensor, labels: Tensor, mask: Tensor, modal: Tensor, first: Tensor, trained_any: Tensor,
-        matrix_experts: List[int], tally: "_Tally",
+        self, indices: Tensor, images: Tensor, labels: Tensor, mask: Tensor, modal: Tensor, first: Tensor,
+        trained_any: Tensor, matrix_experts: List[int], tally: "_Tally",
     ) -> None:
-        model = self.model
-        query = model.compute_query(images)
-        true_expert = modal[labels]
-        outputs: Dict[str, MethodOutput] = {"own": model(images, query=query)}
-        own_experts = model.expert_of(outputs["own"].selection)
-        routed = self.components.route(query.router)
-        rear_experts = own_experts if routed is None else routed.to(own_experts.device)
-        if "routed" in self.selections:
-            outputs["routed"] = outputs["own"] if routed is None else model(images, expert=routed, query=query)
-        if "oracle" in self.selections:
-            outputs["oracle"] = model(images, expert=true_expert, query=query)
-        members = {s: self._member_scores(outputs[s], mask) for s in self.ensemble_selections}
-        for variant in self.variants:
-            if variant.head == "online":
-                scores = outputs[variant.selection].logits + mask
-            else:
-                scores = self.components.ensemble.aggregate_members(members[variant.selection])
-                for member in range(len(self.member_names)):
-                    tally.add_correct(f"{variant.name}/{member}", members[variant.selection][:, member], labels)
-            tally.add_correct(variant.name, scores, labels)
-        tally.add_total(labels)
-        tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
-        tally.add_routing("rear", rear_experts, true_expert, first[labels], trained_any[labels])
-        if matrix_experts:
+        model, timer = self.model, self.timer
+        with timer("eval/query"):
+            query = self._query(indices, images)
+        with timer("eval/prompted"):
+            true_expert = modal[labels]
+            made: List[MethodOutput] = []
+            outputs: Dict[str, MethodOutput] = {"own": self._prompted(images, query, None, made)}
+            own_experts = model.expert_of(outputs["own"].selection)
+            routed = self.components.route(query.router)
+            rear_experts = own_experts if routed is None else routed.to(own_experts.device)
+            if "routed" in self.selections:
+                outputs["routed"] = outputs["own"] if routed is None else self._prompted(images, query, routed, made)
+            if "oracle" in self.selections:
+                outputs["oracle"] = self._prompted(images, query, true_expert, made)
+        with timer("eval/scoring"):
+            members = {s: self._member_scores(outputs[s], mask) for s in self.ensemble_selections}
+            for variant in self.variants:
+                if variant.head == "online":
+                    scores = outputs[variant.selection].logits + mask
+                else:
+                    scores = self.components.ensemble.aggregate_members(members[variant.selection])
+                    for member in range(len(self.member_names)):
+                        tally.add_correct(f"{variant.name}/{member}", members[variant.selection][:, member], labels)
+                tally.add_correct(variant.name, scores, labels)
+            tally.add_total(labels)
+            tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
+            tally.add_routing("rear", rear_experts, true_expert, first[labels], trained_any[labels])
+        if not matrix_experts:
+            return
+        with timer("eval/forced"):
             tally.add_groups(true_expert)
-        for expert in matrix_experts:
-            forced = model(images, expert=torch.full_like(labels, expert), query=query)
-            tally.add_forced(expert, forced.logits + mask, labels, true_expert)
+            for expert in matrix_experts:
+                forced = self._prompted(images, query, torch.full_like(labels, expert), made)
+                tally.add_forced(expert, forced.logits + mask, labels, true_expert)
 
     def _member_scores(self, output: MethodOutput, mask: Tensor) -> Tensor:
         """``(B, members, C)`` masked logits of the online head and each EMA copy of the samples' banks."""

@@ -29,10 +29,11 @@ from .metrics import EvaluationLog, summarize
 from .preemption import RunInterrupted, any_process
 from .protocol import ROUTER_QUERIES, Protocol, RunSpec
 from .stream import Exposure, SiBlurryStream, build_si_blurry_stream
+from .timer import NO_TIMER, PartTimer
 from .training import OnlineTrainer
 from .variants import ABLATION_VARIANTS, VARIANTS, variants_for
 
-__all__ = ["Checkpointing", "run_training", "run_reference", "build_backbone", "BackboneLoadError"]
+__all__ = ["Checkpointing", "Run", "build_run", "run_training", "run_reference", "build_backbone", "BackboneLoadError"]
 
 @dataclass
 class Checkpointing:
@@ -99,6 +100,49 @@ def run_training(
     with ``RunInterrupted`` after saving when a stop is requested; the records then say what was
     written and where the training resumed (``checkpoints``).
     """
+    built = build_run(method, dataset, seed, variants, protocol, train, test, device=device,
+                      process_group=process_group)
+    cls, variants, parallel = method_class(method), built.variants, built.parallel
+    trainer, evaluator, stream, exposure, specs = built.trainer, built.evaluator, built.stream, built.exposure, built.specs
+    key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
+    checkpointer = None
+    if checkpointing is not None:
+        run = {"dataset": dataset, "method": method, "seed": seed, "variants": variants}
+        checkpointer = _Checkpointer(checkpointing, trainer, evaluator, run=run, parallel=parallel, device=device,
+                                     key=f"{dataset}/{method}/seed{seed}")
+        checkpointer.resume()
+    measured = _train(trainer, stream, protocol, device, progress, key, boundary=checkpointer)
+    records = {}
+    for name, spec in specs.items():
+        record = _record(spec, protocol, evaluator.logs[name], stream, exposure, measured, notes=cls.protocol_notes(protocol))
+        record["variants_trained_together"] = variants
+        record["diagnostics"] = evaluator.diagnostics(name)
+        if checkpointer is not None:
+            record["checkpoints"] = dict(checkpointer.history)
+        records[name] = record
+    return records
+
+
+@dataclass
+class Run:
+    """One training's objects, built but not started (:func:`build_run`)."""
+
+    model: PromptMethod
+    variants: List[str]
+    specs: Dict[str, RunSpec]
+    stream: SiBlurryStream
+    exposure: Exposure
+    evaluator: VariantEvaluator
+    trainer: OnlineTrainer
+    parallel: DataParallel
+
+
+def build_run(
+    method: str, dataset: str, seed: int, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
+    device: torch.device, process_group: Optional[Any] = None, timer: PartTimer = NO_TIMER,
+) -> Run:
+    """The method, its components, the evaluator and the trainer of :func:`run_training` (``timer``
+    times their parts: the profile and the plan's probe)."""
     cls = method_class(method)
     variants = list(variants)
     if not variants or variants_for(cls, variants) != variants:
@@ -123,27 +167,11 @@ def run_training(
     evaluator = VariantEvaluator(
         model, components, usage, variants, test=test, exposure=exposure, parallel=parallel, device=device,
         batch_size=protocol.test_batch_size, member_names=members,
-        meta={name: {"spec": asdict(spec), "lr": lr} for name, spec in specs.items()},
+        meta={name: {"spec": asdict(spec), "lr": lr} for name, spec in specs.items()}, timer=timer,
     )
     trainer = OnlineTrainer(model, components, evaluator, usage, protocol=protocol, train=train, stream=stream,
-                            exposure=exposure, parallel=parallel, device=device, lr=lr)
-    key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
-    checkpointer = None
-    if checkpointing is not None:
-        run = {"dataset": dataset, "method": method, "seed": seed, "variants": variants}
-        checkpointer = _Checkpointer(checkpointing, trainer, evaluator, run=run, parallel=parallel, device=device,
-                                     key=f"{dataset}/{method}/seed{seed}")
-        checkpointer.resume()
-    measured = _train(trainer, stream, protocol, device, progress, key, boundary=checkpointer)
-    records = {}
-    for name, spec in specs.items():
-        record = _record(spec, protocol, evaluator.logs[name], stream, exposure, measured, notes=cls.protocol_notes(protocol))
-        record["variants_trained_together"] = variants
-        record["diagnostics"] = evaluator.diagnostics(name)
-        if checkpointer is not None:
-            record["checkpoints"] = dict(checkpointer.history)
-        records[name] = record
-    return records
+                            exposure=exposure, parallel=parallel, device=device, lr=lr, timer=timer)
+    return Run(model, variants, specs, stream, exposure, evaluator, trainer, parallel)
 
 
 def run_reference(

@@ -21,6 +21,7 @@ from .components import Components
 from .diagnostics import ExpertUsage
 from .metrics import AnytimeEvalTrigger
 from .stream import Exposure, SiBlurryStream, StreamBatch
+from .timer import NO_TIMER, PartTimer
 
 __all__ = ["MixedPrecision", "OnlineTrainer", "StreamPosition"]
 
@@ -86,12 +87,13 @@ class OnlineTrainer:
         protocol: ``benchmarks.ablation.runner.Protocol``.
         train: the training set (``benchmarks.data`` record: ``get_raw_batch``, ``get_batch``, ``train_transform``).
         lr: Adam's learning rate.
+        timer: times the parts of each batch (``benchmarks.ablation.timer``; the profile and the plan's probe).
     """
 
     def __init__(
         self, model: PromptMethod, components: Components, evaluate: Callable[..., None], usage: ExpertUsage, *,
         protocol: Any, train: Any, stream: SiBlurryStream, exposure: Exposure, parallel: DataParallel,
-        device: torch.device, lr: float,
+        device: torch.device, lr: float, timer: PartTimer = NO_TIMER,
     ) -> None:
         self.model, self.components, self.evaluate_at, self.usage = model, components, evaluate, usage
         self.protocol, self.train_set, self.stream, self.exposure = protocol, train, stream, exposure
@@ -107,6 +109,7 @@ class OnlineTrainer:
         self.augment = train.train_transform if protocol.augment else None
         self.trigger = AnytimeEvalTrigger(protocol.eval_period)
         self.position = StreamPosition()
+        self.timer = timer
 
     # ---------------------------------------------------------------------------- the stream
     def train(self, progress: Optional[Any] = None, boundary: Optional[Callable[[bool], None]] = None) -> None:
@@ -152,22 +155,28 @@ class OnlineTrainer:
     def train_batch(self, batch: StreamBatch) -> Tensor:
         """The batch's online iterations and its per-batch hooks; returns the last loss (detached)."""
         started = time.perf_counter()
-        local, share = self.parallel.share(batch.indices)
-        raw, labels = self.train_set.get_raw_batch(local)
-        targets = self.exposure.to_exposure(labels).to(self.device)
-        mask = self.training_mask(batch)
-        clean = None if self.augment else self.train_set.get_batch(local)[0].to(self.device)
+        timer = self.timer
+        with timer("train/data"):
+            local, share = self.parallel.share(batch.indices)
+            raw, labels = self.train_set.get_raw_batch(local)
+            targets = self.exposure.to_exposure(labels).to(self.device)
+            mask = self.training_mask(batch)
+            clean = None if self.augment else self.train_set.get_batch(local)[0].to(self.device)
         first: Optional[MethodOutput] = None
         for _ in range(self.protocol.online_iter):
-            images = self.augment(raw).to(self.device) if self.augment else clean
-            output, loss = self.train_step(images, targets, mask, share)
+            with timer("train/augment"):
+                images = self.augment(raw).to(self.device) if self.augment else clean
+            with timer("train/steps"):
+                output, loss = self.train_step(images, targets, mask, share)
             first = output if first is None else first
-        first = self.with_router_features(first, clean, local)
-        self.model.on_batch_end(images, targets, first, share)
-        self.components.end_batch(first.query.router, share)
-        if isinstance(self.schedule, SampleBudgetSchedule):
-            for expert in self.schedule.step(batch.global_size):
-                self.components.start_expert(expert)
+        with timer("train/router_query"):
+            first = self.with_router_features(first, clean, local)
+        with timer("train/batch_end"):
+            self.model.on_batch_end(images, targets, first, share)
+            self.components.end_batch(first.query.router, share)
+            if isinstance(self.schedule, SampleBudgetSchedule):
+                for expert in self.schedule.step(batch.global_size):
+                    self.components.start_expert(expert)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.position.train_seconds += time.perf_counter() - started

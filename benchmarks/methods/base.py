@@ -114,8 +114,26 @@ class PromptMethod(nn.Module, SeamContract):
 
     # ----------------------------------------------------------------------------------- seams
     def compute_query(self, x: Tensor) -> QueryFeatures:
-        """One frozen, prompt-free pass (no grad) giving the query and the router features."""
+        """One frozen, prompt-free pass (no grad) giving the query and the router features.
+
+        By default :meth:`query_from_frozen` of :meth:`frozen_features`; a method that implements that
+        split lets an evaluator reuse the frozen pass of a test batch it has already seen.
+        """
+        return self.query_from_frozen(self.frozen_features(x))
+
+    def frozen_features(self, x: Tensor) -> Any:
+        """The frozen, prompt-free pass's outputs the query derives from: a tensor (or tuple of tensors)
+        with the batch first that depends on the images alone, never on trained state."""
         raise NotImplementedError
+
+    def query_from_frozen(self, frozen: Any) -> QueryFeatures:
+        """The query and router features from :meth:`frozen_features` (may read trained state)."""
+        raise NotImplementedError
+
+    @classmethod
+    def splits_query(cls) -> bool:
+        """Whether the method implements :meth:`frozen_features` (its test queries can be cached)."""
+        return cls.frozen_features is not PromptMethod.frozen_features
 
     def select(self, query: Tensor, *, train: bool, expert: Optional[Tensor] = None) -> Tensor:
         """The method's own prompt selection; restricted to ``expert``'s group when it is given."""

@@ -260,9 +260,12 @@ class HiDePrompt(PromptMethod):
         self.current_expert = int(state["current_expert"])
 
     # -------------------------------------------------------------------------------- seams
-    def compute_query(self, x: Tensor) -> QueryFeatures:
-        """Frozen prompt-free final-norm CLS: the gate branch's input and (by default) the router's."""
-        cls = frozen_cls(self.backbone, x)
+    def frozen_features(self, x: Tensor) -> Tensor:
+        """Frozen prompt-free final-norm CLS."""
+        return frozen_cls(self.backbone, x)
+
+    def query_from_frozen(self, cls: Tensor) -> QueryFeatures:
+        """The CLS is the gate branch's input and (by default) the router's; else g_mlp of it."""
         if self.router_features == "cls":
             return QueryFeatures(query=cls, router=cls)
         with torch.no_grad():

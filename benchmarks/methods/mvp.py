@@ -5,7 +5,7 @@ backward). Decisions on the reference's quirks are in docs/methods.md, "MVP".
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Dict, Iterable, List, Optional
+from typing import Callable, ClassVar, Dict, Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -116,12 +116,13 @@ class MVP(ConcatPromptMethod):
 
     # ------------------------------------------------------------------------------- seams
     @torch.no_grad()
-    def compute_query(self, x: Tensor) -> QueryFeatures:
+    def frozen_features(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """One frozen pass: class token before the last block (no norm) and final-norm class token."""
         tokens = self.backbone.blocks[:-1](embed_tokens(self.backbone, x))
-        query = tokens[:, 0]
-        router = self.backbone.norm(self.backbone.blocks[-1](tokens))[:, 0]
-        return QueryFeatures(query=query, router=router)
+        return tokens[:, 0], self.backbone.norm(self.backbone.blocks[-1](tokens))[:, 0]
+
+    def query_from_frozen(self, frozen: Tuple[Tensor, Tensor]) -> QueryFeatures:
+        return QueryFeatures(query=frozen[0], router=frozen[1])
 
     def _mass(self) -> Tensor:
         return (self.count + 1).to(self.keys.dtype)

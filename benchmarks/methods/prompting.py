@@ -234,10 +234,13 @@ class ConcatPromptMethod(PromptMethod):
         return self.backbone.norm(tokens)[:, 0]
 
     # ------------------------------------------------------------------------------- seams
-    def compute_query(self, x: Tensor) -> QueryFeatures:
-        """Frozen prompt-free final-norm class token, used both as query and as router features."""
-        cls = frozen_cls(self.backbone, x)
-        return QueryFeatures(query=cls, router=cls)
+    def frozen_features(self, x: Tensor) -> Tensor:
+        """Frozen prompt-free final-norm class token."""
+        return frozen_cls(self.backbone, x)
+
+    def query_from_frozen(self, frozen: Tensor) -> QueryFeatures:
+        """The class token is both the query and the router features."""
+        return QueryFeatures(query=frozen, router=frozen)
 
     def on_expert_start(self, expert: int) -> None:
         expert = int(expert)

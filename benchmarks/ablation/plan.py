@@ -1,0 +1,196 @@
+"""The plan of a sweep: the trainings and evaluations it runs, and their device time estimated from a probe.
+
+The work of each training is counted exactly (its stream's batches, its evaluation points and the test
+images each one scores, the forced-expert passes of the last one), without running it. Its cost is
+that work times the unit costs :func:`benchmarks.ablation.probe.probe` measures on the user's own
+device and model, one probe per (dataset, method). Beside it the plan prices the same table run as the
+official code runs it: one training per variant, each evaluation with its own query pass and one
+prompted pass, no oracle matrix. docs/benchmark.md ("Cost of a sweep") describes the model and its limits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from ..methods import method_class
+from .metrics import AnytimeEvalTrigger
+from .protocol import Protocol, RunSpec
+from .results import trainings
+from .stream import build_si_blurry_stream
+from .variants import VARIANTS
+
+__all__ = ["PLAN_FORMAT", "TrainingWork", "count_work", "estimate", "format_plan", "make_plan", "training_key"]
+
+PLAN_FORMAT = 1
+
+
+def training_key(dataset: str, method: str, seed: int) -> str:
+    """The name of one training of the sweep (it scores every variant of the method)."""
+    return f"{dataset}/{method}/seed{seed}"
+
+
+@dataclass
+class TrainingWork:
+    """What one training does, counted from its stream: no model runs.
+
+    Attributes:
+        batches: stream batches (each ``online_iter`` optimizer steps).
+        evaluations: evaluation points (anytime and session ends).
+        eval_images: test images scored, summed over the evaluation points.
+        query_images: test images whose frozen pass runs: those of every evaluation whose subset differs
+            from the previous one's (a class was exposed in between); the others are reused.
+        final_images: test images of the last evaluation (each gets a forced pass per trained expert).
+        selections: prompted passes per scored image at most (own, routed, oracle).
+    """
+
+    dataset: str
+    method: str
+    seed: int
+    variants: List[str]
+    batches: int
+    evaluations: int
+    eval_images: int
+    query_images: int
+    final_images: int
+    experts: int
+    selections: int
+
+    @property
+    def key(self) -> str:
+        return training_key(self.dataset, self.method, self.seed)
+
+
+def evaluation_points(stream: Any, protocol: Protocol) -> List[int]:
+    """``samples_seen`` of every evaluation of a training on ``stream``, in the training loop's order
+    (``benchmarks.ablation.training.OnlineTrainer``: session ends and the anytime trigger)."""
+    trigger, points, session, seen = AnytimeEvalTrigger(protocol.eval_period), [], -1, 0
+    for batch in stream.batches(protocol.batch_size, rank=None):
+        while session < batch.session:
+            if session >= 0:
+                points.append(seen)
+            session += 1
+        seen = batch.samples_seen
+        if trigger.step(batch.samples_seen, batch.global_size) is not None:
+            points.append(seen)
+    points.extend([seen] * (stream.num_sessions - max(session, 0)))  # the last session and trailing empty ones
+    return points
+
+
+def count_work(specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str], Any]) -> List[TrainingWork]:
+    """One :class:`TrainingWork` per training of ``specs`` (grouped as the sweep trains them);
+    ``data(dataset)`` returns the ``(train, test)`` records (only their targets are read)."""
+    work = []
+    for group in trainings(specs):
+        first = group[0]
+        train, test = data(first.dataset)
+        stream = build_si_blurry_stream(train.targets, num_sessions=protocol.num_sessions,
+                                        disjoint_ratio=protocol.disjoint_ratio, blurry_ratio=protocol.blurry_ratio,
+                                        seed=first.seed)
+        exposure = stream.exposure()
+        points = evaluation_points(stream, protocol)
+        sizes = [len(exposure.eval_subset(test.targets, seen)[0]) for seen in points]
+        exposed = [exposure.num_exposed(seen) for seen in points]
+        changed = [size for i, size in enumerate(sizes) if i == 0 or exposed[i] != exposed[i - 1]]
+        variants = [spec.variant for spec in group]
+        selections = {VARIANTS[v].selection for v in variants} | {"own"}
+        if method_class(first.method).builtin_components:
+            selections.discard("routed")  # its own selection is its router's
+        work.append(TrainingWork(
+            dataset=first.dataset, method=first.method, seed=first.seed, variants=variants,
+            batches=stream.num_batches(protocol.batch_size), evaluations=len(points), eval_images=sum(sizes),
+            query_images=sum(changed), final_images=sizes[-1] if sizes else 0,
+            experts=protocol.num_experts, selections=len(selections),
+        ))
+    return work
+
+
+def estimate(work: TrainingWork, unit: Dict[str, Any]) -> Dict[str, float]:
+    """Seconds of one training from a probe's unit costs: ``ours`` (one training scoring every variant)
+    and ``per_variant`` (one training per variant, as the official code runs the table)."""
+    train = work.batches * unit["per_batch"]
+    # The probe's per-image cost holds the passes it made; the estimate charges every distinct selection.
+    prompted = unit["prompted_per_image"]
+    scoring = unit["eval_per_image"]
+    evaluation = (work.eval_images * (scoring + work.selections * prompted)
+                  + work.query_images * unit["frozen_per_image"]
+                  + work.final_images * work.experts * prompted)
+    query = unit["frozen_per_image"] or unit["eval_parts"].get("eval/query", 0.0)
+    single = work.eval_images * (query + prompted)  # one variant: a query and one prompted pass per image
+    per_variant = len(work.variants) * (unit["build"] + train + single)
+    return {"build": unit["build"], "train": train, "evaluation": evaluation,
+            "ours": unit["build"] + train + evaluation, "per_variant": per_variant}
+
+
+def format_plan(plan: Dict[str, Any]) -> str:
+    """The plan as a table: one row per (dataset, method), then the totals."""
+    rows = {}
+    for entry in plan["trainings"]:
+        row = rows.setdefault((entry["dataset"], entry["method"]), {"n": 0, "ours": 0.0, "per_variant": 0.0,
+                                                                    **entry})
+        row["n"] += 1
+        row["ours"] += entry["estimate"]["ours"]
+        row["per_variant"] += entry["estimate"]["per_variant"]
+    probes = {(p["dataset"], p["method"]): p for p in plan["probes"]}
+    lines = [
+        f"plan of {len(plan['trainings'])} trainings ({plan['results']} results) on {plan['device']}; unit costs "
+        f"measured by a probe of {plan['probe_batches']} stream batches and one evaluation per dataset and method",
+        "",
+        "| dataset | method | trainings | batches | evaluations | images scored | ms/batch | ms/test image "
+        "| hours | hours, a training per variant |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (dataset, method), row in rows.items():
+        unit = probes[(dataset, method)]
+        image = unit["eval_per_image"] + row["selections"] * unit["prompted_per_image"]
+        lines.append(
+            f"| {dataset} | {method} | {row['n']} | {row['batches']} | {row['evaluations']} | {row['eval_images']} "
+            f"| {1000 * unit['per_batch']:.1f} | {1000 * image:.2f} | {row['ours'] / 3600:.3f} "
+            f"| {row['per_variant'] / 3600:.3f} |"
+        )
+    total = plan["total_seconds"]
+    lines += ["", f"estimated device time: {total['ours'] / 3600:.2f} h ({total['train'] / 3600:.2f} h training, "
+                  f"{total['evaluation'] / 3600:.2f} h evaluation, {total['build'] / 3600:.2f} h set-up); "
+                  f"one training per variant: {total['per_variant'] / 3600:.2f} h"]
+    return "\n".join(lines)
+
+
+def summarize(work: Sequence[TrainingWork], units: Dict[tuple, Dict[str, Any]], *, device: str, results: int,
+              probe_batches: int, probe_seconds: float, command: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """The plan document (``plan.json``): every training with its work and estimate, the probes, the totals."""
+    entries, total = [], {"build": 0.0, "train": 0.0, "evaluation": 0.0, "ours": 0.0, "per_variant": 0.0}
+    for item in work:
+        cost = estimate(item, units[(item.dataset, item.method)])
+        entries.append({"key": item.key, **asdict(item), "estimate": cost})
+        for name in total:
+            total[name] += cost[name]
+    return {"format": PLAN_FORMAT, "device": device, "results": results, "probe_batches": probe_batches,
+            "probe_seconds": probe_seconds, "trainings": entries, "probes": list(units.values()),
+            "total_seconds": total, "torch": torch.__version__, **({"command": list(command)} if command else {})}
+
+
+def make_plan(
+    specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str], Any], *, device: torch.device,
+    probe_batches: int = 4, eval_samples: int = 512, protocol_record: Optional[Dict[str, Any]] = None,
+    command: Optional[Sequence[str]] = None, log: Callable[[str], None] = lambda line: None,
+) -> Dict[str, Any]:
+    """Count every training of ``specs`` and probe each (dataset, method) once on ``device``; the plan document."""
+    from .probe import probe  # builds models: imported only when a plan is made
+
+    work = count_work(specs, protocol, data)
+    units: Dict[tuple, Dict[str, Any]] = {}
+    started = time.perf_counter()
+    for item in work:
+        pair = (item.dataset, item.method)
+        if pair in units:
+            continue
+        train, test = data(item.dataset)
+        log(f"probing {item.dataset}/{item.method} on {device} ...")
+        units[pair] = probe(item.method, item.dataset, item.variants, protocol, train, test, device=device,
+                            seed=item.seed, batches=probe_batches, eval_samples=eval_samples)
+    document = summarize(work, units, device=str(device), results=len(specs), probe_batches=probe_batches,
+                         probe_seconds=time.perf_counter() - started, command=command)
+    return {**document, "protocol": protocol_record if protocol_record is not None else protocol.to_dict()}

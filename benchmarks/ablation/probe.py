@@ -1,0 +1,109 @@
+"""A short timed run of one method on one dataset: what a stream batch and a test image cost, by part.
+
+:func:`probe` builds the run as :func:`benchmarks.ablation.runner.run_training` does (same model, stream,
+components and evaluator, on the caller's device), trains a few stream batches and evaluates a sample
+of the test set twice: the first evaluation also computes the frozen features of its images, the
+second reuses them (as every evaluation whose subset is the previous one's). The plan (``benchmarks.ablation.plan``) multiplies
+these unit costs by the counted work of every training; docs/benchmark.md ("Cost of a sweep").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Sequence
+
+import torch
+
+from ..data.records import TensorImageDataset
+from .protocol import Protocol
+from .runner import build_run
+from .timer import PartTimer
+
+__all__ = ["probe", "test_sample"]
+
+
+def test_sample(test: Any, size: int) -> Any:
+    """An in-memory record of ``size`` test images drawn without replacement (fixed seed), in dataset order."""
+    size = min(int(size), len(test))
+    order = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[:size].sort().values
+    raw, targets = test.get_raw_batch(order)
+    return TensorImageDataset(raw, targets, test.classes, name=test.name, image_size=test.image_size,
+                              stats=(test.mean, test.std), autoaugment_policy=test.autoaugment_policy)
+
+
+def _per(total: float, count: int) -> float:
+    return total / count if count else 0.0
+
+
+def probe(
+    method: str, dataset: str, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
+    device: torch.device, seed: int = 1, batches: int = 4, warmup: int = 1, eval_samples: int = 512,
+) -> Dict[str, Any]:
+    """Unit costs of one training of ``method`` (the ``variants`` it scores) measured on ``device``.
+
+    Returns seconds: ``build`` (method, stream, test images on the device), ``per_batch`` (a stream batch
+    of training, the mean over ``batches`` after ``warmup``) and ``train_parts`` (its parts per batch),
+    ``frozen_per_image`` (a test image's frozen, prompt-free pass; 0 for a method that does not split its
+    query, whose query pass is then in ``eval_per_image``), ``prompted_per_image`` (one prompted pass of a
+    test image), ``eval_per_image`` (everything else of scoring an image, all variants, query included
+    where it is not cached) and ``eval_parts`` (per image), with the counts they were measured on.
+    """
+    if batches < 1 or warmup < 0 or eval_samples < 1:
+        raise ValueError(f"probe needs batches >= 1, warmup >= 0, eval_samples >= 1; got {batches}, {warmup}, "
+                         f"{eval_samples}")
+    timer = PartTimer(device)
+    started = time.perf_counter()
+    sample = test_sample(test, eval_samples)
+    run = build_run(method, dataset, seed, variants, protocol, train, sample, device=device, timer=timer)
+    build = time.perf_counter() - started
+    trainer, evaluator = run.trainer, run.evaluator
+    trainer.model.train()
+    timed = 0
+    for batch in run.stream.batches(protocol.batch_size, rank=None):
+        if batch.index == warmup:
+            timer.reset()
+            before = trainer.position.train_seconds
+        if batch.index >= warmup + batches:
+            break
+        trainer.advance_to(batch.session)
+        trainer.train_batch(batch)
+        trainer.position.samples_seen = batch.samples_seen
+        trainer.position.batches += 1
+        timed += batch.index >= warmup
+    if timed == 0:
+        raise ValueError(f"the {dataset} stream has {trainer.position.batches} batches; the probe needs more "
+                         f"than warmup={warmup}")
+    per_batch = (trainer.position.train_seconds - before) / timed
+    # (a session that ends inside the probe is evaluated by the loop: its parts are not training)
+    train_parts = {part: _per(value["seconds"], timed) for part, value in timer.summary().items()
+                   if part.startswith("train/")}
+
+    # Every class exposed; a class the few probe batches did not train is counted for the current expert,
+    # so that the evaluation scores every sampled image (the probe's state is thrown away).
+    usage = evaluator.usage
+    untrained = usage.counts.sum(dim=1) == 0
+    usage.counts[untrained, int(trainer.model.current_expert)] = 1
+    seen = len(run.stream)
+    trainer.model.eval()
+    timings = []
+    for _ in range(2):  # cold: computes the frozen features; warm: reuses them, as every later evaluation
+        timer.reset()
+        rows = evaluator.prompted_rows
+        evaluator("anytime", timestamp=seen, samples_seen=seen, session=run.stream.num_sessions - 1, final=False)
+        timings.append((timer.summary(), evaluator.prompted_rows - rows))
+    trainer.model.train()
+    (cold, _), (warm, prompted_rows) = timings
+    images = len(sample)
+    seconds = {part: value["seconds"] for part, value in warm.items()}
+    prompted = seconds.pop("eval/prompted", 0.0)
+    frozen = max(cold.get("eval/query", {}).get("seconds", 0.0) - seconds.get("eval/query", 0.0), 0.0)
+    return {
+        "method": method, "dataset": dataset, "variants": list(variants), "device": str(device),
+        "batches": timed, "warmup": warmup, "eval_images": images, "prompted_passes": _per(prompted_rows, images),
+        "build": build, "per_batch": per_batch, "train_parts": train_parts,
+        "frozen_per_image": _per(frozen, images) if evaluator.reuse_frozen else 0.0,
+        "prompted_per_image": _per(prompted, prompted_rows),
+        "eval_per_image": _per(sum(seconds.values()), images),
+        "eval_parts": {part: _per(value, images) for part, value in seconds.items()},
+        "splits_query": evaluator.reuse_frozen,
+    }
