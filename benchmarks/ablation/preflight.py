@@ -160,19 +160,3 @@ def check(sweep: Any) -> None:
     check_device(sweep.device)
     check_models(sweep.protocol, sweep.methods, sweep.datasets, class_counts(sweep.data), sweep.seeds[0])
 
-
-def _time_checks(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m benchmarks.ablation.preflight [sweep flags]``: the time of these checks alone."""
-    import time
-
-    from .cli import build_parser, resolve
-
-    sweep = resolve(build_parser().parse_args(argv))
-    started = time.perf_counter()
-    check(sweep)
-    print(f"checks of {len(sweep.methods)} methods on {sweep.protocol.model}: {time.perf_counter() - started:.1f} s "
-          f"on {torch.get_num_threads()} CPU thread(s)")
-
-
-if __name__ == "__main__":
-    _time_checks()
