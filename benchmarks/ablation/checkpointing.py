@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import random
 import re
 import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -27,6 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from fly_modules import AnalyticRouter
+
+from . import files
+from .files import WriteError
 
 __all__ = [
     "FORMAT", "VERSION", "CheckpointError", "WriteError", "CheckpointStore", "checkpoint_folder", "write_atomic",
@@ -42,17 +43,6 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be used: unreadable, of another format, or of another run or backbone."""
 
 
-class WriteError(Exception):
-    """A file could not be written (disk full, permissions); the previous version of it, if any, is kept."""
-
-    @classmethod
-    def of(cls, path: Path, error: OSError) -> "WriteError":
-        kept = "the previous file is kept" if Path(path).exists() else "nothing was written"
-        reason = f"{type(error).__name__}: {error.strerror or error}"
-        return cls(f"cannot write {path} ({reason}); {kept}: free space or make the folder writable, "
-                   "or choose another --output")
-
-
 def checkpoint_folder(output: Path, dataset: str, method: str, seed: int) -> Path:
     """Where the checkpoints of one training (every variant of a method, dataset and seed) live."""
     return Path(output) / "checkpoints" / dataset / method / f"seed{seed}"
@@ -60,37 +50,10 @@ def checkpoint_folder(output: Path, dataset: str, method: str, seed: int) -> Pat
 
 # ------------------------------------------------------------------------------------ files
 def write_atomic(path: Path, payload: Dict[str, Any]) -> int:
-    """``torch.save`` to a temporary file beside ``path``, fsync, rename, fsync the folder; returns the size."""
-    folder = Path(path).parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{Path(path).name}.", suffix=".tmp")
-    except OSError as error:
-        raise WriteError.of(path, error) from error
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            torch.save(payload, stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-        _fsync_folder(folder)  # the rename itself survives a crash of the machine
-    except BaseException as error:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        if isinstance(error, OSError):
-            raise WriteError.of(path, error) from error
-        raise
+    """``torch.save`` of ``payload`` to ``path`` whole or not at all, fsynced (:func:`files.write_atomic`);
+    returns the size."""
+    files.write_atomic(path, lambda stream: torch.save(payload, stream), binary=True, durable=True)
     return Path(path).stat().st_size
-
-
-def _fsync_folder(folder: Path) -> None:
-    if os.name == "nt":  # Windows cannot open a folder for fsync; its renames are journaled
-        return
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def read_checkpoint(path: Path, *, lazily: bool = False) -> Dict[str, Any]:

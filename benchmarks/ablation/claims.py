@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from .checkpointing import WriteError
+from .files import WriteError
 from .protocol import RunSpec
 
 __all__ = ["Claim", "ClaimHeldError", "Claims", "claim_path", "holder_text", "this_process"]

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 from .checkpointing import CheckpointError
+from .files import WriteError
 from .preemption import RunInterrupted
 from .protocol import RunSpec
-from .results import WriteError, result_path, write_json_atomic
+from .results import result_path, write_json_atomic
 
 __all__ = ["FAILED_RUNS_EXIT_CODE", "failure_path", "recordable", "record_failure", "clear_failures", "load_failures"]
 

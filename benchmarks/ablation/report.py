@@ -5,16 +5,15 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
 from .diagnostics import ROUTING_VERSIONS
-from .results import WriteError, write_json_atomic, write_text_atomic
+from .files import write_atomic
+from .results import write_json_atomic, write_text_atomic
 from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 
 __all__ = [
@@ -270,23 +269,8 @@ def write_tables(output: Path, rows: Sequence[Dict[str, Any]], caption: str = ""
 
 
 def _save_figure(figure: Any, path: Path) -> None:
-    """``savefig`` to a temporary file renamed into place; a failed write keeps the previous figure
-    (``results.WriteError``)."""
-    try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise WriteError.of(path, error) from error
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            figure.savefig(stream, dpi=100, format=path.suffix.lstrip("."))
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException as error:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        if isinstance(error, OSError):
-            raise WriteError.of(path, error) from error
-        raise
+    """``savefig`` whole or not at all: a failed write keeps the previous figure (:class:`WriteError`)."""
+    write_atomic(path, lambda stream: figure.savefig(stream, dpi=100, format=path.suffix.lstrip(".")), binary=True)
 
 
 def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Path]:

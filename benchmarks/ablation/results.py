@@ -4,13 +4,12 @@ their stored setting equals the current one; the same check for the checkpoints 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..methods import method_class
-from .checkpointing import CheckpointStore, WriteError, checkpoint_folder
+from .checkpointing import CheckpointStore, checkpoint_folder
+from .files import WriteError, write_atomic
 from .protocol import RunSpec
 from .variants import variants_for
 
@@ -24,42 +23,16 @@ def result_path(output: Path, spec: RunSpec) -> Path:
     return output / "runs" / f"{spec.key}.json"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file in the same folder and rename it into place (never half-written).
     A failed write (disk full, permissions) removes the temporary file, keeps the previous ``path`` and
     raises :class:`WriteError` with one line saying so."""
-    _write_atomic(path, lambda stream: stream.write(text))
+    write_atomic(path, lambda stream: stream.write(text))
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
     """:func:`write_text_atomic` of ``payload`` as JSON."""
-    _write_atomic(path, lambda stream: json.dump(payload, stream))
-
-
-def _write_atomic(path: Path, write: Callable[[TextIO], Any]) -> None:
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise WriteError.of(path, error) from error
-    try:
-        with os.fdopen(handle, "w") as stream:
-            write(stream)
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp creates 0600; results are ordinary files
-        os.replace(temporary, path)
-    except BaseException as error:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        if isinstance(error, OSError):
-            raise WriteError.of(path, error) from error
-        raise
+    write_atomic(path, lambda stream: json.dump(payload, stream))
 
 
 def read_result(path: Path) -> Dict[str, Any]:
