@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_sweep import TINY
 
-from benchmarks.ablation import checkpointing, cli, failures, report, results
+from benchmarks.ablation import checkpointing, cli, failures, files, report, results
 from benchmarks.ablation.preemption import RunInterrupted
 
 TWO_METHODS = [*TINY, "--methods", "l2p,dualprompt"]
@@ -109,7 +109,7 @@ def disk_full(monkeypatch, module, *, under=None):
 def test_a_failed_result_write_keeps_the_previous_file(tmp_path, monkeypatch):
     target = tmp_path / "runs" / "x.json"
     results.write_json_atomic(target, {"good": 1})
-    disk_full(monkeypatch, results)
+    disk_full(monkeypatch, files)
     with pytest.raises(results.WriteError) as raised:
         results.write_json_atomic(target, {"good": 2})
     assert str(raised.value).startswith(f"cannot write {target} (OSError: No space left on device); the previous "
@@ -121,7 +121,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monke
     store = checkpointing.CheckpointStore(tmp_path / "run")
     payload = {"format": checkpointing.FORMAT, "version": checkpointing.VERSION, "batches": 2, "x": torch.ones(3)}
     store.save(payload)
-    disk_full(monkeypatch, checkpointing)
+    disk_full(monkeypatch, files)
     with pytest.raises(checkpointing.WriteError, match="No space left on device"):
         store.save({**payload, "batches": 4})
     assert [p.name for p in store.folder.iterdir()] == ["batch0000002.pt"]
@@ -134,7 +134,7 @@ def test_a_sweep_whose_result_cannot_be_written_ends_with_one_line(tmp_path, mon
     result = output / "runs" / "synthetic" / "l2p" / "baseline" / "seed1.json"
     before = result.read_bytes()
     capsys.readouterr()
-    disk_full(monkeypatch, results, under=output / "runs")
+    disk_full(monkeypatch, files, under=output / "runs")
     assert cli.main([*TINY, "--no-resume", "--output", str(output)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot write {result} (OSError: No space left on device); the previous file is "
@@ -160,7 +160,7 @@ def test_a_failed_table_or_figure_write_keeps_the_previous_one(tmp_path, monkeyp
                                       "seconds_per_batch": 0.01, "peak_memory_mb": 10.0}])
     report.write_tables(tmp_path, rows)
     before = {name: (tmp_path / name).read_bytes() for name in ("table.md", "table.json", "table.csv")}
-    disk_full(monkeypatch, results)
+    disk_full(monkeypatch, files)
     with pytest.raises(results.WriteError, match="table.md .*the previous file is kept"):
         report.write_tables(tmp_path, report.add_failures(rows, []))
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
