@@ -117,6 +117,8 @@ def wire_prefix_model(
                 kwargs["task_id"] = experts
             handle.observed["routed"] = experts
         task_id = args[0] if args else kwargs.get("task_id")
+        if not handle.training:  # the ensemble head answers inside the call: its banks must be set before it
+            wiring.banks_seen(_task_tensor(task_id, x.shape[0], x.device))
         seen.clear()
         inside["prompt"] = True
         try:
@@ -130,9 +132,9 @@ def wire_prefix_model(
             wiring.batch_seen(x.shape[0])
             if used is not None:
                 handle.note_trained(used)
+            wiring.banks_seen(used)  # moved after the optimizer step
         elif experts is not None and handle.wants_observation:
             handle.note_routed(experts, used, callee)
-        wiring.banks_seen(used)
         return output
 
     handle.install.set_attribute(model, "forward_prompt", forward_prompt)

@@ -227,3 +227,21 @@ def test_coda_refuses_the_separate_prompt_module_layout_with_its_reason():
 
     with pytest.raises(SeamError, match="separate `prompt` module.*not implemented"):
         retrofit(Net(), "coda_prompt")
+
+
+@pytest.mark.parametrize("name", ["flygcl-hide", "flygcl-norga"])
+def test_prefix_layout_ensembles_each_call_with_its_own_routed_banks(name):
+    """The ensemble head answers inside ``forward_prompt``: its banks are those of that call. Banks recorded
+    after the call reached the next call of the same size instead (the first sample's banks went to the
+    second sample, ...), so the order of the calls changed the outputs."""
+    case, model, handle, x = routed_model(name)
+    with torch.no_grad():
+        ema = handle.ensemble.ema_weight
+        ema.add_(torch.randn(ema.shape, generator=torch.Generator().manual_seed(5), dtype=ema.dtype))  # banks differ
+        forwards = torch.cat([case.forward(model, None, x[i : i + 1])[0] for i in range(4)])
+        backwards = torch.cat([case.forward(model, None, x[i : i + 1])[0] for i in reversed(range(4))]).flip(0)
+        together = case.forward(model, None, x)[0]
+        again = case.forward(model, None, x)[0]
+    torch.testing.assert_close(forwards, backwards, rtol=0, atol=1e-5)
+    torch.testing.assert_close(together, forwards, rtol=0, atol=1e-5)
+    torch.testing.assert_close(again, together, rtol=0, atol=1e-5)
