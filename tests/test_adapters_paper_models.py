@@ -143,7 +143,8 @@ def test_prefix_layout_classifier_alignment_reaches_the_online_head():
     assert torch.equal(model.prompt_head.weight, reference.prompt_head.weight)
     model.eval()
     scores = prefix_eval_forward(model, x)
-    assert torch.allclose(scores.exp().sum(1), torch.ones(len(x)))  # the ensemble's log-probabilities
+    probabilities = scores.exp()  # the ensemble's answer: log of the element-wise max of its members' softmaxes
+    assert (probabilities <= 1 + 1e-6).all() and (probabilities.sum(1) >= 1 - 1e-6).all()
 
 
 def test_prefix_layout_routes_on_the_gate_and_refuses_other_query_options():
