@@ -22,14 +22,13 @@ import json
 import os
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from .files import WriteError
+from .files import WriteError, temporary_beside
 from .protocol import RunSpec
 
 __all__ = ["Claim", "ClaimHeldError", "Claims", "claim_path", "holder_text", "this_process"]
@@ -103,11 +102,7 @@ def _read(path: Path) -> Optional[Dict[str, Any]]:
 def _link_new(path: Path, holder: Dict[str, Any]) -> bool:
     """Create ``path`` holding ``holder``, complete and atomically; ``False`` if it exists. A folder that
     cannot be written raises :class:`WriteError`."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise WriteError.of(path, error) from error
+    handle, temporary = temporary_beside(path)
     try:
         with os.fdopen(handle, "w") as stream:
             json.dump(holder, stream)

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable
 
-__all__ = ["WriteError", "write_atomic"]
+__all__ = ["WriteError", "temporary_beside", "write_atomic"]
 
 
 class WriteError(Exception):
@@ -22,16 +22,22 @@ class WriteError(Exception):
                    "or choose another --output")
 
 
+def temporary_beside(path: Path) -> "tuple[int, str]":
+    """An open descriptor and the name of a new temporary file in ``path``'s folder (created if needed);
+    :class:`WriteError` when the folder cannot be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise WriteError.of(path, error) from error
+
+
 def write_atomic(path: Path, write: Callable[[IO[Any]], Any], *, binary: bool = False, durable: bool = False) -> None:
     """Call ``write(stream)`` on a temporary file beside ``path``, then rename it to ``path``. ``durable``
     also fsyncs the file and its folder (checkpoints: the rename survives a crash of the machine). An
     ``OSError`` becomes :class:`WriteError`, with the temporary file removed and ``path`` untouched."""
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as error:
-        raise WriteError.of(path, error) from error
+    handle, temporary = temporary_beside(path)
     try:
         with os.fdopen(handle, "wb" if binary else "w") as stream:
             write(stream)
