@@ -14,14 +14,14 @@ from typing import Any, Sequence, Union
 import torch
 from torch import nn
 
-from ._errors import SeamError as SeamError
 from ._handle import Retrofit as Retrofit
-from ._head import EnsembleLinear as EnsembleLinear
 from ._options import RetrofitOptions as RetrofitOptions
 from ._options import Schedule
 from ._registry import install, list_families
 from ._registry import register_family as register_family
 from ._verify import VerifyReport as VerifyReport
+from ._wiring import EnsembleLinear as EnsembleLinear
+from ._wiring import SeamError as SeamError
 from .contract import SeamContract as SeamContract
 
 # The families register themselves on import.

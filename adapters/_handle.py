@@ -1,14 +1,15 @@
 """The handle every retrofit returns: the added modules, the per-batch call, checkpoints, verify, undo.
 
-It owns the added :class:`~fly_modules.AnalyticRouter` and :class:`~fly_modules.TemporalEnsembleHead`
-and the :class:`~fly_modules.adapters._install.Installation` of hooks. Families feed it through the
-``record_*`` / ``note_*`` calls; the user's loop adds :meth:`Retrofit.end_batch` (and
-:meth:`Retrofit.start_session` when experts follow sessions).
+It owns the added :class:`~fly_modules.AnalyticRouter` and :class:`~fly_modules.TemporalEnsembleHead`,
+the :class:`~fly_modules.adapters._restore.Installation` of hooks and the :class:`BatchState` the hooks
+fill. Families feed it through the ``record_*`` / ``note_*`` calls; the user's loop adds
+:meth:`Retrofit.end_batch` (and :meth:`Retrofit.start_session` when experts follow sessions).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
@@ -19,10 +20,12 @@ from torch import Tensor, nn
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
 from fly_modules._validation import InvalidParameterError, check_int
 
-from ._install import MARKER, Installation
+from . import _verify
 from ._options import Schedule
+from ._restore import MARKER, Installation
+from ._verify import VerifyReport
 
-__all__ = ["Retrofit", "StepCounter"]
+__all__ = ["BatchState", "Retrofit", "StepCounter"]
 
 _STATE_FORMAT = 1
 
@@ -46,6 +49,32 @@ class StepCounter:
         setattr(self.model, self.attribute, int(value))
 
 
+@dataclasses.dataclass
+class BatchState:
+    """What the hooks recorded: for the stream batch in progress (training, until ``end_batch``) and for
+    the inference forward in progress. One object: ``verify()`` snapshots it whole, ``state_dict`` saves
+    the training part.
+
+    Attributes:
+        query: router features of the batch's first training forward (later online iterations see the
+            same images).
+        size: samples of the batch's first training forward (the default ``batch_size`` of ``end_batch``).
+        trained_banks: ensemble banks the latest training forward used (moved after the optimizer step).
+        ensemble_steps: EMA steps taken since the last ``end_batch``.
+        eval_query: router features of the inference forward (taken by the routing hook).
+        eval_banks: ``(B,)`` banks the inference forward used (taken by the ensembled head).
+        injected: experts the routing hook injected into the inference forward.
+    """
+
+    query: Optional[Tensor] = None
+    size: Optional[int] = None
+    trained_banks: Optional[Tensor] = None
+    ensemble_steps: int = 0
+    eval_query: Optional[Tensor] = None
+    eval_banks: Optional[Tensor] = None
+    injected: Optional[Tensor] = None
+
+
 class Retrofit:
     """Handle returned by every ``retrofit``: the added modules, the per-batch call, checkpoints and undo.
 
@@ -61,6 +90,7 @@ class Retrofit:
         logit_mask: mask added to the ensemble members before aggregation (:meth:`set_logit_mask`).
         process_group: ``torch.distributed`` group of a data-parallel run: the ensemble then moves the
             banks that any rank trained (the router gathers through its own ``process_group``).
+        batch: what the hooks recorded for the batch and the forward in progress (:class:`BatchState`).
     """
 
     def __init__(
@@ -105,8 +135,6 @@ class Retrofit:
         #: ``correct(installation)`` for each upstream fix the retrofit installed (``correct_assembly``):
         #: verify() compares the retrofit with the model carrying these fixes only.
         self.corrections: List[Callable[[Installation], None]] = []
-        #: the family's plumbing object, if it keeps per-forward stashes (verify() restores them).
-        self.wiring: Any = None
         # How verify() evaluates by default when the model's inference is not its forward.
         self._predict: Optional[Callable[[Any], Any]] = None
         self._start_method_expert = start_method_expert
@@ -116,12 +144,7 @@ class Retrofit:
         self._following = False
         #: what produces the router's query, for error messages ("the forward of original_model").
         self.query_source = "the query module"
-        # Per stream batch: the first training query, the batch size, the banks the last forward
-        # trained, and how many EMA steps ran (end_batch checks them).
-        self._pending_query: Optional[Tensor] = None
-        self._pending_size: Optional[int] = None
-        self._trained_banks: Optional[Tensor] = None
-        self._ensemble_steps = 0
+        self.batch = BatchState()
         self._warned_no_ema = False
         # What the hooks observed, for verify() and the one-time check that routing takes effect.
         self._forced_expert: Union[int, Tensor, None] = None
@@ -140,7 +163,7 @@ class Retrofit:
         """The retrofitted model's mode (hooks on helper modules such as a frozen query model use it)."""
         return bool(self.model.training)
 
-    # ------------------------------------------------------------------------- evaluation
+    # ----------------------------------------------------------------------------------- evaluation
     def set_logit_mask(self, mask: Optional[Tensor]) -> None:
         """Logit mask added to every ensemble member *before* aggregation at inference.
 
@@ -157,26 +180,26 @@ class Retrofit:
             )
         self.logit_mask = mask
 
-    # ----------------------------------------------------------------- fed by the families
+    # -------------------------------------------------------------------------- fed by the families
     def record_query(self, features: Tensor) -> None:
         """Keep the first query of the batch (later online iterations see the same images)."""
-        if self._pending_query is None:
-            self._pending_query = features.detach()
+        if self.batch.query is None:
+            self.batch.query = features.detach()
         self.record_batch_size(features.shape[0])
 
     def record_batch_size(self, size: int) -> None:
         """Samples of the batch's first training forward (the default ``batch_size`` of ``end_batch``)."""
-        if self._pending_size is None:
-            self._pending_size = int(size)
+        if self.batch.size is None:
+            self.batch.size = int(size)
 
     def record_trained_banks(self, banks: Tensor) -> None:
         """The ensemble banks the latest training forward used (moved after the optimizer step)."""
-        self._trained_banks = banks.detach()
+        self.batch.trained_banks = banks.detach()
 
     def discard_batch(self) -> None:
         """Forget what the hooks recorded since the last ``end_batch`` (e.g. extra epochs over a batch)."""
-        self._pending_query, self._pending_size, self._trained_banks = None, None, None
-        self._ensemble_steps = 0
+        self.batch.query, self.batch.size, self.batch.trained_banks = None, None, None
+        self.batch.ensemble_steps = 0
 
     def routing_active(self) -> bool:
         """Whether inference is routed now: the router is on and fitted (or an expert is forced)."""
@@ -224,7 +247,7 @@ class Retrofit:
         """The experts whose prompts a training forward used (verify compares them with the current one)."""
         self.observed["trained"] = experts.detach()
 
-    # ------------------------------------------------------------------------ training calls
+    # ------------------------------------------------------------------------------- training calls
     def attach_optimizer(self, optimizer: Union[torch.optim.Optimizer, str, None]) -> None:
         """Move the EMA copies of the banks the last forward trained after each ``optimizer.step()``.
 
@@ -265,13 +288,13 @@ class Retrofit:
         """One EMA step (what the optimizer hook runs; call it yourself if you passed no optimizer)."""
         if self.ensemble is None:
             return
-        banks = self._trained_banks
+        banks = self.batch.trained_banks
         if banks is not None and self.process_group is not None:
             from fly_modules.distributed import gather_rows
 
             banks = gather_rows(banks.reshape(-1), self.process_group)  # the union over the ranks
         self.ensemble.update(None if banks is None else banks)
-        self._ensemble_steps += 1
+        self.batch.ensemble_steps += 1
 
     def end_batch(self, batch_size: Optional[int] = None, *, query: Optional[Tensor] = None) -> List[int]:
         """Call once per stream batch, after its online iterations.
@@ -289,18 +312,18 @@ class Retrofit:
         not run in training), and when the method's own step counter left the current expert.
         """
         self._check_step_counter()
-        features = query if query is not None else self._pending_query
+        features = query if query is not None else self.batch.query
         if self.router is not None and features is None and not self.removed:
-            seen = "a training forward ran" if self._pending_size is not None else "no training forward was seen"
+            seen = "a training forward ran" if self.batch.size is not None else "no training forward was seen"
             raise RuntimeError(
                 f"Retrofit.end_batch: the router is on but no query features were recorded since the last end_batch "
                 f"({seen}; the router reads them from {self.query_source}). Run it in your training forward with "
                 f"the model in training mode, or pass end_batch(query=features), or retrofit with router=False"
             )
-        recorded = self._pending_size
+        recorded = self.batch.size
         if batch_size is None:
             batch_size = features.shape[0] if features is not None else (recorded or 0)
-        if self.ensemble is not None and recorded is not None and self._ensemble_steps == 0 \
+        if self.ensemble is not None and recorded is not None and self.batch.ensemble_steps == 0 \
                 and not self._warned_no_ema:
             self._warned_no_ema = True
             warnings.warn(
@@ -313,7 +336,7 @@ class Retrofit:
             # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
             with torch.no_grad():
                 self.router.update(features.detach().to(self.router.device), self.current_expert)
-        self._pending_query, self._pending_size, self._ensemble_steps = None, None, 0
+        self.batch.query, self.batch.size, self.batch.ensemble_steps = None, None, 0
         started: List[int] = []
         if isinstance(self.schedule, SampleBudgetSchedule):
             started = self.schedule.step(int(batch_size))
@@ -355,7 +378,7 @@ class Retrofit:
             for bank in self._banks_of_expert(index):
                 self.ensemble.start_expert(int(bank))
 
-    # ---------------------------------------------------------------------------- checkpoints
+    # ---------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> Dict[str, Any]:
         """What the retrofit adds to a run, as tensors, ints, strings and dicts (``weights_only`` loads it).
 
@@ -372,7 +395,7 @@ class Retrofit:
             state["schedule"] = dict(self.schedule.state_dict())
         if self._step_counter is not None:
             state["method_step"] = self._step_counter.read()
-        pending = {"query": self._pending_query, "size": self._pending_size, "trained_banks": self._trained_banks}
+        pending = {"query": self.batch.query, "size": self.batch.size, "trained_banks": self.batch.trained_banks}
         state["pending"] = {k: v for k, v in pending.items() if v is not None}
         if self.logit_mask is not None:
             state["logit_mask"] = self.logit_mask
@@ -414,12 +437,12 @@ class Retrofit:
             self._step_counter.restore(state["method_step"])
         self.current_expert = current
         pending = state.get("pending", {})
-        self._pending_query = pending.get("query")
-        self._pending_size = None if pending.get("size") is None else int(pending["size"])
-        self._trained_banks = pending.get("trained_banks")
+        self.batch.query = pending.get("query")
+        self.batch.size = None if pending.get("size") is None else int(pending["size"])
+        self.batch.trained_banks = pending.get("trained_banks")
         self.logit_mask = state.get("logit_mask")
 
-    # ---------------------------------------------------------------------------------- verify
+    # --------------------------------------------------------------------------------------- verify
     def verify(
         self,
         batch: Any,
@@ -428,7 +451,7 @@ class Retrofit:
         loss: Optional[Callable[[Tensor, Tensor], Tensor]] = None,
         targets: Optional[Tensor] = None,
         strict: bool = False,
-    ):
+    ) -> VerifyReport:
         """Check on one batch that the retrofit works on this model; see ``docs/adapters.md``.
 
         Runs the model a few times (training and inference, each expert forced in turn, one training
@@ -449,14 +472,12 @@ class Retrofit:
         Returns:
             a :class:`~fly_modules.adapters.VerifyReport` (``ok``, ``checks``; ``print`` it).
         """
-        from ._verify import verify
-
-        report = verify(self, batch, forward=forward, loss=loss, targets=targets)
+        report = _verify.verify(self, batch, forward=forward, loss=loss, targets=targets)
         if strict and not report.ok:
             raise RuntimeError(f"Retrofit.verify failed:\n{report}")
         return report
 
-    # ------------------------------------------------------------------------------ undo
+    # ----------------------------------------------------------------------------------------- undo
     def remove(self) -> None:
         """Undo the retrofit: remove every hook and restore every replaced attribute (idempotent)."""
         self.install.remove()

@@ -13,8 +13,8 @@ from torch import nn
 from fly_modules._validation import InvalidParameterError, check_choice
 
 from ._handle import Retrofit
-from ._install import MARKER
 from ._options import RetrofitOptions
+from ._restore import MARKER
 from .contract import missing_seams
 
 __all__ = ["Family", "install", "list_families", "register_family"]

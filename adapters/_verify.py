@@ -1,21 +1,20 @@
 """``Retrofit.verify``: checks, on one batch of the user's own model, that the retrofit does what it
-claims, and reports them in plain words. Everything it touches is snapshotted and put back exactly."""
+claims, and reports them in plain words. Everything it touches is snapshotted and put back exactly.
+
+The handle imports this module, not the reverse: ``handle`` below is the :class:`Retrofit` calling.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._batch import HINT, batch_independence, batch_size, take_rows
-from ._install import MARKER, Installation
-from ._snapshot import Snapshot
-
-if TYPE_CHECKING:  # only annotations: the handle imports this module when verify() runs
-    from ._handle import Retrofit
+from ._batch_independence import HINT, batch_independence, batch_size, take_rows
+from ._restore import MARKER, Installation, Snapshot
 
 __all__ = ["Check", "VerifyReport", "verify"]
 
@@ -66,7 +65,7 @@ class VerifyReport:
         return f"VerifyReport(ok={self.ok}, checks={len(self.checks)}, failures={[c.name for c in self.failures]})"
 
 
-# ----------------------------------------------------------------------------------- runs
+# --------------------------------------------------------------------------------------------- runs
 def _logits(output: Any) -> Tensor:
     if isinstance(output, Tensor):
         return output
@@ -84,7 +83,7 @@ def _logits(output: Any) -> Tensor:
 class _Runner:
     """Calls the model the user's way, in a given mode, with the same random numbers every time."""
 
-    def __init__(self, handle: Retrofit, batch: Any, forward: Optional[Callable[[Any], Any]]) -> None:
+    def __init__(self, handle: Any, batch: Any, forward: Optional[Callable[[Any], Any]]) -> None:
         self.model, self.batch = handle.model, batch
         self.train_forward = forward or handle.model
         self.eval_forward = forward or handle._predict or handle.model
@@ -116,9 +115,9 @@ def _attempt(name: str, checks: List[Check], action: Callable[[], Optional[Check
         checks.append(result)
 
 
-# ---------------------------------------------------------------------------------- verify
+# ------------------------------------------------------------------------------------------- verify
 def verify(
-    handle: Retrofit,
+    handle: Any,
     batch: Any,
     *,
     forward: Optional[Callable[[Any], Any]] = None,
@@ -131,7 +130,7 @@ def verify(
     model, run = handle.model, _Runner(handle, batch, forward)
     modules = [model, *handle.install.modules, *(m for m in (handle.router, handle.ensemble) if m is not None)]
     handle._verifying = True  # in the snapshot: every restore keeps it on until the end
-    snapshot = Snapshot(modules, [handle, handle.wiring, handle.schedule])
+    snapshot = Snapshot(modules, [handle, handle.batch, handle.schedule])
     checks: List[Check] = []
     try:
         handle.discard_batch()
@@ -148,7 +147,7 @@ def verify(
     return VerifyReport(title, checks)
 
 
-def _trial_removal(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> Dict[str, Any]:
+def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> Dict[str, Any]:
     """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly."""
     model = handle.model
     restore_install = handle.install.snapshot(extra=((model, MARKER),))
@@ -177,7 +176,7 @@ def _trial_removal(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: L
     return removed
 
 
-def _check_training(handle: Retrofit, run: _Runner, snapshot: Snapshot, removed: Dict[str, Any],
+def _check_training(handle: Any, run: _Runner, snapshot: Snapshot, removed: Dict[str, Any],
                     checks: List[Check]) -> None:
     model = handle.model
     now = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
@@ -214,9 +213,9 @@ def _check_training(handle: Retrofit, run: _Runner, snapshot: Snapshot, removed:
         return
 
     def router_query() -> Check:
-        handle._pending_query = None
+        handle.batch.query = None
         run(True)
-        query = handle._pending_query
+        query = handle.batch.query
         snapshot.restore()
         name = "router receives queries"
         if query is None:
@@ -235,7 +234,7 @@ def _check_training(handle: Retrofit, run: _Runner, snapshot: Snapshot, removed:
     _attempt("router receives queries", checks, router_query)
 
 
-def _check_experts_trained(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
+def _check_experts_trained(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
     """Starting an expert must make the model train that expert's prompts (the method's own counter)."""
     name = "training follows the current expert"
     current = handle.current_expert
@@ -269,7 +268,7 @@ def _check_experts_trained(handle: Retrofit, run: _Runner, snapshot: Snapshot, c
     checks.append(Check(name, True, f"after start_expert(e) the model trains expert e's prompts (e = {', '.join(seen)})"))
 
 
-def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check],
+def _check_ensemble_step(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check],
                          loss: Optional[Callable[[Tensor, Tensor], Tensor]], targets: Optional[Tensor]) -> None:
     name = "ensemble banks move after an optimizer step"
     ensemble = handle.ensemble
@@ -278,7 +277,7 @@ def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: Snapshot, che
         return
 
     def step() -> Check:
-        handle._trained_banks = None
+        handle.batch.trained_banks = None
         logits = run(True)
         labels = targets if targets is not None else torch.arange(logits.shape[0], device=logits.device) % logits.shape[-1]
         (loss or F.cross_entropy)(logits.float(), labels.to(logits.device)).backward()
@@ -289,7 +288,7 @@ def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: Snapshot, che
         head_moved = not torch.equal(before_online, ensemble.online.weight)
         handle.update_ensemble()
         moved = sorted(set((before != ensemble.ema_weight).flatten(1).any(1).nonzero().flatten().tolist()))
-        recorded = handle._trained_banks
+        recorded = handle.batch.trained_banks
         expected = sorted(set(recorded.reshape(-1).tolist())) if recorded is not None else [int(ensemble.active_expert)]
         snapshot.restore()
         if handle.optimizer is not None:
@@ -310,7 +309,7 @@ def _check_ensemble_step(handle: Retrofit, run: _Runner, snapshot: Snapshot, che
     _attempt(name, checks, step)
 
 
-def _check_routing(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
+def _check_routing(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
     router = handle.router
     if router is None:
         checks.append(Check("forcing each expert selects its prompts", None, "router=False"))
@@ -362,7 +361,7 @@ def _check_routing(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: L
     )))
 
 
-def _check_batch_independence(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
+def _check_batch_independence(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
     """Each sample's inference output is the one it gets alone: mixed experts, one expert, or (no router)
     the model's own selection, on the first ``_BATCH_SAMPLES`` samples of the batch."""
     total = batch_size(run.batch)
@@ -389,7 +388,7 @@ def _check_batch_independence(handle: Retrofit, run: _Runner, snapshot: Snapshot
     checks.extend(Check(c.name, c.ok, c.detail) for c in found)
 
 
-def _check_ensemble_inference(handle: Retrofit, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
+def _check_ensemble_inference(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
     name = "inference uses the ensemble"
     if handle.ensemble is None:
         checks.append(Check(name, None, "ensemble=False"))

@@ -181,7 +181,7 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         plugin.moves_ensemble = bool(update_ensemble)
         return plugin
 
-    # ------------------------------------------------------------------------------ helpers
+    # -------------------------------------------------------------------------------------- helpers
     def _retrofit(self, model: nn.Module) -> Retrofit:
         from . import retrofit
 
@@ -275,7 +275,7 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         elif isinstance(current, _MethodLoss) and current.plugin is self:
             strategy._criterion = current.original
 
-    # ---------------------------------------------------------------------------- training
+    # ------------------------------------------------------------------------------------- training
     def before_training(self, strategy: Any, **kwargs: Any) -> None:
         self._prepare(strategy)
         if self._model is not None and self.method_loss:
@@ -338,7 +338,7 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         self._set_criterion(strategy, install=False)
         self._train_output = None
 
-    # -------------------------------------------------------------------------- evaluation
+    # ----------------------------------------------------------------------------------- evaluation
     def before_eval(self, strategy: Any, **kwargs: Any) -> None:
         handle = self._prepare(strategy)
         if self._model is not None:

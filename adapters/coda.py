@@ -16,17 +16,12 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from fly_modules._validation import InvalidParameterError, check_int
+from fly_modules._validation import InvalidParameterError
 
-from ._errors import SeamError, missing_seam
 from ._handle import Retrofit
-from ._head import find_head
-from ._keypool import _merge_groups
 from ._options import RetrofitOptions
 from ._registry import register_family
-from ._steps import expert_starter, step_counter
-from ._wiring import Wiring
-from .sprompt import ClassToken
+from ._wiring import SeamError, Wiring, backbone_of, count_experts, find_head, merge_groups, missing_seam, step_counter
 
 __all__ = ["retrofit"]
 
@@ -68,14 +63,8 @@ def retrofit(
     counter = step_counter(model)
     if counter is None or counter.attribute != "task_count":
         raise missing_seam("coda_prompt", model, "task_count` and `process_task_count()", _WHAT)
-    backbone = getattr(model, "backbone", None)
-    if not isinstance(backbone, nn.Module) or not callable(getattr(backbone, "forward_features", None)):
-        raise missing_seam("coda_prompt", model, "backbone.forward_features", "the ViT the prompts are inserted into")
-    if num_experts is None:
-        num_experts = getattr(model, "task_num", None)
-        if num_experts is None:
-            raise InvalidParameterError(f"{owner}: pass num_experts (the number of tasks)")
-    num_experts = check_int(num_experts, "num_experts", owner=owner, minimum=1)
+    backbone = backbone_of(model, "coda_prompt", "the ViT the prompts are inserted into", forward_features=True)
+    num_experts = count_experts(num_experts, getattr(model, "task_num", None), "coda_prompt", "tasks")
     components = int(getattr(model, f"e_k_{int(layers[0])}").shape[0])
     if num_experts * model.num_pt_per_task > components:
         raise InvalidParameterError(
@@ -85,18 +74,14 @@ def retrofit(
     head_owner, head_name = find_head(backbone, "coda_prompt")
     wiring = Wiring.create(
         model, "coda_prompt", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
-        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)],
-        start_method_expert=expert_starter(counter, start_expert), router_dim=router_dim,
-        current_expert=counter.read(), step_counter=counter,
+        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_expert=start_expert,
+        counter=counter, router_dim=router_dim,
     )
     handle = wiring.handle
     if not options.router and not options.ensemble:
         return handle
     if options.router:
-        token = ClassToken(backbone)  # CODA's own query: the prompt-free final-norm class token
-        handle.query_source = "the prompt-free class token of model.backbone.forward_features (run by the retrofit)"
-        wiring.run_query_when_missing(model, token)
-        wiring.hook_query_module(token, lambda features: features)
+        wiring.query_class_token(model, backbone)  # CODA's own query
     original = model.forward
 
     def windowed(inputs: Tensor, expert: int, *args: Any, **kwargs: Any) -> Any:
@@ -104,7 +89,7 @@ def retrofit(
         saved = model.task_count
         model.__dict__["task_count"] = int(expert)
         try:
-            wiring.eval_banks = torch.full((inputs.shape[0],), int(expert), dtype=torch.long, device=inputs.device)
+            wiring.batch.eval_banks = torch.full((inputs.shape[0],), int(expert), dtype=torch.long, device=inputs.device)
             return original(inputs, *args, **kwargs)
         finally:
             model.__dict__["task_count"] = saved
@@ -121,7 +106,7 @@ def retrofit(
         experts = None
         if options.router and handle.routing_active():
             experts = wiring.route(wiring.pop_query(inputs.shape[0]))
-        wiring.eval_query = None
+        wiring.batch.eval_query = None
         if experts is None:
             return windowed(inputs, int(model.task_count), *args, **kwargs)
         handle.observed["routed"] = experts
@@ -130,7 +115,7 @@ def retrofit(
             index = (experts == expert).nonzero().squeeze(1)
             parts.append(windowed(inputs[index], expert, *args, **kwargs))
             rows.append(index)
-        return _merge_groups(parts, rows)
+        return merge_groups(parts, rows)
 
     handle.install.set_attribute(model, "forward", forward)
     if options.ensemble:

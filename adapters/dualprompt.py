@@ -13,16 +13,11 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from fly_modules._validation import InvalidParameterError, check_int
-
-from ._errors import SeamError, missing_seam
 from ._handle import Retrofit
-from ._head import find_head
-from ._jhlee import jhlee_prompt_module, slice_layout, wire_jhlee
-from ._keypool import is_key_pool, routable, wire_key_pool
 from ._options import RetrofitOptions
+from ._prompt_pools import is_key_pool, prompt_mask_pool, routable, slice_layout, wire_key_pool, wire_prompt_mask_pool
 from ._registry import register_family
-from ._steps import step_counter
+from ._wiring import SeamError, backbone_of, count_experts, find_head, missing_seam, step_counter
 
 __all__ = ["retrofit"]
 
@@ -43,14 +38,8 @@ def _wire_key_pool(
 ) -> Retrofit:
     """The Si-Blurry lineage: step ``t`` owns slots ``[t*S, (t+1)*S)``, ``S = model.num_pt_per_task``."""
     owner_name = "fly_modules.adapters.dualprompt"
-    backbone = getattr(model, "backbone", None)
-    if not isinstance(backbone, nn.Module):
-        raise missing_seam("dualprompt", model, "backbone", "the ViT whose classifier is the online head")
-    if num_experts is None:
-        num_experts = getattr(model, "task_num", None)
-        if num_experts is None:
-            raise InvalidParameterError(f"{owner_name}: pass num_experts (the number of steps)")
-    num_experts = check_int(num_experts, "num_experts", owner=owner_name, minimum=1)
+    backbone = backbone_of(model, "dualprompt", "the ViT whose classifier is the online head")
+    num_experts = count_experts(num_experts, getattr(model, "task_num", None), "dualprompt", "steps")
     slots = int(pool.key.shape[0])
     size = slots_per_expert if slots_per_expert is not None else getattr(model, "num_pt_per_task", None)
     size, owner = slice_layout(slots, num_experts, size, 1, "dualprompt", remainder_to_last=False)
@@ -98,15 +87,13 @@ def retrofit(
     family_options = dict(query_module=query_module, query_from_output=query_from_output, start_expert=start_expert,
                           router_dim=router_dim)
     if hasattr(prompt, "prompt_key"):
-        prompt = jhlee_prompt_module(model, "dualprompt", "e_prompt", _WHAT)
-        if num_experts is None:
-            raise InvalidParameterError("fly_modules.adapters.dualprompt: pass num_experts (the number of steps)")
-        num_experts = check_int(num_experts, "num_experts", owner="fly_modules.adapters.dualprompt", minimum=1)
+        prompt = prompt_mask_pool(model, "dualprompt", "e_prompt", _WHAT)
+        num_experts = count_experts(num_experts, None, "dualprompt", "steps")
         pool, top_k = prompt.prompt_key.shape[0], int(prompt.top_k)
         if slots_per_expert is None and getattr(model, "use_prompt_mask", False):
             slots_per_expert = top_k
         size, owner = slice_layout(pool, num_experts, slots_per_expert, top_k, "dualprompt", remainder_to_last=False)
-        return wire_jhlee(
+        return wire_prompt_mask_pool(
             model, "dualprompt", prompt, owner, options, num_experts=num_experts, num_banks=pool,
             ties_training=bool(getattr(model, "use_prompt_mask", False)),
             bank_of_slot=torch.arange(pool), banks_of_expert=lambda expert: list(range(expert * size, (expert + 1) * size)),

@@ -7,12 +7,10 @@ from typing import Any, Callable, Optional
 
 from torch import Tensor, nn
 
-from ._errors import SeamError
 from ._handle import Retrofit
-from ._head import EnsembleLinear, ensemble_scores, find_head
 from ._options import RetrofitOptions
 from ._registry import register_family
-from ._wiring import RouteValue, Wiring, default_query
+from ._wiring import EnsembleLinear, RouteValue, SeamError, Wiring, default_query, ensemble_scores, find_head
 
 __all__ = ["retrofit", "EnsembleLinear", "find_head", "ensemble_scores"]
 
@@ -72,7 +70,7 @@ def retrofit(
         raise SeamError("fly_modules.adapters.generic: bank_from_output reads the route module's output; pass route_module")
     wiring = Wiring.create(
         model, "generic", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
-        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_method_expert=start_expert,
+        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_expert=start_expert,
         router_dim=router_dim,
     )
     if not options.router and not options.ensemble:

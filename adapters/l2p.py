@@ -10,15 +10,11 @@ from typing import Any, Callable, Optional
 
 from torch import Tensor, nn
 
-from fly_modules._validation import InvalidParameterError, check_int
-
-from ._errors import missing_seam
 from ._handle import Retrofit
-from ._head import find_head
-from ._jhlee import jhlee_prompt_module, slice_layout, wire_jhlee
-from ._keypool import is_key_pool, wire_key_pool
 from ._options import RetrofitOptions
+from ._prompt_pools import is_key_pool, prompt_mask_pool, slice_layout, wire_key_pool, wire_prompt_mask_pool
 from ._registry import register_family
+from ._wiring import backbone_of, count_experts, find_head
 
 __all__ = ["retrofit"]
 
@@ -45,13 +41,9 @@ def retrofit(
         start_expert: the method's own expert start (default: nothing).
         router_dim: width of the router features (default the classifier's ``in_features``).
     """
-    if num_experts is None:
-        raise InvalidParameterError("fly_modules.adapters.l2p: pass num_experts (the number of key-pool slices)")
-    num_experts = check_int(num_experts, "num_experts", owner="fly_modules.adapters.l2p", minimum=1)
+    num_experts = count_experts(num_experts, None, "l2p", "key-pool slices")
     if is_key_pool(getattr(model, "prompt", None)):
-        backbone = getattr(model, "backbone", None)
-        if not isinstance(backbone, nn.Module):
-            raise missing_seam("l2p", model, "backbone", "the ViT whose classifier is the online head")
+        backbone = backbone_of(model, "l2p", "the ViT whose classifier is the online head")
         pool = model.prompt
         _, owner = slice_layout(int(pool.key.shape[0]), num_experts, slots_per_expert,
                                 int(getattr(pool, "selection_size", 1)), "l2p", remainder_to_last=True)
@@ -61,10 +53,10 @@ def retrofit(
             ties_training=False, query_module=query_module, query_from_output=query_from_output,
             start_expert=start_expert, router_dim=router_dim,
         )
-    prompt = jhlee_prompt_module(model, "l2p", "prompt", "the JH-LEE l2p-pytorch prompt pool `prompt.Prompt`")
+    prompt = prompt_mask_pool(model, "l2p", "prompt", "the JH-LEE l2p-pytorch prompt pool `prompt.Prompt`")
     pool, top_k = prompt.prompt_key.shape[0], int(prompt.top_k)
     _, owner = slice_layout(pool, num_experts, slots_per_expert, top_k, "l2p", remainder_to_last=True)
-    return wire_jhlee(
+    return wire_prompt_mask_pool(
         model, "l2p", prompt, owner, options, num_experts=num_experts, num_banks=num_experts, bank_of_slot=owner,
         ties_training=False,
         banks_of_expert=lambda expert: [int(expert)], query_module=query_module, query_from_output=query_from_output,

@@ -16,13 +16,10 @@ from torch import Tensor, nn
 
 from fly_modules._validation import InvalidParameterError, check_choice
 
-from ._errors import SeamError, missing_seam
 from ._handle import Retrofit
-from ._head import ensemble_scores, find_head
 from ._options import RetrofitOptions
 from ._registry import register_family
-from ._steps import expert_starter, step_counter
-from ._wiring import Wiring
+from ._wiring import SeamError, Wiring, backbone_of, ensemble_scores, find_head, missing_seam, step_counter
 
 __all__ = ["retrofit"]
 
@@ -56,9 +53,7 @@ def retrofit(
     router, ensemble = options.router, options.ensemble
     router_features = check_choice(router_features or "cls", "router_features", _ROUTER_FEATURES,
                                    owner="fly_modules.adapters.mvp")
-    backbone = getattr(model, "backbone", None)
-    if not isinstance(backbone, nn.Module):
-        raise missing_seam("mvp", model, "backbone", "the frozen ViT MVP prompts")
+    backbone = backbone_of(model, "mvp", "the frozen ViT MVP prompts")
     for name in ("patch_embed", "blocks", "norm"):
         if not hasattr(backbone, name):
             raise missing_seam("mvp", model, f"backbone.{name}", "part of the ViT MVP's query pass runs through")
@@ -82,11 +77,9 @@ def retrofit(
     if query_index < 0:
         raise SeamError("fly_modules.adapters.mvp: the backbone has too few blocks for MVP's query pass")
 
-    counter = step_counter(model)
     wiring = Wiring.create(
         model, "mvp", options, classifier=getattr(head_owner, head_name), num_experts=pool, num_banks=pool,
-        banks_of_expert=lambda expert: [], start_method_expert=expert_starter(counter, start_expert),
-        current_expert=counter.read() if counter is not None else 0, step_counter=counter,
+        banks_of_expert=lambda expert: [], start_expert=start_expert, counter=step_counter(model),
     )
     handle = wiring.handle
     handle.query_source = f"the query pass inside {type(model).__name__}.forward_features (training mode)"
@@ -155,7 +148,7 @@ def retrofit(
                 wiring.banks_seen(grown)
         elif ensemble:
             state.mvp_mask = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-            wiring.eval_banks = None if state.selection is None else state.selection.reshape(-1).long()
+            wiring.batch.eval_banks = None if state.selection is None else state.selection.reshape(-1).long()
         return output
 
     handle.install.set_attribute(model, "forward_features", forward_features)

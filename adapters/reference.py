@@ -15,10 +15,10 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ._errors import missing_seam
 from ._handle import Retrofit
 from ._options import RetrofitOptions
 from ._registry import register_family
+from ._wiring import missing_seam
 from .contract import SEAM_MEMBERS, SeamContract, missing_seams
 
 __all__ = ["build_handle", "retrofit", "REQUIRED"]

@@ -11,35 +11,16 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
-from fly_modules._validation import InvalidParameterError, check_int
+from fly_modules._validation import InvalidParameterError
 
-from ._errors import missing_seam
 from ._handle import Retrofit
-from ._head import find_head
 from ._options import RetrofitOptions
 from ._registry import register_family
-from ._signatures import named_parameters
-from ._steps import expert_starter, step_counter
-from ._wiring import Wiring
+from ._wiring import Wiring, backbone_of, count_experts, find_head, missing_seam, named_parameters, step_counter
 
 __all__ = ["retrofit"]
 
 _WHAT = "FlyGCL's S-Prompts: model.forward(inputs, expert_ids=None) and model.experts(backbone, inputs, expert_ids)"
-
-
-class ClassToken(nn.Module):
-    """The prompt-free final-norm class token of ``backbone.forward_features`` (what FlyGCL's RP gate
-    collects). Held by the retrofit only, never a child of the model: its ``state_dict`` is unchanged."""
-
-    def __init__(self, backbone: nn.Module) -> None:
-        super().__init__()
-        self.__dict__["backbone"] = backbone  # not a submodule: the model owns it
-
-    def forward(self, images: Tensor) -> Tensor:
-        features = self.backbone.forward_features(images)
-        if isinstance(features, (tuple, list)):
-            features = features[0]
-        return features[:, 0]
 
 
 def _expert_ids(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tensor]:
@@ -73,35 +54,24 @@ def retrofit(
         raise missing_seam("sprompt", model, "experts.forward(backbone, inputs, expert_ids)", _WHAT)
     if "expert_ids" not in named_parameters(model.forward):
         raise missing_seam("sprompt", model, "forward(inputs, expert_ids=None)", _WHAT)
-    backbone = getattr(model, "backbone", None)
-    if not isinstance(backbone, nn.Module) or not callable(getattr(backbone, "forward_features", None)):
-        raise missing_seam("sprompt", model, "backbone.forward_features", "the ViT the prompts are inserted into")
-    if num_experts is None:
-        num_experts = getattr(experts, "num_experts", None)
-        if num_experts is None:
-            raise InvalidParameterError(f"{owner}: pass num_experts (the number of tasks)")
-    num_experts = check_int(num_experts, "num_experts", owner=owner, minimum=1)
+    backbone = backbone_of(model, "sprompt", "the ViT the prompts are inserted into", forward_features=True)
+    num_experts = count_experts(num_experts, getattr(experts, "num_experts", None), "sprompt", "tasks")
     if num_experts > experts.prompts.shape[1]:
         raise InvalidParameterError(
             f"{owner}: num_experts={num_experts} but model.experts.prompts holds {experts.prompts.shape[1]} prompt sets"
         )
-    counter = step_counter(model)
     head_owner, head_name = find_head(backbone, "sprompt")
     wiring = Wiring.create(
         model, "sprompt", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
-        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)],
-        start_method_expert=expert_starter(counter, start_expert), router_dim=router_dim,
-        current_expert=counter.read() if counter is not None else 0, step_counter=counter,
+        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_expert=start_expert,
+        counter=step_counter(model), router_dim=router_dim,
     )
     handle = wiring.handle
     if not options.router and not options.ensemble:
         return handle
     callee = f"{type(experts).__name__}.forward"
     if options.router:
-        token = ClassToken(backbone)
-        handle.query_source = "the prompt-free class token of model.backbone.forward_features (run by the retrofit)"
-        wiring.run_query_when_missing(model, token)  # registered first: its pre-hook runs before the routing's
-        wiring.hook_query_module(token, lambda features: features)
+        wiring.query_class_token(model, backbone)
         wiring.hook_route_module(model, route_kwarg="expert_ids", route_value=None, query_from_call=None,
                                  banks_follow_routing=False)
     wiring.hook_batch_size(model)
@@ -113,7 +83,7 @@ def retrofit(
         if handle.training:
             handle.note_trained(used)
         else:
-            injected = wiring._injected  # set by the routing pre-hook of this forward
+            injected = wiring.batch.injected  # set by the routing pre-hook of this forward
             if injected is not None and handle.wants_observation:
                 handle.note_routed(injected, used, callee)
         return used

@@ -331,7 +331,7 @@ def test_a_rejected_router_update_keeps_the_batch():
     model(torch.full((4, 4), float("nan")))  # NaN query features
     with pytest.raises(ValueError, match="NaN"):
         handle.end_batch()
-    assert handle._pending_query is not None and handle.router.num_samples == 0
+    assert handle.batch.query is not None and handle.router.num_samples == 0
     handle.discard_batch()
     model(torch.randn(4, 4))
     handle.end_batch()

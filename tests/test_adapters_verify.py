@@ -141,7 +141,7 @@ def test_siblurry_dualprompt_ensemble_only_trains_unchanged_and_verifies():
     assert torch.equal(model(x), reference(x))
     selected = (model.used_prompts[:, 0].flatten(1).unsqueeze(1) == model.e_prompt.prompts.detach().flatten(1)
                 .unsqueeze(0)).all(-1).float().argmax(1)
-    assert torch.equal(handle._trained_banks, selected)  # one bank per prompt: the prompt trained
+    assert torch.equal(handle.batch.trained_banks, selected)  # one bank per prompt: the prompt trained
     report = handle.verify(x)
     assert report.ok, str(report)
     assert report["training follows the current expert"].ok is None  # no prompt belongs to a step
@@ -186,7 +186,7 @@ def test_misa_schedule_moves_its_own_task_id(fixed_gather):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        trained.append(sorted(set(handle._trained_banks.tolist())))
+        trained.append(sorted(set(handle.batch.trained_banks.tolist())))
         handle.end_batch()
     assert handle.current_expert == 1 and model.task_id == 1
     assert trained[0][0] in (0, 1) and all(slot in (2, 3) for slot in trained[1] + trained[2])  # step 1's slots

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 timm = pytest.importorskip("timm")
-from fly_modules.adapters._batch import tolerance  # noqa: E402
+from fly_modules.adapters._batch_independence import tolerance  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

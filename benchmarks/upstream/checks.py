@@ -18,7 +18,7 @@
     attributes, class and hook tables equal the twin's; the optimizer's step hooks are gone.
 (i) batch independence of the trained, routed retrofit through the repository's own evaluation call: a batch
     whose samples are forced to mixed experts [0, 1, 0, 1] and one forced to expert 0 give each sample the
-    logits it gets alone with its expert (``fly_modules.adapters._batch``, the function verify() uses);
+    logits it gets alone with its expert (``fly_modules.adapters._batch_independence``, the function verify() uses);
     without a router, the model's own selection. (i0, informational) the same for the repository as it is.
 (v) ``handle.verify(batch, forward=<the loop's call>)`` on the trained model agrees with (c), (d), (g), (i).
 
@@ -39,7 +39,7 @@ from types import SimpleNamespace
 from typing import Any, Dict, List
 
 import torch
-from fly_modules.adapters._batch import batch_independence
+from fly_modules.adapters._batch_independence import batch_independence
 
 import fly_modules
 from benchmarks.upstream.loading import quiet

@@ -1,20 +1,23 @@
-"""Everything a retrofit changes on the user's objects, recorded so that it can be undone exactly.
+"""Putting the user's objects back exactly: what a retrofit installs, and snapshots for probes and ``verify()``.
 
 An :class:`Installation` registers hooks and swaps instance attributes; :meth:`Installation.remove`
 undoes them, :meth:`Installation.leftovers` lists what a removal failed to restore, and
-:meth:`Installation.snapshot` lets ``verify()`` run the real removal and then put everything back.
+:meth:`Installation.snapshot` lets ``verify()`` run the real removal and then put everything back. A
+:class:`Snapshot` holds the tensors, stores, attributes and gradients of some modules and objects, for
+the probes and checks that must leave everything as they found them.
 """
 
 from __future__ import annotations
 
+import copy
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["MARKER", "Installation"]
+__all__ = ["MARKER", "Installation", "Snapshot"]
 
 #: Instance attribute holding a weak reference to a model's live retrofit.
 MARKER = "_fly_modules_retrofit"
@@ -84,7 +87,7 @@ class Installation:
         self._modules: "weakref.WeakValueDictionary[int, nn.Module]" = weakref.WeakValueDictionary()
         self.removed = False
 
-    # --------------------------------------------------------------------------------- install
+    # -------------------------------------------------------------------------------------- install
     def forward_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
         handle = module.register_forward_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
             else module.register_forward_hook(hook)
@@ -132,7 +135,7 @@ class Installation:
     def has_hook(self, handle: RemovableHandle) -> bool:
         return any(handle.id in d for d in _hook_dicts(handle))
 
-    # ---------------------------------------------------------------------------------- remove
+    # --------------------------------------------------------------------------------------- remove
     def remove(self) -> None:
         """Remove every hook and restore every attribute, newest first (idempotent)."""
         if self.removed:
@@ -173,3 +176,72 @@ class Installation:
             self.removed = removed
 
         return restore
+
+
+# ---------------------------------------------------------------------------------------- snapshots
+# A fresh module's own bookkeeping (hook dicts, ...); every other instance attribute is user state.
+_INTERNAL = frozenset(vars(nn.Module())) - {"training"}
+
+
+class _Value:
+    """An attribute value put back by identity, its contents too when it is a tensor or a container."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        tracked = isinstance(value, Tensor) and not value.is_inference()
+        self.version = value._version if tracked else None
+        self.data = value.detach().clone() if isinstance(value, Tensor) else (
+            copy.copy(value) if isinstance(value, (list, dict, set)) else None
+        )
+
+    def restore(self) -> Any:
+        value = self.value
+        if self.version is not None and value._version != self.version:
+            with torch.no_grad():
+                value.copy_(self.data)
+        elif isinstance(value, list):
+            value[:] = self.data
+        elif isinstance(value, (dict, set)):
+            value.clear()
+            value.update(self.data)
+        return value
+
+
+class Snapshot:
+    """Tensors, stores and plain attributes of some modules (with their submodules) and objects, and the
+    parameters' gradients, which are set to ``None`` until :meth:`restore` with ``final=True``."""
+
+    def __init__(self, modules: Iterable[nn.Module], objects: Iterable[Any]) -> None:
+        unique: Dict[int, nn.Module] = {}
+        for module in modules:
+            for sub in module.modules():
+                unique.setdefault(id(sub), sub)
+        self.modules = list(unique.values())
+        self.stores = [(store, dict(store)) for m in self.modules for store in (m._parameters, m._buffers, m._modules)]
+        tensors = {id(t): t for m in self.modules for t in (*m._parameters.values(), *m._buffers.values()) if t is not None}
+        self.tensors = [_Value(t) for t in tensors.values()]
+        self.attributes = [(obj, self._attributes(obj)) for obj in [*self.modules, *objects] if obj is not None]
+        self.grads = [(p, p.grad) for p in tensors.values() if isinstance(p, nn.Parameter)]
+        for parameter, _ in self.grads:
+            parameter.grad = None
+
+    @staticmethod
+    def _attributes(obj: Any) -> Dict[str, _Value]:
+        internal = _INTERNAL if isinstance(obj, nn.Module) else frozenset()
+        return {name: _Value(value) for name, value in vars(obj).items() if name not in internal}
+
+    def restore(self, *, final: bool = False) -> None:
+        for store, saved in self.stores:
+            store.clear()
+            store.update(saved)
+        for value in self.tensors:
+            value.restore()
+        for obj, saved in self.attributes:
+            internal = _INTERNAL if isinstance(obj, nn.Module) else frozenset()
+            live = vars(obj)
+            for name in [n for n in live if n not in internal and n not in saved]:
+                del live[name]
+            for name, value in saved.items():
+                live[name] = value.restore()
+        for parameter, grad in self.grads:
+            parameter.grad = grad if final else None
