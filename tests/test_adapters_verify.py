@@ -36,6 +36,7 @@ def _state(model: nn.Module, handle, optimizer) -> Dict[str, Any]:
         "modes": [m.training for m in model.modules()],
         "attributes": {k: v for m in model.modules() for k, v in vars(m).items() if isinstance(v, (int, float))},
         "handle": {k: (v.clone() if isinstance(v, Tensor) else copy.deepcopy(v)) for k, v in _flat(handle.state_dict())},
+        "batch": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in vars(handle.batch).items()},
         "optimizer": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in _flat(optimizer.state_dict())},
         "hooks": hook_counts(model),
         "rng": torch.random.get_rng_state(),
