@@ -24,8 +24,8 @@ from ._options import RetrofitOptions
 
 __all__ = [
     "GENERIC_CALL", "ClassToken", "EnsembleLinear", "SeamError", "Wiring", "backbone_of", "count_experts",
-    "default_query", "ensemble_scores", "find_head", "first_tensor", "merge_groups", "missing_seam", "named_parameters", "require_keyword",
-    "step_counter",
+    "default_query", "ensemble_scores", "find_head", "first_tensor", "merge_groups", "missing_seam",
+    "named_parameters", "require_keyword", "step_counter",
 ]
 
 QueryFromCall = Callable[[nn.Module, Tuple[Any, ...], Dict[str, Any]], Optional[Tensor]]
