@@ -1,14 +1,16 @@
 """Import layers: the core imports neither the adapters nor the benchmarks, the adapters do not import the
-benchmarks, nothing imports the tests, and no modules import each other in a cycle.
+benchmarks, nothing imports the tests, no modules import each other in a cycle (not even for type
+annotations), and an adapter family builds on at most two private plumbing modules.
 
 Read from the source with ``ast`` (nothing is imported). Imports inside functions count like
 module-level ones: they run on the first call and close the same cycles. Imports under
-``if TYPE_CHECKING:`` do not count: they never run.
+``if TYPE_CHECKING:`` never run: the layer checks skip them, the cycle check counts them.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
@@ -31,21 +33,22 @@ def module_files() -> Dict[str, Path]:
     return modules
 
 
-def runtime_imports(tree: ast.Module) -> Iterator[ast.stmt]:
-    """Import statements that can run: every one except those under ``if TYPE_CHECKING:``."""
+def runtime_imports(tree: ast.Module, type_checking: bool = False) -> Iterator[ast.stmt]:
+    """Import statements that can run: every one except those under ``if TYPE_CHECKING:`` (included
+    when ``type_checking``)."""
     skipped: Set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not type_checking and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skipped.update(id(child) for stmt in node.body for child in ast.walk(stmt))
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skipped:
             yield node
 
 
-def imported_names(module: str, path: Path) -> Iterator[Tuple[str, int]]:
+def imported_names(module: str, path: Path, type_checking: bool = False) -> Iterator[Tuple[str, int]]:
     """Absolute names (``a.b.c``) this module imports, with the line; ``from p import x`` yields ``p.x``."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in runtime_imports(ast.parse(path.read_text(), str(path))):
+    for node in runtime_imports(ast.parse(path.read_text(), str(path)), type_checking):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
@@ -65,12 +68,13 @@ def resolve(name: str, modules: Dict[str, Path]) -> Optional[str]:
     return name or None
 
 
-def import_graph() -> Dict[str, Dict[str, int]]:
+@functools.lru_cache(maxsize=None)
+def import_graph(type_checking: bool = True) -> Dict[str, Dict[str, int]]:
     """module -> {imported project module: line of the first such import}."""
     modules = module_files()
     graph: Dict[str, Dict[str, int]] = {module: {} for module in modules}
     for module, path in modules.items():
-        for name, line in imported_names(module, path):
+        for name, line in imported_names(module, path, type_checking):
             target = resolve(name, modules)
             if target is not None and target != module:
                 graph[module].setdefault(target, line)
@@ -160,3 +164,22 @@ def test_no_import_cycles():
     graph = import_graph()
     cycles = strongly_connected(graph)
     assert not cycles, " | ".join(describe(cycle, graph) for cycle in cycles)
+
+
+# The adapters' framework (the registry, the common options, the handle) and the seam contract are
+# public classes; the plumbing is every other private module.
+FRAMEWORK = {"fly_modules.adapters._registry", "fly_modules.adapters._options", "fly_modules.adapters._handle",
+             "fly_modules.adapters.contract"}
+FAMILIES = ["l2p", "dualprompt", "mvp", "hide", "sprompt", "coda", "generic", "reference"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_builds_on_at_most_two_plumbing_modules(family):
+    """Reading one family means its own file and at most two shared ones."""
+    module = f"fly_modules.adapters.{family}"
+    graph = import_graph()
+    plumbing = sorted(name for name in graph[module]
+                      if in_layer(name, "fly_modules.adapters") and name != "fly_modules.adapters"
+                      and name not in FRAMEWORK)
+    assert len(plumbing) <= 2, f"{module} imports {plumbing}"
+    assert "fly_modules.adapters._wiring" in graph[module]  # the graph was read
