@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
+from method_steps import train_step
 from torch import nn
 
 timm = pytest.importorskip("timm")
@@ -64,17 +65,6 @@ def batch(seed: int = 1, n: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
 
 def hook_counts(module: nn.Module) -> List[Tuple[int, int]]:
     return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in module.modules()]
-
-
-def train_step(method: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Any:
-    method.train()
-    output = method(x)
-    loss = method.loss(output, y)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    method.on_optimizer_step(output)
-    return output
 
 
 # ------------------------------------------------------------------------------ the contract
@@ -203,7 +193,7 @@ def test_ensemble_trains_online_head_follows_ema_and_aggregates_the_bank(name, t
     w0 = ensemble.online.weight.detach().clone()
     history: Dict[int, List[torch.Tensor]] = {b: [] for b in range(ensemble.num_experts)}
     for _ in range(3):
-        output = train_step(method, optimizer, x, y)
+        output, _ = train_step(method, optimizer, x, y)
         for b in torch.unique(method.bank_of(output.selection)).tolist():
             history[b].append(ensemble.online.weight.detach().clone())
     for b, weights in history.items():

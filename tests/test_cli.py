@@ -7,27 +7,9 @@ import json
 import urllib.error
 
 import pytest
+from cli_errors import one_line_error
 
 from benchmarks.ablation import cli as cross_ablation
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Fail the test if a sweep got as far as generating data or training."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("data or model work started before the arguments were checked")
-
-    monkeypatch.setattr(cross_ablation, "load_data", refuse)
-    monkeypatch.setattr(cross_ablation, "run_training", refuse)
-
-
-def one_line_error(capsys, argv, *, quiet: bool = True) -> str:
-    assert cross_ablation.main(argv) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" or not quiet
-    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
-    return captured.err
 
 
 @pytest.mark.parametrize(
@@ -58,14 +40,14 @@ def one_line_error(capsys, argv, *, quiet: bool = True) -> str:
     ],
 )
 def test_usage_errors_are_one_line_with_exit_2(argv, needle, capsys, no_work, tmp_path):
-    error = one_line_error(capsys, [*argv, "--output", str(tmp_path / "out")])
+    error = one_line_error(capsys, cross_ablation.main, [*argv, "--output", str(tmp_path / "out")])
     assert needle in error
     assert not (tmp_path / "out").exists()  # nothing written
 
 
 def test_cuda_device_on_a_machine_without_cuda(capsys, no_work, tmp_path, monkeypatch):
     monkeypatch.setattr(cross_ablation.torch.cuda, "is_available", lambda: False)
-    assert "CUDA is not available" in one_line_error(capsys, ["--device", "cuda", "--output", str(tmp_path / "o")])
+    assert "CUDA is not available" in one_line_error(capsys, cross_ablation.main, ["--device", "cuda", "--output", str(tmp_path / "o")])
 
 
 @pytest.mark.parametrize(
@@ -79,7 +61,7 @@ def test_cuda_device_on_a_machine_without_cuda(capsys, no_work, tmp_path, monkey
 def test_missing_data_is_reported_before_any_work(dataset, needle, suggests_download, capsys, no_work, tmp_path):
     argv = ["--preset", "cpu", "--datasets", dataset, "--data-root", str(tmp_path / "data"),
             "--output", str(tmp_path / "out")]
-    error = one_line_error(capsys, argv)
+    error = one_line_error(capsys, cross_ablation.main, argv)
     assert needle in error and str(tmp_path / "data") in error
     assert ("download=True" in error) == suggests_download
 
@@ -93,7 +75,7 @@ def test_failed_download_is_one_line(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(torchvision.datasets, "CIFAR100", offline)
     argv = ["--preset", "cpu", "--datasets", "cifar100", "--download", "--data-root", str(tmp_path / "data"),
             "--methods", "l2p", "--output", str(tmp_path / "out"), "--no-progress"]
-    error = one_line_error(capsys, argv, quiet=False)  # the download is data work: the sweep had started
+    error = one_line_error(capsys, cross_ablation.main, argv, quiet=False)  # the download is data work: the sweep had started
     assert "downloading CIFAR-100" in error and "name resolution" in error
 
 
@@ -109,7 +91,7 @@ def test_uncached_weights_fail_fast_without_touching_the_network(capsys, no_work
     output = tmp_path / "out"
     output.mkdir()
     (output / "protocol.json").write_text('{"preset": "proxy-short"}')
-    error = one_line_error(capsys, ["--preset", "paper", "--datasets", "synthetic", "--output", str(output)])
+    error = one_line_error(capsys, cross_ablation.main, ["--preset", "paper", "--datasets", "synthetic", "--output", str(output)])
     assert "not in the local cache" in error and "--download" in error and "--weights" in error
     assert json.loads((output / "protocol.json").read_text()) == {"preset": "proxy-short"}  # untouched
 

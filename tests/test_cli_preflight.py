@@ -12,28 +12,10 @@ import tempfile
 import numpy as np
 import pytest
 import torch
+from cli_errors import one_line_error
 from tiny_sweep import TINY, TINY_MODEL
 
 from benchmarks.ablation import cli, preflight
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Fail the test if the sweep generated data or trained."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("data or training work started before the values were checked")
-
-    monkeypatch.setattr(cli, "load_data", refuse)
-    monkeypatch.setattr(cli, "run_training", refuse)
-
-
-def one_line_error(capsys, argv) -> str:
-    assert cli.main(argv) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
-    return captured.err
 
 
 def model(**changes) -> str:
@@ -57,7 +39,7 @@ MISFITS = [
 
 @pytest.mark.parametrize("kind, flags, needles", MISFITS, ids=[m[0] for m in MISFITS])
 def test_misfits_are_one_line_before_any_data(kind, flags, needles, capsys, no_work, tmp_path):
-    error = one_line_error(capsys, [*TINY, *flags, "--output", str(tmp_path / "out")])
+    error = one_line_error(capsys, cli.main, [*TINY, *flags, "--output", str(tmp_path / "out")])
     for needle in needles:
         assert needle in error, error
     assert "change" in error  # the flag to change
@@ -69,14 +51,14 @@ def test_unreadable_misa_prompts(capsys, no_work, tmp_path):
     prompts.mkdir()
     for name in ("g_prompt.pt", "e_prompt.pt"):
         (prompts / name).write_text("not a tensor file")
-    error = one_line_error(capsys, [*TINY, "--methods", "misa", "--misa-prompts", str(prompts),
+    error = one_line_error(capsys, cli.main, [*TINY, "--methods", "misa", "--misa-prompts", str(prompts),
                                     "--output", str(tmp_path / "out")])
     assert "--methods misa" in error and f"--misa-prompts {prompts}" in error
 
 
 def test_output_that_is_a_file(capsys, no_work, tmp_path):
     (tmp_path / "file").write_text("")
-    error = one_line_error(capsys, [*TINY, "--output", str(tmp_path / "file" / "out")])
+    error = one_line_error(capsys, cli.main, [*TINY, "--output", str(tmp_path / "file" / "out")])
     assert f"{tmp_path / 'file'} is a file; expected a folder" in error and "--output" in error
 
 
@@ -90,7 +72,7 @@ def test_output_that_cannot_be_written(capsys, no_work, tmp_path, monkeypatch):
         return original(*args, dir=dir, **kwargs)
 
     monkeypatch.setattr(preflight.tempfile, "mkstemp", refuse)
-    error = one_line_error(capsys, [*TINY, "--output", str(tmp_path / "out")])
+    error = one_line_error(capsys, cli.main, [*TINY, "--output", str(tmp_path / "out")])
     assert f"cannot write in {tmp_path}" in error and "Permission denied" in error and "--output" in error
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 timm = pytest.importorskip("timm")
+from method_steps import train_step  # noqa: E402
 from upstream_standins import FcViT  # noqa: E402
 
 from benchmarks.methods import base  # noqa: E402
@@ -64,15 +65,9 @@ def batch(seed: int = 1, n: int = 8):
 
 def train_steps(method: base.PromptMethod, x, y, steps: int, lr: float = 0.01):
     optimizer = torch.optim.Adam(method.trainable_parameters(), lr=lr)
-    method.train()
     losses = []
     for _ in range(steps):
-        output = method(x)
-        loss = method.loss(output, y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        method.on_optimizer_step(output)
+        output, loss = train_step(method, optimizer, x, y)
         losses.append(loss.item())
     method.on_batch_end(x, y, output)
     return losses

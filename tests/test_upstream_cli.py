@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli_errors import one_line_error
+
 from benchmarks.upstream import cli
 from benchmarks.upstream.registry import HARNESSES, REPOSITORIES, ROWS
 from benchmarks.upstream.table import HEADER
@@ -15,21 +17,13 @@ from benchmarks.upstream.table import HEADER
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_line_error(capsys, argv) -> str:
-    assert cli.main(argv) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
-    return captured.err
-
-
 def test_missing_checkouts_folder_is_one_line(capsys, tmp_path):
     missing = tmp_path / "nowhere"
-    assert f"found no folder at {missing}" in one_line_error(capsys, ["--checkouts", str(missing)])
+    assert f"found no folder at {missing}" in one_line_error(capsys, cli.main, ["--checkouts", str(missing)])
 
 
 def test_unknown_only_name_lists_the_names(capsys, tmp_path):
-    error = one_line_error(capsys, ["--checkouts", str(tmp_path), "--only", "flygcl_dualprompt", "bogus"])
+    error = one_line_error(capsys, cli.main, ["--checkouts", str(tmp_path), "--only", "flygcl_dualprompt", "bogus"])
     assert "unknown name 'bogus'" in error
     assert all(name in error for name in (*HARNESSES, *REPOSITORIES))
 

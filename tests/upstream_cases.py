@@ -55,11 +55,19 @@ class Case:
         """``(logits, selection)``; ``query`` replaces the query features (the router's too)."""
         raise NotImplementedError
 
+    def router_features(self, model, original, x) -> Tensor:
+        """What the adapter feeds the router (read by the tests of non-craftable cases): by default the
+        final-norm class token of the query pass of the model's ``backbone``."""
+        with torch.no_grad():
+            return model.backbone.forward_features(x)[:, 0]
+
     def expert_of(self, selection: Tensor) -> Tensor:
-        raise NotImplementedError
+        """The expert of each sample's selection: by default the selected prompt is the expert."""
+        return selection
 
     def bank_of(self, selection: Tensor, handle) -> Tensor:
-        raise NotImplementedError
+        """The ensemble bank of each sample's selection: by default the selection itself."""
+        return selection
 
     def check_routed(self, model, selection: Tensor, experts: Tensor, query: Tensor) -> None:
         assert torch.equal(self.expert_of(selection), experts)
@@ -164,9 +172,6 @@ class KeyPoolCase(Case):
     def expert_of(self, selection):
         return selection // 2
 
-    def bank_of(self, selection, handle):
-        return selection
-
     def check_routed(self, model, selection, experts, query):
         super().check_routed(model, selection, experts, query)
         for b, expert in enumerate(experts.tolist()):
@@ -223,17 +228,6 @@ class MVPCase(Case):
         logits = model(x)
         return logits, model.selected
 
-    def router_features(self, model, original, x):
-        """What the adapter feeds the router: final-norm class token of the query pass."""
-        with torch.no_grad():
-            return model.backbone.forward_features(x)[:, 0]
-
-    def expert_of(self, selection):
-        return selection
-
-    def bank_of(self, selection, handle):
-        return selection
-
     def train_loss(self, model, logits, y):
         return model.loss_fn(logits, y)
 
@@ -280,9 +274,6 @@ class HiDeCase(Case):
             vars(original).pop("forward", None)
         return out["logits"], out["prompt_idx"][:, 0]
 
-    def expert_of(self, selection):
-        return selection
-
     def bank_of(self, selection, handle):
         return selection if not handle.model.training else torch.full_like(selection, handle.current_expert)
 
@@ -325,16 +316,6 @@ class SPromptCase(Case):
         logits = model(x) if model.training else sprompt_eval_forward(model, x)
         return logits, model.experts.last_expert_ids
 
-    def router_features(self, model, original, x):
-        with torch.no_grad():
-            return model.backbone.forward_features(x)[:, 0]
-
-    def expert_of(self, selection):
-        return selection
-
-    def bank_of(self, selection, handle):
-        return selection
-
 
 class PrefixCase(Case):
     """FlyGCL's HiDe-Prompt / NoRGa port: the trainer's two branches, no ``forward``."""
@@ -361,12 +342,6 @@ class PrefixCase(Case):
     def router_features(self, model, original, x):
         with torch.no_grad():
             return model.g_mlp(model.backbone.forward_features(x, use_prefix=False))
-
-    def expert_of(self, selection):
-        return selection
-
-    def bank_of(self, selection, handle):
-        return selection
 
 
 CASES: Dict[str, Case] = {

@@ -198,6 +198,8 @@ class PromptMethod(nn.Module, SeamContract):
         features = self.forward_features(x, selection)
         logits = self.transform_logits(self.head(features), selection)
         aux = self.auxiliary_loss(query, selection, features, parallel) if self.training else features.new_zeros(())
+        if self.training:
+            self.record_selection(selection, parallel)
         return MethodOutput(logits, features, query, selection, self.expert_of(selection), aux)
 
     @torch.no_grad()
@@ -241,6 +243,10 @@ class PromptMethod(nn.Module, SeamContract):
 
     def on_evaluate(self) -> None:
         """Called before each evaluation."""
+
+    def record_selection(self, selection: Tensor, parallel: BatchShare = WHOLE_BATCH) -> None:
+        """Called by every training :meth:`forward`, last, with the batch's selection (L2P and MVP count
+        how often each prompt is chosen); no-op by default."""
 
     def train(self, mode: bool = True) -> "PromptMethod":
         # The frozen backbone stays in eval mode whatever the method's mode (no dropout/drop-path

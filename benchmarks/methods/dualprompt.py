@@ -20,6 +20,7 @@ from .prompting import (
     cls_position,
     cosine_distance,
     load_prompt_tensor,
+    prompts_by_layer,
     resolve_layers,
 )
 
@@ -134,12 +135,7 @@ class DualPrompt(ConcatPromptMethod):
         pos = cls_position(self.backbone)
         g = (self.g_prompts + pos).view(1, len(self.g_layers), self.g_prompt_length, dim).expand(batch, -1, -1, -1)
         e = (self.e_prompts[selection] + pos).view(batch, len(self.e_layers), self.e_prompt_length, dim)
-        prompts: Dict[int, List[Tensor]] = {}
-        for i, layer in enumerate(self.g_layers):
-            prompts.setdefault(layer, []).append(g[:, i])
-        for i, layer in enumerate(self.e_layers):
-            prompts.setdefault(layer, []).append(e[:, i])
-        return prompts
+        return prompts_by_layer((self.g_layers, g), (self.e_layers, e))
 
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         return self._prompted_cls(x, self._layer_prompts(selection))

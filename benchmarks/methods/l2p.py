@@ -12,8 +12,8 @@ from torch import Tensor, nn
 from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
-from .base import MethodOutput, QueryFeatures, register_method
-from .prompting import ConcatPromptMethod, cls_position, cosine_distance, embed_tokens
+from .base import QueryFeatures, register_method
+from .prompting import ConcatPromptMethod, cls_position, cosine_distance, count_selections, embed_tokens
 
 __all__ = ["L2P"]
 
@@ -110,15 +110,8 @@ class L2P(ConcatPromptMethod):
         cos = torch.nn.functional.cosine_similarity(query.query.unsqueeze(1), keys, dim=-1)
         return self.key_pull_weight * (1.0 - cos).mean()
 
-    def forward(
-        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None,
-        parallel: BatchShare = WHOLE_BATCH,
-    ) -> MethodOutput:
-        output = super().forward(x, expert=expert, query=query, parallel=parallel)
-        if self.training:
-            with torch.no_grad():
-                self.selection_count += parallel.sum(torch.bincount(output.selection.reshape(-1), minlength=self.pool_size))
-        return output
+    def record_selection(self, selection: Tensor, parallel: BatchShare = WHOLE_BATCH) -> None:
+        count_selections(self.selection_count, selection, parallel)
 
     def on_session_end(self, session: int) -> None:
         """Fold this session's selections into the diversification frequency."""

@@ -15,7 +15,14 @@ from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, QueryFeatures, register_method
-from .prompting import ConcatPromptMethod, cosine_distance, embed_tokens, resolve_layers
+from .prompting import (
+    ConcatPromptMethod,
+    cosine_distance,
+    count_selections,
+    embed_tokens,
+    prompts_by_layer,
+    resolve_layers,
+)
 
 __all__ = ["MVP", "mcr_gradients"]
 
@@ -146,12 +153,7 @@ class MVP(ConcatPromptMethod):
         batch, dim = selection.shape[0], self.embed_dim
         g = self.g_prompts.view(1, len(self.g_layers), self.g_prompt_length, dim).expand(batch, -1, -1, -1)
         e = self.e_prompts[selection].view(batch, len(self.e_layers), self.e_prompt_length, dim)
-        prompts: Dict[int, List[Tensor]] = {}
-        for i, layer in enumerate(self.g_layers):
-            prompts.setdefault(layer, []).append(g[:, i])
-        for i, layer in enumerate(self.e_layers):
-            prompts.setdefault(layer, []).append(e[:, i])
-        return prompts
+        return prompts_by_layer((self.g_layers, g), (self.e_layers, e))
 
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         return self._prompted_cls(x, self._layer_prompts(selection))
@@ -186,15 +188,8 @@ class MVP(ConcatPromptMethod):
             return -(a / (b + a) + 1e-6).log() / parallel.fraction
         return -(a / (b + a) + 1e-6).log()
 
-    def forward(
-        self, x: Tensor, *, expert: Optional[Tensor] = None, query: Optional[QueryFeatures] = None,
-        parallel: BatchShare = WHOLE_BATCH,
-    ) -> MethodOutput:
-        output = super().forward(x, expert=expert, query=query, parallel=parallel)
-        if self.training:
-            with torch.no_grad():
-                self.count += parallel.sum(torch.bincount(output.selection, minlength=self.num_experts))
-        return output
+    def record_selection(self, selection: Tensor, parallel: BatchShare = WHOLE_BATCH) -> None:
+        count_selections(self.count, selection, parallel)
 
     def loss(
         self, output: MethodOutput, target: Tensor, logit_mask: Optional[Tensor] = None,

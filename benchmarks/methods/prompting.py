@@ -6,7 +6,7 @@ to the backbone's depth, and ``ConcatPromptMethod``, their common base (docs/met
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from fly_modules._validation import check_int
 
+from ..parallel import BatchShare
 from .base import PromptMethod, QueryFeatures, frozen_cls
 
 __all__ = [
@@ -24,7 +25,9 @@ __all__ = [
     "embed_tokens",
     "cls_position",
     "run_blocks",
+    "prompts_by_layer",
     "cosine_distance",
+    "count_selections",
     "new_head",
     "load_prompt_tensor",
 ]
@@ -130,9 +133,29 @@ def run_blocks(backbone: nn.Module, tokens: Tensor, prompts: Mapping[int, Sequen
     return tokens
 
 
+def prompts_by_layer(*groups: Tuple[Sequence[int], Tensor]) -> Dict[int, List[Tensor]]:
+    """``run_blocks``'s ``prompts`` from ``(layers, tokens)`` groups, ``tokens`` of shape ``(B, len(layers), L, D)``.
+
+    A block that several groups prompt (DualPrompt's and MVP's G- and E-prompts) gets their prompts in
+    the order of the groups.
+    """
+    prompts: Dict[int, List[Tensor]] = {}
+    for layers, tokens in groups:
+        for i, layer in enumerate(layers):
+            prompts.setdefault(layer, []).append(tokens[:, i])
+    return prompts
+
+
 def cosine_distance(query: Tensor, keys: Tensor) -> Tensor:
     """``1 - cos(query_b, key_p)``: ``(B, D) x (P, D) -> (B, P)`` (or ``(P, P)`` for keys vs keys)."""
     return 1.0 - F.normalize(query, dim=-1) @ F.normalize(keys, dim=-1).transpose(-1, -2)
+
+
+@torch.no_grad()
+def count_selections(counter: Tensor, selection: Tensor, parallel: BatchShare) -> None:
+    """Add to ``counter`` (one entry per prompt) how often each prompt of ``selection`` was chosen in the
+    global batch (L2P's diversification frequency, MVP's count-scaled matching)."""
+    counter += parallel.sum(torch.bincount(selection.reshape(-1), minlength=counter.numel()))
 
 
 def new_head(embed_dim: int, num_classes: int, *, like: Optional[Tensor] = None) -> nn.Linear:

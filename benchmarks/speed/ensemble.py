@@ -33,14 +33,13 @@ from torch import Tensor, nn
 from benchmarks.speed.figures import FigureReport
 from benchmarks.speed.timing import (
     Report,
+    add_run_options,
     best_ratio,
-    configure_threads,
     describe_device,
     format_seconds,
     median,
     print_header,
-    resolve_device,
-    synchronizer,
+    start_run,
     time_side_by_side,
 )
 from fly_modules.ensemble import TemporalEnsembleHead
@@ -137,12 +136,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--small-batch", type=int, default=64, help=f"batch with target >= {TARGET_SMALL_BATCH:g}x")
     parser.add_argument("--large-batch", type=int, default=256, help=f"batch with target >= {TARGET_LARGE_BATCH:g}x")
     parser.add_argument("--repeats", type=int, default=30, help="measured rounds per batch size")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
-    parser.add_argument("--device", default="cpu", help="where the heads run: cpu or cuda[:N]")
-    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
-    parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
-    parser.add_argument("--json", metavar="PATH", help="also write every target and figure to this JSON file")
+    add_run_options(parser, placed="the heads")
     args = parser.parse_args(argv)
     if args.quick:
         args.small_batch, args.large_batch, args.repeats = 8, 32, 5
@@ -151,9 +145,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    configure_threads(args.threads)
-    args.device = resolve_device(args.device)
-    args.synchronize = synchronizer(args.device)
+    start_run(args)
     torch.manual_seed(args.seed)
     print_header("TemporalEnsembleHead inference benchmark (batched gather vs per-sample loop, side by side)", {
         "device": describe_device(args.device), "feature dim d": args.dim, "classes": args.classes, "experts": args.experts, "decays": tuple(args.decays),
@@ -170,10 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ]
     report.check("ensemble.scores_match", max(differences), "<=", TARGET_MAX_ABS_DIFF, fmt=".1e",
                  detail="max |scores_ours - scores_reference| over both batches (softmax_max scores)")
-    failed = report.summary()
-    if args.json:
-        report.write_json(args.json, benchmark="bench_ensemble", settings=vars(args))
-    return 1 if (failed and args.strict) else 0
+    return report.finish(args, benchmark="bench_ensemble")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ script (``benchmarks/gpu/suite.py``) reads the figures instead of parsing the pr
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -38,6 +39,14 @@ class FigureReport(Report):
     def info(self, text: str) -> None:  # type: ignore[override]  # an instance method here: it records
         Report.info(text)
         self.notes.append(text)
+
+    def finish(self, args: argparse.Namespace, *, benchmark: str) -> int:
+        """Prints the summary, writes the JSON file ``--json`` names (if any); returns the exit status,
+        1 when a target failed under ``--strict``."""
+        failed = self.summary()
+        if args.json:
+            self.write_json(args.json, benchmark=benchmark, settings=vars(args))
+        return 1 if (failed and args.strict) else 0
 
     def write_json(self, path: str, *, benchmark: str, settings: Mapping[str, Any]) -> None:
         """``{benchmark, settings, environment, targets, notes}`` to ``path`` (values as printed, not rounded)."""

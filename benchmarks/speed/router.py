@@ -44,14 +44,13 @@ from torch import Tensor
 from benchmarks.speed.figures import FigureReport
 from benchmarks.speed.timing import (
     Report,
+    add_run_options,
     best_ratio,
-    configure_threads,
     describe_device,
     format_seconds,
     median,
     print_header,
-    resolve_device,
-    synchronizer,
+    start_run,
     time_side_by_side,
 )
 from fly_modules import _blocked, _ridge  # private but supported: the kernels and solvers
@@ -571,15 +570,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="stream length of the expansion-precision comparison")
     parser.add_argument("--queries", type=int, default=2000, help="held-out queries of the precision comparison")
     parser.add_argument("--ridge", type=float, default=1e4, help="ridge lambda")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
-    parser.add_argument("--device", default="cpu", help="where the routers and the baselines run: cpu or cuda[:N]")
-    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
+    add_run_options(parser, placed="the routers and the baselines")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
-    parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
     parser.add_argument("--float32-lu", action="store_true",
                         help=f"also time the official code's float32 LU solve (target >= {TARGET_SOLVE_VS_LU32:g}x)")
-    parser.add_argument("--json", metavar="PATH", help="also write every target and figure to this JSON file")
     parser.add_argument("--sections", type=_sections, default=SECTIONS, metavar="LIST",
                         help=f"comma-separated subset of {','.join(SECTIONS)} (solve includes the peak memory)")
     parser.add_argument("--memory-child", choices=("ours", "lu", "inv"), help=argparse.SUPPRESS)
@@ -605,9 +599,7 @@ def solve_and_memory(args: argparse.Namespace, report: Report) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    args.threads = configure_threads(args.threads)
-    args.device = resolve_device(args.device)
-    args.synchronize = synchronizer(args.device)
+    start_run(args)
     if args.memory_child:
         memory_child(args.memory_child, args.stats_file, args.ridge)
         return 0
@@ -627,10 +619,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         gc.collect()
     if "solve" in args.sections:
         solve_and_memory(args, report)
-    failed = report.summary()
-    if args.json:
-        report.write_json(args.json, benchmark="bench_router", settings=vars(args))
-    return 1 if (failed and args.strict) else 0
+    return report.finish(args, benchmark="bench_router")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ each side's median over the rounds is compared.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -22,7 +23,7 @@ from fly_modules._validation import check_int
 
 __all__ = [
     "available_cpus", "configure_threads", "load_average", "print_header", "time_side_by_side", "median", "best_ratio",
-    "format_seconds", "Report", "resolve_device", "describe_device", "synchronizer",
+    "format_seconds", "Report", "resolve_device", "describe_device", "synchronizer", "add_run_options", "start_run",
 ]
 
 
@@ -59,6 +60,25 @@ def describe_device(device: torch.device) -> str:
 def synchronizer(device: torch.device) -> Optional[Callable[[], None]]:
     """What to call before reading the clock on ``device``: CUDA kernels run asynchronously."""
     return torch.cuda.synchronize if device.type == "cuda" else None
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, placed: str) -> None:
+    """The options every micro-benchmark takes (``--seed --threads --device --quick --strict --json``);
+    ``placed`` names what ``--device`` places, for its help."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
+    parser.add_argument("--device", default="cpu", help=f"where {placed} run: cpu or cuda[:N]")
+    parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
+    parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
+    parser.add_argument("--json", metavar="PATH", help="also write every target and figure to this JSON file")
+
+
+def start_run(args: argparse.Namespace) -> None:
+    """Applies ``--threads`` and ``--device``: ``args.threads`` becomes the torch threads used, ``args.device``
+    a ``torch.device`` and ``args.synchronize`` what to call before reading the clock."""
+    args.threads = configure_threads(args.threads)
+    args.device = resolve_device(args.device)
+    args.synchronize = synchronizer(args.device)
 
 
 def print_header(title: str, settings: Mapping[str, object]) -> None:

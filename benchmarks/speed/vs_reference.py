@@ -115,20 +115,25 @@ def evaluate(variant: Variant, test_set: EvalBatches) -> None:
     variant.trainer.online_evaluate(test_set)
 
 
-def record_seconds(owner: Any, name: str, sink: List[float], sync: Callable[[], None],
-                   clock: Callable[[], float]) -> None:
-    """Wrap ``owner.name`` (instance attribute) so that each call appends its duration to ``sink``."""
-    original = getattr(owner, name)
+def time_each_call(function: Callable[..., Any], sink: List[float], sync: Callable[[], None],
+                   clock: Callable[[], float]) -> Callable[..., Any]:
+    """``function`` wrapped so that each call appends its duration (device work included) to ``sink``."""
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         sync()
         start = clock()
-        result = original(*args, **kwargs)
+        result = function(*args, **kwargs)
         sync()
         sink.append(clock() - start)
         return result
 
-    setattr(owner, name, timed)
+    return call
+
+
+def record_seconds(owner: Any, name: str, sink: List[float], sync: Callable[[], None],
+                   clock: Callable[[], float]) -> None:
+    """Wrap ``owner.name`` (instance attribute) so that each call appends its duration to ``sink``."""
+    setattr(owner, name, time_each_call(getattr(owner, name), sink, sync, clock))
 
 
 def build_variants(checkout: ref.Checkout, method: str, args: argparse.Namespace) -> Dict[str, Variant]:
@@ -180,17 +185,7 @@ def time_forward_hooks(handle: Retrofit, sink: List[float], sync: Callable[[], N
         hooks = hook_handle.hooks_dict_ref()
         if not what.startswith("forward") or hooks is None or hook_handle.id not in hooks:
             continue
-        original = hooks[hook_handle.id]
-
-        def timed(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
-            sync()
-            start = clock()
-            result = _original(*args, **kwargs)
-            sync()
-            sink.append(clock() - start)
-            return result
-
-        hooks[hook_handle.id] = timed
+        hooks[hook_handle.id] = time_each_call(hooks[hook_handle.id], sink, sync, clock)
 
 
 def use_expansion(handle: Retrofit, official_matrix: Tensor) -> None:
