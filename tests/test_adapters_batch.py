@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 pytest.importorskip("timm")
 from fly_modules.adapters import RetrofitOptions, SeamError, generic, retrofit  # noqa: E402
-from fly_modules.adapters._prompt_pools import correct_prefix_assembly, probe_assembly  # noqa: E402
 from fly_modules.adapters._batch_independence import batch_independence, tolerance  # noqa: E402
+from fly_modules.adapters._prompt_pools import correct_prefix_assembly, probe_assembly  # noqa: E402
 from upstream_cases import ROUTER, batch, hook_counts  # noqa: E402
 from upstream_standins import (  # noqa: E402
     E,
