@@ -55,6 +55,9 @@ def test_quick_run_reports_every_target_and_the_environment(quick_run):
         parts = timing["train_overhead_breakdown"]  # ours' overhead in parts, % of the baseline step
         assert set(parts) == {"total", "calls", "folds", "hooks", "rest"}
         assert parts["calls"] > 0 and parts["hooks"] >= 0 and 0 <= parts["folds"] <= parts["calls"]
+        # Every timed block ends with its rows folded into G: the blocked update is counted in training,
+        # not left to the next evaluation's solve (which would hide it from the training overhead).
+        assert timing["block_batches"] == 2 and parts["folds"] > 0
     assert figures["environment"]["threads"] == 1
 
 
@@ -77,6 +80,18 @@ def test_identical_state_routes_and_predicts_like_the_checkout(quick_run, method
     assert inference["probabilities"] <= 1e-3
     if method == "dualprompt":
         assert inference["slots"] >= 0.9
+
+
+def test_a_block_holds_one_fold_of_the_routers_buffer():
+    from benchmarks.speed.vs_reference import block_batches
+
+    # What block_batches reads of a router at M = 10,000 (a real one would allocate G's 763 MiB).
+    router = types.SimpleNamespace(fold_rows=None, expansion_dim=10_000, device=torch.device("cpu"))
+    handle = types.SimpleNamespace(router=router)
+    assert block_batches(handle, 64) == 8  # 512 rows buffered on the CPU at M = 10,000
+    assert block_batches(handle, 48) == 11  # the last, partial fold is the block's final flush
+    handle.router.fold_rows = 100
+    assert block_batches(handle, 64) == 2
 
 
 def test_loading_leaves_no_checkout_module_or_path_behind():

@@ -33,6 +33,7 @@ import copy
 import functools
 import gc
 import json
+import math
 import os
 import platform
 import subprocess
@@ -50,6 +51,7 @@ from torch import Tensor, nn
 from benchmarks.speed import reference_checkout as ref
 from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
 from fly_modules import SampleBudgetSchedule
+from fly_modules._blocked import default_fold_rows
 
 TARGET_TRAIN_OVERHEAD = 5.0   # % of the baseline's training step, router + ensemble together
 TARGET_EVAL_SPEEDUP = 3.0     # our evaluation throughput / the official code's
@@ -76,7 +78,8 @@ class Variant:
     solve_seconds: List[float] = field(default_factory=list)
     part_seconds: List[float] = field(default_factory=list)
     hook_seconds: List[float] = field(default_factory=list)  # ours: the retrofit's forward (pre-)hooks
-    fold_seconds: List[float] = field(default_factory=list)  # ours: the router's folds (inside end_batch)
+    fold_seconds: List[float] = field(default_factory=list)  # ours: the router's folds (end_batch, end of block)
+    finish: Optional[Callable[[], None]] = None  # ours: folds the router's pending rows at the end of a block
 
 
 class EvalBatches:
@@ -107,6 +110,23 @@ def stream_batch(variant: Variant, images: Tensor, labels: Tensor, online_iter: 
         variant.handle.end_batch(images.shape[0])  # router statistics + our expert schedule
     else:
         trainer._maybe_advance_internal_step(images.shape[0])
+
+
+def stream_block(variant: Variant, batches: Sequence[Tuple[Tensor, Tensor]], online_iter: int) -> None:
+    """Consecutive stream batches, then (ours) the router's pending rows folded into ``G``: when the clock
+    stops, every row the block added is in the statistics, so its blocked update is counted in full."""
+    for images, labels in batches:
+        stream_batch(variant, images, labels, online_iter)
+    if variant.finish is not None:
+        variant.finish()
+
+
+def block_batches(handle: Retrofit, train_batch: int) -> int:
+    """Stream batches per timed block: enough rows for one fold of the router's buffer, so that each
+    block holds the amortised update of its rows (fewer would leave the fold to some rounds only)."""
+    router = handle.router
+    rows = router.fold_rows or default_fold_rows(router.expansion_dim, router.device)
+    return max(1, math.ceil(rows / train_batch))
 
 
 def evaluate(variant: Variant, test_set: EvalBatches) -> None:
@@ -168,6 +188,8 @@ def build_variants(checkout: ref.Checkout, method: str, args: argparse.Namespace
     record_seconds(handle, "end_batch", variants["ours"].part_seconds, **timing)
     record_seconds(handle, "update_ensemble", variants["ours"].part_seconds, **timing)
     record_seconds(handle.router, "flush", variants["ours"].fold_seconds, **timing)
+    variants["ours"].finish = handle.router.flush  # the timed flush: its folds count among the folds too
+    record_seconds(variants["ours"], "finish", variants["ours"].part_seconds, **timing)
     time_forward_hooks(handle, variants["ours"].hook_seconds, **timing)
     return variants
 
@@ -229,14 +251,18 @@ class Timings:
 
 
 def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argparse.Namespace) -> Timings:
-    """Warm-up stream (every expert gets statistics), then alternating rounds of: one stream batch per
-    variant, one evaluation per variant (new statistics), one more (unchanged statistics)."""
+    """Warm-up stream (every expert gets statistics), then alternating rounds of: one block of
+    ``args.block_batches`` stream batches per variant, one evaluation per variant (new statistics), one
+    more (unchanged statistics). Training times are per stream batch (the block's time / its batches)."""
     generator = torch.Generator().manual_seed(args.seed + 1)
     sync, clock = synchronizer(args.device), CLOCKS[args.clock]
     for _ in range(args.warmup_batches * args.num_experts):
         images, labels = make_batch(generator, args.train_batch, args)
         for variant in variants.values():
             stream_batch(variant, images, labels, args.online_iter)
+    for variant in variants.values():  # every block then starts with an empty buffer
+        if variant.finish is not None:
+            variant.finish()
     timings = Timings()
 
     def timed(call: Callable[[], None]) -> float:
@@ -250,15 +276,16 @@ def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argpar
         measured = round_index >= args.warmup_rounds
         shift = round_index % len(VARIANTS)
         order = [variants[name] for name in VARIANTS[shift:] + VARIANTS[:shift]]
-        images, labels = make_batch(generator, args.train_batch, args)
+        batches = [make_batch(generator, args.train_batch, args) for _ in range(args.block_batches)]
         for variant in order:
             parts, hooks, folds = len(variant.part_seconds), len(variant.hook_seconds), len(variant.fold_seconds)
-            seconds = timed(functools.partial(stream_batch, variant, images, labels, args.online_iter))
+            seconds = timed(functools.partial(stream_block, variant, batches, args.online_iter))
             if measured:
-                timings.train[variant.name].append(seconds)
-                timings.train_parts[variant.name].append(sum(variant.part_seconds[parts:]))
-                timings.train_hooks[variant.name].append(sum(variant.hook_seconds[hooks:]))
-                timings.train_folds[variant.name].append(sum(variant.fold_seconds[folds:]))
+                per_batch = 1.0 / args.block_batches
+                timings.train[variant.name].append(seconds * per_batch)
+                timings.train_parts[variant.name].append(sum(variant.part_seconds[parts:]) * per_batch)
+                timings.train_hooks[variant.name].append(sum(variant.hook_seconds[hooks:]) * per_batch)
+                timings.train_folds[variant.name].append(sum(variant.fold_seconds[folds:]) * per_batch)
         for phase, total, solve in (("fresh", timings.eval_fresh, timings.solve_fresh),
                                     ("repeat", timings.eval_repeat, timings.solve_repeat)):
             for variant in order:
@@ -280,7 +307,8 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
     train = {name: median(values) for name, values in timings.train.items()}
     overhead = {name: 100.0 * (paired_ratio(timings.train, name, "baseline") - 1.0) for name in ("official", "ours")}
     print(f"training step = one stream batch of {args.train_batch}: {args.online_iter} online iteration(s) "
-          f"(forward, loss, backward, optimizer step, EMA update) + router statistics; {args.rounds} rounds")
+          f"(forward, loss, backward, optimizer step, EMA update) + router statistics; timed in blocks of "
+          f"{args.block_batches} batches (ours folds its buffered rows within each block), {args.rounds} rounds")
     print(f"  baseline  {format_seconds(train['baseline']):>12} (median)")
     for name in ("official", "ours"):
         print(f"  {name:<9} {format_seconds(train[name]):>12}   overhead {overhead[name]:+.1f}% (median of per-round "
@@ -317,6 +345,7 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
                         f"unchanged statistics: {speedup['repeat']:.2f}x")
     return {
         "train_seconds": train, "train_seconds_all": timings.train, "train_part_seconds": parts,
+        "block_batches": args.block_batches,
         "train_overhead_breakdown": breakdown,
         "train_overhead_percent": overhead, "train_official_over_ours": paired_ratio(timings.train, "official", "ours"),
         "eval_samples": samples, "eval_seconds": figures,
@@ -505,6 +534,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--eval-batches", type=int, default=None,
                         help="batches per evaluation (default 40 on CUDA, 10 on the CPU, 1 for --vit base on the CPU)")
     parser.add_argument("--online-iter", type=int, default=3, help="optimizer steps per stream batch")
+    parser.add_argument("--block-batches", type=int, default=None,
+                        help="stream batches per variant per round, timed together (default: enough rows for one "
+                             "fold of our router's buffer, e.g. 8 batches of 64 at M = 10,000 on the CPU)")
     parser.add_argument("--warmup-batches", type=int, default=1,
                         help="untimed stream batches per expert before timing (every expert gets statistics)")
     parser.add_argument("--rounds", type=int, default=5, help="measured alternating rounds")
@@ -528,6 +560,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.vit, args.expansion_dim, args.num_classes = "micro", 256, 10
         args.train_batch, args.eval_batch, args.eval_batches = 8, 16, 2
         args.online_iter, args.rounds, args.warmup_rounds, args.num_experts = 2, 1, 0, 2
+        args.block_batches = args.block_batches or 2
     for name in ("expansion_dim", "num_classes", "online_iter", "warmup_batches", "rounds", "profile_rows"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -539,8 +572,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.train_batch = args.train_batch or (8 if small_cpu else 64)
     args.eval_batch = args.eval_batch or (16 if small_cpu else 128)
     args.eval_batches = args.eval_batches or (1 if small_cpu else 40 if args.device == "cuda" else 10)
-    for name in ("train_batch", "eval_batch", "eval_batches"):
-        if getattr(args, name) < 1:
+    for name in ("train_batch", "eval_batch", "eval_batches", "block_batches"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
@@ -589,6 +622,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for method in args.methods:
         print(f"\n== {method} ==", flush=True)
         variants = build_variants(checkout, method, args)
+        args.block_batches = args.block_batches or block_batches(variants["ours"].handle, args.train_batch)
         generator = torch.Generator().manual_seed(args.seed + 3)
         test_set = EvalBatches([make_batch(generator, args.eval_batch, args) for _ in range(args.eval_batches)])
         timings = run_rounds(variants, test_set, args)
