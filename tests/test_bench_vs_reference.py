@@ -58,6 +58,9 @@ def test_quick_run_reports_every_target_and_the_environment(quick_run):
         # Every timed block ends with its rows folded into G: the blocked update is counted in training,
         # not left to the next evaluation's solve (which would hide it from the training overhead).
         assert timing["block_batches"] == 2 and parts["folds"] > 0
+        arithmetic = timing["fold_arithmetic"]
+        assert arithmetic["gflop_per_batch"] > 0 and arithmetic["gflops"] > 0
+    assert set(figures["environment"]["gemm_gflops"]) == {"float64", "float32"}
     assert figures["environment"]["threads"] == 1
 
 
@@ -92,6 +95,13 @@ def test_a_block_holds_one_fold_of_the_routers_buffer():
     assert block_batches(handle, 48) == 11  # the last, partial fold is the block's final flush
     handle.router.fold_rows = 100
     assert block_batches(handle, 64) == 2
+
+
+def test_fold_flops_count_the_lower_triangle_panels():
+    from benchmarks.speed.vs_reference import fold_flops
+
+    assert fold_flops(3, 100) == 2 * 3 * 100 * 100  # one panel: the full product
+    assert fold_flops(1, 1024) == 2 * (512 * 512 + 512 * 1024)  # panel i: 512 rows x its end column
 
 
 def test_loading_leaves_no_checkout_module_or_path_behind():

@@ -52,6 +52,7 @@ from benchmarks.speed import reference_checkout as ref
 from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
 from fly_modules import SampleBudgetSchedule
 from fly_modules._blocked import default_fold_rows
+from fly_modules._ridge import PANEL_ROWS, panels
 
 TARGET_TRAIN_OVERHEAD = 5.0   # % of the baseline's training step, router + ensemble together
 TARGET_EVAL_SPEEDUP = 3.0     # our evaluation throughput / the official code's
@@ -321,6 +322,7 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
           f"{100 * parts['ours'] / train['baseline']:.1f}% (end_batch, update_ensemble)")
 
     breakdown = overhead_breakdown(timings, args)
+    arithmetic = fold_arithmetic(timings, args)
     samples = test_set.samples
     print(f"evaluation = {len(test_set)} batch(es) of {args.eval_batch} ({samples} samples) through the official "
           f"trainer's online_evaluate; medians of {args.rounds} rounds")
@@ -346,7 +348,7 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
     return {
         "train_seconds": train, "train_seconds_all": timings.train, "train_part_seconds": parts,
         "block_batches": args.block_batches,
-        "train_overhead_breakdown": breakdown,
+        "train_overhead_breakdown": breakdown, "fold_arithmetic": arithmetic,
         "train_overhead_percent": overhead, "train_official_over_ours": paired_ratio(timings.train, "official", "ours"),
         "eval_samples": samples, "eval_seconds": figures,
         "eval_seconds_all": {"fresh": timings.eval_fresh, "repeat": timings.eval_repeat},
@@ -374,6 +376,54 @@ def overhead_breakdown(timings: Timings, args: argparse.Namespace) -> Dict[str, 
           f" = our calls {result['calls']:.1f} (router folds {result['folds']:.1f} of it, amortised) + forward hooks "
           f"{result['hooks']:.1f} + outside both {result['rest']:+.1f} (swapped modules in the forward, allocations, "
           f"caches{', synchronisations' if args.device.type == 'cuda' else ''})")
+    return result
+
+
+def fold_flops(rows: int, width: int) -> float:
+    """Flops of adding ``rows`` expanded rows to ``G``'s lower triangle in panels, as the router does
+    (``accumulate_lower_gram``): ``2 rows sum_i panel_i end_i``, about ``rows (M^2 + 512 M)``."""
+    return sum(2.0 * rows * (stop - start) * stop for start, stop in panels(width, PANEL_ROWS))
+
+
+def gemm_rates(device: torch.device, clock: Callable[[], float], size: int = 2048, repeats: int = 3) -> Dict[str, float]:
+    """GFLOP/s of a square ``size`` GEMM in float64 and float32 on ``device`` (best of ``repeats``: load only
+    ever slows a round): the machine's arithmetic rate, which the router's fold is compared with."""
+    sync, rates = synchronizer(device), {}
+    for dtype in (torch.float64, torch.float32):
+        a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
+        out = torch.zeros(size, size, dtype=dtype, device=device)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first call warms the library up
+            sync()
+            start = clock()
+            out.addmm_(a, b)
+            sync()
+            best = min(best, clock() - start)
+        rates[str(dtype).replace("torch.", "")] = 2.0 * size**3 / max(best, 1e-12) / 1e9
+    return rates
+
+
+def fold_arithmetic(timings: Timings, args: argparse.Namespace) -> Dict[str, float]:
+    """The router's folds as arithmetic: float64 flops per stream batch, the rate they ran at, and that
+    rate against a square float64 GEMM on this machine: a fold at the GEMM rate is the update's
+    arithmetic itself, the floor of ours' overhead at this M (only fewer or faster flops lower it)."""
+    rounds = range(len(timings.train["ours"]))
+    base = timings.train["baseline"]
+    seconds = median(timings.train_folds["ours"])
+    flops = fold_flops(args.train_batch, args.expansion_dim)
+    result = {
+        "gflop_per_batch": flops / 1e9,
+        "gflops": flops / max(seconds, 1e-12) / 1e9 if seconds > 0 else 0.0,
+        "percent_of_baseline": 100.0 * median([timings.train_folds["ours"][i] / base[i] for i in rounds]),
+        "gemm_gflops_float64": args.gemm_rates["float64"],
+        "gemm_gflops_float32": args.gemm_rates["float32"],
+    }
+    if seconds > 0:
+        print(f"  router folds as arithmetic: {result['gflop_per_batch']:.2f} GFLOP float64 per stream batch "
+              f"(G's lower triangle, {args.train_batch} rows at M = {args.expansion_dim}) at {result['gflops']:.1f} "
+              f"GFLOP/s = {result['percent_of_baseline']:.1f}% of the baseline step; a square float64 GEMM runs at "
+              f"{result['gemm_gflops_float64']:.1f} GFLOP/s here (float32 {result['gemm_gflops_float32']:.1f}), so "
+              f"the fold is {100 * result['gflops'] / result['gemm_gflops_float64']:.0f}% of this machine's float64 rate")
     return result
 
 
@@ -614,10 +664,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "mode": "quick (smoke test)" if args.quick else "full",
     })
     report = Report()
+    gemm_size = 512 if args.quick else 2048
+    args.gemm_rates = gemm_rates(args.device, CLOCKS[args.clock], size=gemm_size)
+    print(f"square GEMM, {gemm_size}: " + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in args.gemm_rates.items()), flush=True)
     results: Dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}, "environment": {
         "device": device_name, "torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version(),
         "threads": torch.get_num_threads(), "load_average_start": os.getloadavg(),
-        "reference_commit": reference_commit(str(checkout.path)),
+        "reference_commit": reference_commit(str(checkout.path)), "gemm_gflops": args.gemm_rates,
     }}
     for method in args.methods:
         print(f"\n== {method} ==", flush=True)
