@@ -97,6 +97,18 @@ def test_a_block_holds_one_fold_of_the_routers_buffer():
     assert block_batches(handle, 64) == 2
 
 
+def test_train_only_times_training_and_reports_its_target_only(tmp_path):
+    figures = tmp_path / "figures.json"
+    result = run_script("--reference-repo", str(FAKE.relative_to(ROOT)), "--quick", "--clock", "process",
+                        "--methods", "dualprompt", "--train-only", "--json", str(figures))
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    assert [m.group("key") for m in TARGET_LINE.finditer(result.stdout)] == ["vs_reference.dualprompt.train_overhead"]
+    assert "target <= 15.0%" in result.stdout  # the CPU target
+    measured = json.loads(figures.read_text())["dualprompt"]
+    assert "eval_seconds" not in measured["timing"] and "inference_agreement" not in measured
+    assert measured["training_equivalence"]["weights"] <= 1e-6
+
+
 def test_fold_flops_count_the_lower_triangle_panels():
     from benchmarks.speed.vs_reference import fold_flops
 
