@@ -14,10 +14,14 @@ trainer's own per-batch methods:
 * ``ours``: the baseline model retrofitted by ``fly_modules.adapters.retrofit`` (router and ensemble
   on), the same trainer, plus ``handle.end_batch`` per stream batch.
 
-Printed: the training step (one stream batch) and the evaluation (``--eval-batches`` batches, after new
-statistics, and again with unchanged statistics) of each variant, overheads over the baseline, the
-official / ours ratios, where the evaluation time goes (solve vs the batches), and whether the two
-implementations agree where they are comparable. ``--profile`` adds operator profiles.
+Training is timed in blocks of consecutive stream batches (``--block-batches``; by default one fold of our
+router's row buffer), ours' block ending with its rows folded into ``G``, so the blocked statistics
+update is counted in full. Printed: the training step (per stream batch), ours' overhead in parts, the
+router's folds as float64 arithmetic beside a square GEMM's rate, and the evaluation (``--eval-batches``
+batches, after new statistics, and again with unchanged statistics) of each variant, overheads over the
+baseline, the official / ours ratios, where the evaluation time goes (solve vs the batches), and whether
+the two implementations agree where they are comparable. ``--profile`` adds operator profiles;
+``--train-only`` times the training step alone.
 
 Run from the repository root::
 
