@@ -293,10 +293,10 @@ def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argpar
                 timings.train_parts[variant.name].append(sum(variant.part_seconds[parts:]) * per_batch)
                 timings.train_hooks[variant.name].append(sum(variant.hook_seconds[hooks:]) * per_batch)
                 timings.train_folds[variant.name].append(sum(variant.fold_seconds[folds:]) * per_batch)
+        if args.train_only:
+            continue
         for phase, total, solve in (("fresh", timings.eval_fresh, timings.solve_fresh),
                                     ("repeat", timings.eval_repeat, timings.solve_repeat)):
-            if args.train_only:
-                break
             for variant in order:
                 if phase == "repeat" and variant.name == "baseline":
                     continue  # nothing to re-solve: its second evaluation is its first
