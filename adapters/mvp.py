@@ -109,7 +109,9 @@ def retrofit(
             return None
         state.armed = False
         query = output[:, 0]
-        features = router_input(output) if router else None
+        # The router keeps the first training query of a stream batch: later online iterations skip the extra block.
+        recorded = handle.training and handle._pending_query is not None
+        features = router_input(output) if router and not recorded else None
         if handle.training:
             if features is not None:
                 wiring.query_seen(features)

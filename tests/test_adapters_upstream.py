@@ -336,3 +336,28 @@ def test_a_rejected_router_update_keeps_the_batch():
     model(torch.randn(4, 4))
     handle.end_batch()
     assert handle.router.num_samples == 4
+
+
+def test_mvp_final_norm_router_features_cost_one_block_per_stream_batch():
+    # With router_features="cls" and MVP's query before the last block, the router's feature needs that
+    # block once more; only a stream batch's first training query feeds the router, so the later online
+    # iterations must not run it again. Each training forward also runs the last block once, prompted.
+    from upstream_standins import FlyGCLMVP
+
+    model = FlyGCLMVP(use_last_layer=False)
+    handle = retrofit(model, method="mvp", router=True, ensemble=False, expansion_dim=64, ridge=1.0)
+    calls = []
+    model.backbone.blocks[-1].register_forward_pre_hook(lambda module, args: calls.append(1))
+    x, _ = batch(n=4)
+    model.train()
+    first_query = None
+    for iteration in range(3):
+        model(x)
+        if iteration == 0:
+            first_query = handle._pending_query.clone()
+    assert len(calls) == 3 + 1
+    assert torch.equal(handle._pending_query, first_query)  # later iterations left the router's query alone
+    handle.end_batch()
+    assert handle.router.num_samples == 4
+    model(x)  # the next stream batch's first forward computes its feature again
+    assert len(calls) == 4 + 2 and handle._pending_query is not None
