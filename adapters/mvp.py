@@ -110,7 +110,7 @@ def retrofit(
         state.armed = False
         query = output[:, 0]
         # The router keeps the first training query of a stream batch: later online iterations skip the extra block.
-        recorded = handle.training and handle._pending_query is not None
+        recorded = handle.training and handle.batch.query is not None
         features = router_input(output) if router and not recorded else None
         if handle.training:
             if features is not None:

@@ -354,10 +354,10 @@ def test_mvp_final_norm_router_features_cost_one_block_per_stream_batch():
     for iteration in range(3):
         model(x)
         if iteration == 0:
-            first_query = handle._pending_query.clone()
+            first_query = handle.batch.query.clone()
     assert len(calls) == 3 + 1
-    assert torch.equal(handle._pending_query, first_query)  # later iterations left the router's query alone
+    assert torch.equal(handle.batch.query, first_query)  # later iterations left the router's query alone
     handle.end_batch()
     assert handle.router.num_samples == 4
     model(x)  # the next stream batch's first forward computes its feature again
-    assert len(calls) == 4 + 2 and handle._pending_query is not None
+    assert len(calls) == 4 + 2 and handle.batch.query is not None
