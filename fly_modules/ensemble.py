@@ -280,12 +280,16 @@ class TemporalEnsembleHead(nn.Module):
             experts = experts.long() if experts.numel() == 0 else experts
         ids = check_expert_ids(
             experts.reshape(-1), experts.numel(), self.num_experts, owner="TemporalEnsembleHead.update",
-            device=self.ema_weight.device,
-        ).unique()
-        self.ema_weight.index_copy_(0, ids, self.ema_weight[ids].lerp_(weight.expand(1, 1, *weight.shape), rate.view(1, -1, 1, 1)))
+            device=self.ema_weight.device, check_range=self._checks_values(self.ema_weight),
+        )
+        # Two exact strategies, as in member_logits. On the CPU, step the listed banks only (unique() reads
+        # the ids on the host, free there); elsewhere, step every bank and keep the unlisted ones by a mask,
+        # which queues without a host synchronisation after each optimizer step.
+        step = _ema_step_listed if self.ema_weight.device.type == "cpu" else _ema_step_masked
+        moved = step(self.ema_weight, weight.expand(1, 1, *weight.shape), rate.view(1, -1, 1, 1), ids)
         if bias is not None:
-            self.ema_bias.index_copy_(0, ids, self.ema_bias[ids].lerp_(bias.expand(1, 1, -1), rate.view(1, -1, 1)))
-        self.num_updates.index_add_(0, ids, torch.ones_like(ids))
+            step(self.ema_bias, bias.expand(1, 1, -1), rate.view(1, -1, 1), ids)
+        self.num_updates.add_(moved)
 
     def attach(self, optimizer: torch.optim.Optimizer) -> RemovableHandle:
         """Run :meth:`update` after every ``optimizer.step()``; returns the removable hook handle."""
@@ -420,6 +424,22 @@ class TemporalEnsembleHead(nn.Module):
     def extra_repr(self) -> str:
         decays = tuple(round(float(d), 6) for d in self.decays)
         return f"num_experts={self.num_experts}, decays={decays}, aggregate={self.aggregate!r}"
+
+
+def _ema_step_listed(bank: Tensor, target: Tensor, rate: Tensor, ids: Tensor) -> Tensor:
+    """``bank[e] <- lerp(bank[e], target, rate)`` for each expert ``e`` in ``ids`` (duplicates once);
+    returns the ``(E,)`` long count of steps taken (0 or 1 per expert)."""
+    listed = ids.unique()
+    bank.index_copy_(0, listed, bank[listed].lerp_(target, rate))
+    return torch.zeros(bank.shape[0], dtype=torch.long, device=bank.device).index_fill_(0, listed, 1)
+
+
+def _ema_step_masked(bank: Tensor, target: Tensor, rate: Tensor, ids: Tensor) -> Tensor:
+    """The same step with no data-dependent shape: every bank is stepped, the unlisted ones kept."""
+    moved = torch.zeros(bank.shape[0], dtype=torch.long, device=bank.device).index_fill_(0, ids, 1)
+    keep = moved.view(-1, *([1] * (bank.ndim - 1))) == 0
+    bank.copy_(torch.where(keep, bank, bank.lerp(target, rate)))
+    return moved
 
 
 def _copies_all_experts(features: Tensor, bank: Tensor, ids: Tensor) -> Tensor:

@@ -116,16 +116,37 @@ def test_ema_follows_closed_form_for_the_active_expert_only():
     assert ensemble.num_updates.tolist() == [0, 7]
 
 
-def test_update_of_selected_experts_moves_each_once():
+@pytest.mark.parametrize("strategy", ["listed", "masked"])
+def test_update_of_selected_experts_moves_each_once(strategy, monkeypatch):
+    if strategy == "masked":  # the strategy used off the CPU, exercised here on the CPU
+        monkeypatch.setattr(ensemble_module, "_ema_step_listed", ensemble_module._ema_step_masked)
     ensemble = TemporalEnsembleHead(make_head(), 3, decays=(0.5,))
     with torch.no_grad():
         ensemble.online.weight.add_(1.0)
-    before = ensemble.ema_weight.clone()
+        ensemble.online.bias.add_(2.0)
+    before, before_bias = ensemble.ema_weight.clone(), ensemble.ema_bias.clone()
     ensemble.update(torch.tensor([2, 0, 2, 2]))
     torch.testing.assert_close(ensemble.ema_weight[0, 0], 0.5 * before[0, 0] + 0.5 * ensemble.online.weight)
     torch.testing.assert_close(ensemble.ema_weight[2, 0], 0.5 * before[2, 0] + 0.5 * ensemble.online.weight)
-    assert torch.equal(ensemble.ema_weight[1], before[1])
+    torch.testing.assert_close(ensemble.ema_bias[2, 0], 0.5 * before_bias[2, 0] + 0.5 * ensemble.online.bias)
+    assert torch.equal(ensemble.ema_weight[1], before[1]) and torch.equal(ensemble.ema_bias[1], before_bias[1])
     assert ensemble.num_updates.tolist() == [1, 0, 1]
+    ensemble.update(torch.tensor([], dtype=torch.long))  # nothing listed: nothing moves
+    assert ensemble.num_updates.tolist() == [1, 0, 1]
+
+
+def test_ema_step_strategies_agree():
+    generator = torch.Generator().manual_seed(5)
+    bank = torch.randn(5, 2, 4, 3, generator=generator)
+    target = torch.randn(1, 1, 4, 3, generator=generator)
+    rate = torch.tensor([0.1, 0.01]).view(1, -1, 1, 1)
+    ids = torch.tensor([3, 1, 3])
+    listed, masked = bank.clone(), bank.clone()
+    moved_listed = ensemble_module._ema_step_listed(listed, target, rate, ids)
+    moved_masked = ensemble_module._ema_step_masked(masked, target, rate, ids)
+    assert moved_listed.tolist() == moved_masked.tolist() == [0, 1, 0, 1, 0]
+    torch.testing.assert_close(listed, masked, rtol=0, atol=1e-6)
+    assert torch.equal(masked[[0, 2, 4]], bank[[0, 2, 4]]) and not torch.equal(masked[1], bank[1])
 
 
 def test_training_output_is_the_online_head():
