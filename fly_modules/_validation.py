@@ -55,6 +55,19 @@ class Constraint:
             raise InvalidParameterError(f"{owner}: {error}") from None
 
 
+def _bounds(low: Optional[float], high: Optional[float], *, closed: bool) -> str:
+    """`` in [low, high]``, `` >= low``, `` <= high`` (``closed``; ints as they are), or `` in (low, high)``,
+    `` > low``, `` < high`` (numbers as ``:g``); empty without bounds."""
+    text = str if closed else (lambda number: f"{number:g}")
+    if low is not None and high is not None:
+        return f" in [{low}, {high}]" if closed else f" in ({text(low)}, {text(high)})"
+    if low is not None:
+        return f" {'>=' if closed else '>'} {text(low)}"
+    if high is not None:
+        return f" {'<=' if closed else '<'} {text(high)}"
+    return ""
+
+
 @dataclass(frozen=True)
 class Integer(Constraint):
     """A Python int in ``[minimum, maximum]`` (either bound optional): anything with ``__index__`` (numpy
@@ -65,12 +78,7 @@ class Integer(Constraint):
 
     def convert(self, value: Any, name: str) -> int:
         low, high = self.minimum, self.maximum
-        bound = (
-            f" in [{low}, {high}]" if low is not None and high is not None
-            else f" >= {low}" if low is not None
-            else f" <= {high}" if high is not None
-            else ""
-        )
+        bound = _bounds(low, high, closed=True)
         if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
             raise InvalidParameterError(f"{name} must be an int{bound}, got {value!r}")
         try:
@@ -92,13 +100,8 @@ class Real(Constraint):
 
     def convert(self, value: Any, name: str) -> float:
         above, below = self.above, self.below
-        bound = (
-            f" and in ({above:g}, {below:g})" if above is not None and below is not None
-            else f" and > {above:g}" if above is not None
-            else f" and < {below:g}" if below is not None
-            else ""
-        )
-        expected = f"{name} must be finite{bound}"
+        bound = _bounds(above, below, closed=False)
+        expected = f"{name} must be finite{' and' if bound else ''}{bound}"
         if isinstance(value, bool) or (isinstance(value, Tensor) and (value.dtype == torch.bool or value.numel() != 1)):
             raise InvalidParameterError(f"{expected}, got {value!r}")
         if not isinstance(value, (numbers.Real, Tensor)):
