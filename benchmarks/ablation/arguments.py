@@ -124,7 +124,6 @@ def _shared(name: str, parse: Callable[[str], Any], *, narrower: Optional[Constr
             raise argparse.ArgumentTypeError(str(error)) from None
         return value
 
-    parse_shared.__name__ = name  # argparse names the type in some of its messages
     return parse_shared
 
 
