@@ -306,13 +306,8 @@ class AdapterFamily:
 
     # ------------------------------------------------------------------------------- route targets
     def route_keyword(
-        self,
-        module: nn.Module,
-        keyword: str,
-        *,
-        value: Optional[RouteValue] = None,
-        query_from_call: Optional[QueryFromCall] = None,
-        banks_follow_routing: bool = False,
+        self, module: nn.Module, keyword: str, *, value: Optional[RouteValue] = None,
+        query_from_call: Optional[QueryFromCall] = None, banks_follow_routing: bool = False,
         used_from_output: Optional[UsedFromOutput] = None,
     ) -> None:
         """Inject the routed experts at inference as ``module(..., keyword=value(experts, ...))`` (default

@@ -8,15 +8,16 @@
   called as ``pool(query[, s, e])``, routed by calling it once per routed expert in the batch with that
   expert's slot range, after probing that the range really changes the prompt returned (:class:`KeyPool`).
 
-A family builds the :class:`Plan` (head, experts, banks) and hands the pool its :class:`Slots`; the pool
-adds its seam checks to the plan (:meth:`PromptMaskPool.check`) and installs its hooks (``install``).
+A :class:`PoolFamily` (L2P, DualPrompt) finds its pool and builds the :class:`Plan` (head, experts, banks)
+in :meth:`PoolFamily.pool_plan`, handing the pool its :class:`Slots`; the pool adds its seam checks to the
+plan (``check``) and installs its hooks (``install``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ from ._restore import Snapshot
 from ._seams import GENERIC_CALL, SeamError, missing_seam, named_parameters, require_keyword
 
 __all__ = [
-    "KeyPool", "PromptMaskPool", "Slots", "is_key_pool", "prompt_mask_pool", "routable", "slice_layout",
+    "KeyPool", "PoolFamily", "PromptMaskPool", "Slots", "is_key_pool", "prompt_mask_pool", "routable", "slice_layout",
 ]
 
 QueryFromOutput = Optional[Callable[[Any], Tensor]]
@@ -367,3 +368,33 @@ class KeyPool:
         inside = (hit & (expert_of_slot.unsqueeze(0) == experts.unsqueeze(1))).any(1)
         first_hit = torch.where(hit.any(1), expert_of_slot[hit.float().argmax(1)], torch.full_like(experts, -1))
         return torch.where(inside, experts, first_hit)
+
+
+class PoolFamily(AdapterFamily):
+    """A family whose experts own slots of a prompt pool: :meth:`pool_plan` recognises the pool's layout and
+    sets :attr:`pool`, which checks its seams and installs the hooks."""
+
+    pool: Union[KeyPool, PromptMaskPool]
+
+    def recognise(
+        self,
+        *,
+        num_experts: Optional[int] = None,
+        slots_per_expert: Optional[int] = None,
+        query_module: Optional[nn.Module] = None,
+        query_from_output: QueryFromOutput = None,
+        start_expert: Optional[Callable[[int], None]] = None,
+        router_dim: Optional[int] = None,
+    ) -> Plan:
+        plan = self.pool_plan(num_experts, slots_per_expert, dict(query_module=query_module,
+                                                                   query_from_output=query_from_output))
+        plan = self.pool.check(plan)
+        plan.start_expert, plan.router_dim = start_expert, router_dim
+        return plan
+
+    def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
+        """The plan of the model's pool, :attr:`pool` set (``query``: the :class:`Slots` query options)."""
+        raise NotImplementedError(f"{type(self).__name__} must define pool_plan")
+
+    def install_hooks(self) -> None:
+        self.pool.install()

@@ -58,7 +58,7 @@ def register_family(*names: Any, seam_contract: bool = True) -> Any:
     """Register a family; returns its public ``retrofit(model, *, <common options>, <family options>)``.
 
     ``@register_family`` on an :class:`~fly_modules.adapters.AdapterFamily` subclass registers it under its
-    ``names``. ``@register_family("name", ..., seam_contract=True)`` on a function
+    ``names``; the class docstring documents the public ``retrofit``. ``@register_family("name", ..., seam_contract=True)`` on a function
     ``wire(model, options, *, <family options>) -> Retrofit`` registers it under the names given.
     """
     if len(names) == 1 and isinstance(names[0], type):
@@ -82,9 +82,8 @@ def _register_class(cls: type) -> Callable[..., Retrofit]:
         )
     parameters = _family_parameters(cls.recognise, 1,
                                     f"{cls.__qualname__}.recognise must take (self, *, <family options>)")
-    doc = inspect.getdoc(cls.recognise) if cls.recognise is not AdapterFamily.recognise else inspect.getdoc(cls)
     family = Family(tuple(cls.names), cls.retrofit, tuple(p.name for p in parameters), cls.seam_contract,
-                    cls.__module__, doc or "")
+                    cls.__module__, inspect.getdoc(cls) or "")
     return _register(family, parameters)
 
 

@@ -30,25 +30,21 @@ _CALLER = "fly_modules.adapters.coda_prompt"
 
 
 class CodaPrompt(AdapterFamily):
-    """The model's own forward, once per routed-task group with ``task_count`` set to the task."""
+    """Retrofit FlyGCL's CODA-Prompt model.
+
+    The model's own forward, once per routed-task group with ``task_count`` set to the task.
+
+    Args:
+        num_experts: tasks (default ``model.task_num``).
+        start_expert: the method's own expert start; default ``model.process_task_count()`` up to the
+            expert (what FlyGCL's trainer calls at each task end: the next block is re-initialised).
+        router_dim: width of the router features (default the classifier's ``in_features``).
+    """
 
     names = ("coda_prompt", "codaprompt")
 
-    def recognise(
-        self,
-        *,
-        num_experts: Optional[int] = None,
-        start_expert: Optional[Callable[[int], None]] = None,
-        router_dim: Optional[int] = None,
-    ) -> Plan:
-        """Retrofit FlyGCL's CODA-Prompt model.
-
-        Args:
-            num_experts: tasks (default ``model.task_num``).
-            start_expert: the method's own expert start; default ``model.process_task_count()`` up to the
-                expert (what FlyGCL's trainer calls at each task end: the next block is re-initialised).
-            router_dim: width of the router features (default the classifier's ``in_features``).
-        """
+    def recognise(self, *, num_experts: Optional[int] = None, start_expert: Optional[Callable[[int], None]] = None,
+                  router_dim: Optional[int] = None) -> Plan:
         model = self.model
         self.refuse_framework_layout()
         layers = getattr(model, "pos_e_prompt", None)

@@ -8,13 +8,22 @@ the method's own key match runs inside its slots. Ensemble banks are per slot.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Dict, Optional
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from ._family import AdapterFamily, Plan
-from ._prompt_pools import KeyPool, PromptMaskPool, Slots, is_key_pool, prompt_mask_pool, routable, slice_layout
+from ._family import Plan
+from ._prompt_pools import (
+    KeyPool,
+    PoolFamily,
+    PromptMaskPool,
+    Slots,
+    is_key_pool,
+    prompt_mask_pool,
+    routable,
+    slice_layout,
+)
 from ._registry import register_family
 from ._seams import SeamError, backbone_of, count_experts, find_head, step_counter
 
@@ -26,51 +35,35 @@ _WHAT = (
 )
 
 
-class DualPrompt(AdapterFamily):
-    """Step ``t`` owns slots ``[t*S, (t+1)*S)``; one ensemble bank per slot."""
+class DualPrompt(PoolFamily):
+    """Retrofit a DualPrompt or MISA model: step ``t`` owns slots ``[t*S, (t+1)*S)``, one bank per slot.
+
+    Args:
+        num_experts: steps (required for JH-LEE; Si-Blurry lineage default ``model.task_num``).
+        slots_per_expert: slots per step (JH-LEE: ``top_k`` with ``use_prompt_mask``, else
+            ``pool // num_experts``; Si-Blurry lineage: ``model.num_pt_per_task``).
+        query_module, query_from_output: read the router features from this module's output instead of
+            the prompt call's query.
+        start_expert: the method's own expert start; default: moving the model's step counter
+            (FlyGCL ``process_task_count()`` up to the expert, MISA ``task_id``).
+        router_dim: width of the router features (default the classifier's ``in_features``).
+    """
 
     names = ("dualprompt", "misa")
-    pool: Union[KeyPool, PromptMaskPool]
 
-    def recognise(
-        self,
-        *,
-        num_experts: Optional[int] = None,
-        slots_per_expert: Optional[int] = None,
-        query_module: Optional[nn.Module] = None,
-        query_from_output: Optional[Callable[[Any], Tensor]] = None,
-        start_expert: Optional[Callable[[int], None]] = None,
-        router_dim: Optional[int] = None,
-    ) -> Plan:
-        """Retrofit a DualPrompt or MISA model.
-
-        Args:
-            num_experts: steps (required for JH-LEE; Si-Blurry lineage default ``model.task_num``).
-            slots_per_expert: slots per step (JH-LEE: ``top_k`` with ``use_prompt_mask``, else
-                ``pool // num_experts``; Si-Blurry lineage: ``model.num_pt_per_task``).
-            query_module, query_from_output: read the router features from this module's output instead of
-                the prompt call's query.
-            start_expert: the method's own expert start; default: moving the model's step counter
-                (FlyGCL ``process_task_count()`` up to the expert, MISA ``task_id``).
-            router_dim: width of the router features (default the classifier's ``in_features``).
-        """
+    def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         prompt = getattr(self.model, "e_prompt", None)
         if not isinstance(prompt, nn.Module):
             raise self.missing_seam("e_prompt", _WHAT)
-        query = dict(query_module=query_module, query_from_output=query_from_output)
         if hasattr(prompt, "prompt_key"):
-            plan = self.jh_lee_layout(num_experts, slots_per_expert, query)
-        elif hasattr(prompt, "key") and hasattr(prompt, "prompts"):
+            return self.jh_lee_layout(num_experts, slots_per_expert, query)
+        if hasattr(prompt, "key") and hasattr(prompt, "prompts"):
             if not is_key_pool(prompt):
                 raise self.missing_seam("e_prompt.key", "a (pool, D) tensor of keys")
-            plan = self.key_pool_layout(prompt, num_experts, slots_per_expert, query)
-        else:
-            raise self.missing_seam("e_prompt.prompt_key` or `e_prompt.key", _WHAT)
-        plan = self.pool.check(plan)
-        plan.start_expert, plan.router_dim = start_expert, router_dim
-        return plan
+            return self.key_pool_layout(prompt, num_experts, slots_per_expert, query)
+        raise self.missing_seam("e_prompt.prompt_key` or `e_prompt.key", _WHAT)
 
-    def jh_lee_layout(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: dict) -> Plan:
+    def jh_lee_layout(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         """JH-LEE ``dualprompt-pytorch``: routed by ``prompt_mask``; with ``use_prompt_mask`` the loop trains
         step ``t`` on its own ``top_k`` slots."""
         prompt = prompt_mask_pool(self.model, "dualprompt", "e_prompt", _WHAT)
@@ -87,7 +80,7 @@ class DualPrompt(AdapterFamily):
                     banks_of_expert=lambda expert: list(range(expert * size, (expert + 1) * size)))
 
     def key_pool_layout(self, pool: nn.Module, num_experts: Optional[int], slots_per_expert: Optional[int],
-                        query: dict) -> Plan:
+                        query: Dict[str, Any]) -> Plan:
         """The Si-Blurry lineage: ``S = model.num_pt_per_task``; the steps tie training where the pool's
         forward takes the slot range (Si-Blurry's pool-wide selection never reads its ``task_id``)."""
         backbone = backbone_of(self.model, "dualprompt", "the ViT whose classifier is the online head")
@@ -106,8 +99,6 @@ class DualPrompt(AdapterFamily):
                     banks_of_expert=lambda expert: list(range(expert * size, (expert + 1) * size)),
                     counter=step_counter(self.model) if steps else None)
 
-    def install_hooks(self) -> None:
-        self.pool.install()
 
 
 retrofit = register_family(DualPrompt)

@@ -33,7 +33,29 @@ def _head_seat(model: nn.Module, head_owner: Optional[nn.Module], head_name: Opt
 
 
 class Generic(AdapterFamily):
-    """The seams the user names: a query module, a routed keyword, the classifier, one bank per expert."""
+    """Add the analytic router and/or the temporal ensemble to a model through explicit seams.
+
+    The seams the user names: a query module, a routed keyword, the classifier, one bank per expert.
+
+    Args:
+        num_experts: router outputs = ensemble banks (one bank per expert).
+        query_module: module whose forward output holds the query features (required with ``router``);
+            a forward hook reads them (training: router statistics; inference: routing).
+        query_from_output: maps that output to ``(B, D)`` features; default: the output itself, or
+            ``output["pre_logits"]`` for dict outputs.
+        route_module, route_kwarg: the module whose keyword argument ``route_kwarg`` restricts the
+            method's selection (required with ``router``); its ``forward`` must name the argument
+            (one taken through ``**kwargs`` is refused). Injected at inference only, by keyword.
+        route_value: ``route_value(expert_ids, module, args, kwargs)`` -> the injected value; default
+            the ``(B,)`` long expert ids.
+        head_owner, head_name: where the ``nn.Linear`` classifier lives; default: the model's
+            ``get_classifier()`` / ``head`` / ``fc``. It becomes an :class:`EnsembleLinear` sharing its
+            parameters: online logits in training, the ensemble's log-probabilities at inference.
+        bank_from_output: ``(B,)`` bank ids from the route module's output; default: the routed expert
+            at inference (the active bank when not routed), the current expert in training.
+        start_expert: the method's own expert start, called with the expert id; default: nothing.
+        router_dim: width of the query features; default the classifier's ``in_features``.
+    """
 
     names = ("generic",)
     seam_contract = False
@@ -53,27 +75,6 @@ class Generic(AdapterFamily):
         start_expert: Optional[Callable[[int], None]] = None,
         router_dim: Optional[int] = None,
     ) -> Plan:
-        """Add the analytic router and/or the temporal ensemble to a model through explicit seams.
-
-        Args:
-            num_experts: router outputs = ensemble banks (one bank per expert).
-            query_module: module whose forward output holds the query features (required with ``router``);
-                a forward hook reads them (training: router statistics; inference: routing).
-            query_from_output: maps that output to ``(B, D)`` features; default: the output itself, or
-                ``output["pre_logits"]`` for dict outputs.
-            route_module, route_kwarg: the module whose keyword argument ``route_kwarg`` restricts the
-                method's selection (required with ``router``); its ``forward`` must name the argument
-                (one taken through ``**kwargs`` is refused). Injected at inference only, by keyword.
-            route_value: ``route_value(expert_ids, module, args, kwargs)`` -> the injected value; default
-                the ``(B,)`` long expert ids.
-            head_owner, head_name: where the ``nn.Linear`` classifier lives; default: the model's
-                ``get_classifier()`` / ``head`` / ``fc``. It becomes an :class:`EnsembleLinear` sharing its
-                parameters: online logits in training, the ensemble's log-probabilities at inference.
-            bank_from_output: ``(B,)`` bank ids from the route module's output; default: the routed expert
-                at inference (the active bank when not routed), the current expert in training.
-            start_expert: the method's own expert start, called with the expert id; default: nothing.
-            router_dim: width of the query features; default the classifier's ``in_features``.
-        """
         head = _head_seat(self.model, head_owner, head_name)
         if self.options.router and (query_module is None or route_module is None or route_kwarg is None):
             missing = [n for n, v in (("query_module", query_module), ("route_module", route_module),

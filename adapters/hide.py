@@ -34,7 +34,22 @@ _CALLER = "fly_modules.adapters.hide"
 
 
 class HiDe(AdapterFamily):
-    """One ensemble bank per task; the routed task replaces the loop's task identification."""
+    """Retrofit a HiDe-Prompt or NoRGa model.
+
+    One ensemble bank per task; the routed task replaces the loop's task identification.
+
+    Args:
+        num_experts: tasks (default ``model.e_prompt.pool_size``, one prompt per task; FlyGCL's prefix
+            layout: ``model.task_num``).
+        original_model: the frozen/TII model whose output ``["pre_logits"]`` are the router features
+            (the official layout; FlyGCL's prefix layout routes on its gate features ``h``).
+        query_module, query_from_output: any other module (and output mapping) giving the router features.
+        run_query_module: run that module on the model's input (once per stream batch, under ``no_grad``)
+            when the loop did not run it first: NoRGa's training loop never runs ``original_model``.
+            ``False``: the loop must run it before the model, or ``end_batch`` raises.
+        start_expert: the method's own task start (default: nothing; the loop passes ``task_id``).
+        router_dim: width of the router features (default the classifier's ``in_features``).
+    """
 
     names = ("hide", "norga")
     layout: "_Official | _PrefixModel"
@@ -50,20 +65,6 @@ class HiDe(AdapterFamily):
         start_expert: Optional[Callable[[int], None]] = None,
         router_dim: Optional[int] = None,
     ) -> Plan:
-        """Retrofit a HiDe-Prompt or NoRGa model.
-
-        Args:
-            num_experts: tasks (default ``model.e_prompt.pool_size``, one prompt per task; FlyGCL's prefix
-                layout: ``model.task_num``).
-            original_model: the frozen/TII model whose output ``["pre_logits"]`` are the router features
-                (the official layout; FlyGCL's prefix layout routes on its gate features ``h``).
-            query_module, query_from_output: any other module (and output mapping) giving the router features.
-            run_query_module: run that module on the model's input (once per stream batch, under ``no_grad``)
-                when the loop did not run it first: NoRGa's training loop never runs ``original_model``.
-                ``False``: the loop must run it before the model, or ``end_batch`` raises.
-            start_expert: the method's own task start (default: nothing; the loop passes ``task_id``).
-            router_dim: width of the router features (default the classifier's ``in_features``).
-        """
         if _is_prefix_model(self.model) and not hasattr(self.model, "e_prompt"):
             given = [name for name, value in (("original_model", original_model), ("query_module", query_module),
                                               ("query_from_output", query_from_output)) if value is not None]

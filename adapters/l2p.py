@@ -6,45 +6,32 @@ key match runs."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Dict, Optional
 
-from torch import Tensor, nn
-
-from ._family import AdapterFamily, Plan
-from ._prompt_pools import KeyPool, PromptMaskPool, Slots, is_key_pool, prompt_mask_pool, slice_layout
+from ._family import Plan
+from ._prompt_pools import KeyPool, PoolFamily, PromptMaskPool, Slots, is_key_pool, prompt_mask_pool, slice_layout
 from ._registry import register_family
 from ._seams import backbone_of, count_experts, find_head
 
 __all__ = ["L2P", "retrofit"]
 
 
-class L2P(AdapterFamily):
-    """One bank per key-pool slice; the JH-LEE pool routed by ``prompt_mask``, the Si-Blurry-lineage pool
-    by its slot range."""
+class L2P(PoolFamily):
+    """Retrofit an L2P model (reference ``l2p`` or JH-LEE ``l2p-pytorch``): one bank per key-pool slice.
+
+    Args:
+        num_experts: key-pool slices (required for upstream models; the reference method's own otherwise).
+        slots_per_expert: keys per slice (default ``pool // num_experts``, remainder to the last slice).
+        query_module, query_from_output: read the router features from this module's output instead of
+            the ``cls_features`` of the prompt call.
+        start_expert: the method's own expert start (default: nothing).
+        router_dim: width of the router features (default the classifier's ``in_features``).
+    """
 
     names = ("l2p",)
-    pool: Union[KeyPool, PromptMaskPool]
 
-    def recognise(
-        self,
-        *,
-        num_experts: Optional[int] = None,
-        slots_per_expert: Optional[int] = None,
-        query_module: Optional[nn.Module] = None,
-        query_from_output: Optional[Callable[[Any], Tensor]] = None,
-        start_expert: Optional[Callable[[int], None]] = None,
-        router_dim: Optional[int] = None,
-    ) -> Plan:
-        """Retrofit an L2P model (reference ``l2p`` or JH-LEE ``l2p-pytorch``).
-
-        Args:
-            num_experts: key-pool slices (required for upstream models; the reference method's own otherwise).
-            slots_per_expert: keys per slice (default ``pool // num_experts``, remainder to the last slice).
-            query_module, query_from_output: read the router features from this module's output instead of
-                the ``cls_features`` of the prompt call.
-            start_expert: the method's own expert start (default: nothing).
-            router_dim: width of the router features (default the classifier's ``in_features``).
-        """
+    def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
+        """The JH-LEE pool routed by ``prompt_mask``, the Si-Blurry-lineage pool by its slot range."""
         num_experts = count_experts(num_experts, None, "l2p", "key-pool slices")
         prompt = getattr(self.model, "prompt", None)
         if is_key_pool(prompt):
@@ -55,14 +42,9 @@ class L2P(AdapterFamily):
             head = find_head(self.model, "l2p")
             pool_size, top_k = int(prompt.prompt_key.shape[0]), int(prompt.top_k)
         _, expert_of_slot = slice_layout(pool_size, num_experts, slots_per_expert, top_k, "l2p", remainder_to_last=True)
-        slots = Slots(expert_of_slot, expert_of_slot, ties_training=False, query_module=query_module,
-                      query_from_output=query_from_output)
+        slots = Slots(expert_of_slot, expert_of_slot, ties_training=False, **query)
         self.pool = KeyPool(self, prompt, slots) if is_key_pool(prompt) else PromptMaskPool(self, prompt, slots)
-        plan = Plan(head=head, num_experts=num_experts, start_expert=start_expert, router_dim=router_dim)
-        return self.pool.check(plan)
-
-    def install_hooks(self) -> None:
-        self.pool.install()
+        return Plan(head=head, num_experts=num_experts)
 
 
 retrofit = register_family(L2P)

@@ -51,7 +51,16 @@ class _Forward:
 
 
 class MVP(AdapterFamily):
-    """The routed expert is the prompt index: the query pass's class token becomes the routed prompt's key."""
+    """Retrofit an MVP model (reference ``mvp`` or Si-Blurry / MISA / FlyGCL ``MVP``).
+
+    The routed expert is the prompt index: the query pass's class token becomes the routed prompt's key.
+
+    Args:
+        num_experts: must equal the prompt pool size (default: it).
+        router_features: ``"cls"`` (default, frozen final-norm class token) or ``"query"`` (MVP's query).
+        start_expert: the method's own expert start (default: FlyGCL's ``process_task_count()`` until
+            ``task_count`` reaches the expert, when the model has them).
+    """
 
     names = ("mvp",)
 
@@ -62,14 +71,6 @@ class MVP(AdapterFamily):
         router_features: Optional[str] = None,
         start_expert: Optional[Callable[[int], None]] = None,
     ) -> Plan:
-        """Retrofit an MVP model (reference ``mvp`` or Si-Blurry / MISA / FlyGCL ``MVP``).
-
-        Args:
-            num_experts: must equal the prompt pool size (default: it).
-            router_features: ``"cls"`` (default, frozen final-norm class token) or ``"query"`` (MVP's query).
-            start_expert: the method's own expert start (default: FlyGCL's ``process_task_count()`` until
-                ``task_count`` reaches the expert, when the model has them).
-        """
         model = self.model
         self.router_features = check_choice(router_features or "cls", "router_features", _ROUTER_FEATURES,
                                             owner="fly_modules.adapters.mvp")

@@ -29,20 +29,21 @@ REQUIRED = SEAM_MEMBERS
 
 
 class Reference(AdapterFamily):
-    """The seams a :class:`SeamContract` method declares: the router restricts its ``forward(expert=...)``,
-    its ``predict`` ensembles the banks of its selection."""
+    """Add the analytic router and/or the temporal ensemble to a seam-contract method.
+
+    The seams a :class:`SeamContract` method declares: the router restricts its ``forward(expert=...)``,
+    its ``predict`` ensembles the banks of its selection.
+
+    ``router``: at inference the router's expert restricts the method's own selection; it is fed the
+    router features of each stream batch's first training forward. ``ensemble``: the method's
+    classifier is the online head, ``predict`` ensembles it with the EMA copies of each sample's bank
+    after the method's logit transform and the logit mask. Both off: outputs are bit-identical.
+    """
 
     names = ("reference",)
     seam_contract = False
 
     def recognise(self) -> Plan:
-        """Add the analytic router and/or the temporal ensemble to a seam-contract method.
-
-        ``router``: at inference the router's expert restricts the method's own selection; it is fed the
-        router features of each stream batch's first training forward. ``ensemble``: the method's
-        classifier is the online head, ``predict`` ensembles it with the EMA copies of each sample's bank
-        after the method's logit transform and the logit mask. Both off: outputs are bit-identical.
-        """
         model = self.model
         missing = missing_seams(model)
         if missing:

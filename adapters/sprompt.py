@@ -29,25 +29,21 @@ def _expert_ids(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tenso
 
 
 class SPrompt(AdapterFamily):
-    """The routed task is ``expert_ids`` of ``model.forward``; the banks are the prompt sets used."""
+    """Retrofit FlyGCL's S-Prompts model.
+
+    The routed task is ``expert_ids`` of ``model.forward``; the banks are the prompt sets used.
+
+    Args:
+        num_experts: tasks (default ``model.experts.num_experts``, FlyGCL's ``task_num``).
+        start_expert: the method's own expert start; default ``model.process_task_count()`` up to the
+            expert (what FlyGCL's trainer calls at each task end).
+        router_dim: width of the router features (default the classifier's ``in_features``).
+    """
 
     names = ("sprompt",)
 
-    def recognise(
-        self,
-        *,
-        num_experts: Optional[int] = None,
-        start_expert: Optional[Callable[[int], None]] = None,
-        router_dim: Optional[int] = None,
-    ) -> Plan:
-        """Retrofit FlyGCL's S-Prompts model.
-
-        Args:
-            num_experts: tasks (default ``model.experts.num_experts``, FlyGCL's ``task_num``).
-            start_expert: the method's own expert start; default ``model.process_task_count()`` up to the
-                expert (what FlyGCL's trainer calls at each task end).
-            router_dim: width of the router features (default the classifier's ``in_features``).
-        """
+    def recognise(self, *, num_experts: Optional[int] = None, start_expert: Optional[Callable[[int], None]] = None,
+                  router_dim: Optional[int] = None) -> Plan:
         model = self.model
         experts = getattr(model, "experts", None)
         if not isinstance(experts, nn.Module) or not isinstance(getattr(experts, "prompts", None), Tensor):
