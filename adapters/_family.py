@@ -180,7 +180,7 @@ class AdapterFamily:
     # ------------------------------------------------------------------------------------ seam checks
     def missing_seam(self, path: str, what: str) -> SeamError:
         """The :class:`SeamError` for a model without ``path`` (``what`` it should be)."""
-        return missing_seam(self.family, self.model, path, what)
+        return missing_seam(self.model, path, what, family=self.family)
 
     # ---------------------------------------------------------------------------------- batch state
     @property

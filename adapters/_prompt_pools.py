@@ -64,14 +64,14 @@ class Slots:
 
 
 # -------------------------------------------------------------------- JH-LEE: routed by prompt_mask
-def prompt_mask_pool(model: nn.Module, family: str, attribute: str, what: str) -> nn.Module:
+def prompt_mask_pool(model: nn.Module, attribute: str, what: str, *, family: str) -> nn.Module:
     """``model.<attribute>``, checked to be a JH-LEE prompt pool (``prompt_key``, ``top_k``)."""
     module = getattr(model, attribute, None)
     if not isinstance(module, nn.Module):
-        raise missing_seam(family, model, attribute, what)
+        raise missing_seam(model, attribute, what, family=family)
     for name in ("prompt_key", "top_k"):
         if not hasattr(module, name):
-            raise missing_seam(family, model, f"{attribute}.{name}", what)
+            raise missing_seam(model, f"{attribute}.{name}", what, family=family)
     if not isinstance(module.prompt_key, Tensor) or module.prompt_key.ndim != 2:
         raise SeamError(
             f"fly_modules.adapters.{family}: `{attribute}.prompt_key` must be a (pool, D) tensor of keys, found "
@@ -109,8 +109,8 @@ def router_query_of_call(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[
     return cls_features if cls_features is not None else key_query(module, args, kwargs)
 
 
-def slice_layout(pool: int, num_experts: int, slots_per_expert: Optional[int], top_k: int, family: str,
-                 *, remainder_to_last: bool) -> Tuple[int, Tensor]:
+def slice_layout(pool: int, num_experts: int, slots_per_expert: Optional[int], top_k: int, *, family: str,
+                 remainder_to_last: bool) -> Tuple[int, Tensor]:
     """``(S, expert_of_slot)``: slots per expert and the ``(pool,)`` expert owning each slot (``num_experts``
     for unowned slots when ``remainder_to_last`` is off)."""
     size = int(slots_per_expert) if slots_per_expert is not None else pool // num_experts
@@ -213,7 +213,7 @@ def _chosen_rows(pool: nn.Module, output: Any) -> Optional[Tensor]:
     return (chosen[:, 0].detach().flatten(1).unsqueeze(1) == rows.unsqueeze(0)).all(-1)
 
 
-def _check_range_moves_prompt(pool: nn.Module, family: str, start: int, end: int) -> None:
+def _check_range_moves_prompt(pool: nn.Module, start: int, end: int, *, family: str) -> None:
     """Call the pool once with the key of slot ``start`` as query and range ``[start, end)``: a pool
     that returns ``prompts[i - start]`` (a slice-local index: kangzhiq/MISA) instead of ``prompts[i]``
     cannot be routed by the range. Everything the call changes is put back."""
@@ -268,7 +268,7 @@ class KeyPool:
             raise SeamError(f"fly_modules.adapters.{name}: {type(pool).__name__}._batchwise_selection picks one "
                             "prompt set per batch, which routing per sample cannot respect; turn it off or use router=False")
         if plan.num_experts > 1:
-            _check_range_moves_prompt(pool, name, *self.spans[1])
+            _check_range_moves_prompt(pool, *self.spans[1], family=name)
         return plan
 
     def install(self) -> None:
@@ -382,7 +382,7 @@ class PoolFamily(AdapterFamily):
         num_experts: Optional[int] = None,
         slots_per_expert: Optional[int] = None,
         query_module: Optional[nn.Module] = None,
-        query_from_output: QueryFromOutput = None,
+        query_from_output: Optional[Callable[[Any], Tensor]] = None,
         start_expert: Optional[Callable[[int], None]] = None,
         router_dim: Optional[int] = None,
     ) -> Plan:

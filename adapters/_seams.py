@@ -29,7 +29,7 @@ class SeamError(AttributeError):
     and shows the generic call."""
 
 
-def missing_seam(family: str, model: Any, path: str, what: str) -> SeamError:
+def missing_seam(model: Any, path: str, what: str, *, family: str) -> SeamError:
     """The error for a model without ``path`` (``what`` it should be), naming its submodules."""
     present = sorted(name for name, _ in model.named_children()) if isinstance(model, nn.Module) else []
     return SeamError(
@@ -97,7 +97,7 @@ def find_head(model: nn.Module, family: str = "generic") -> Tuple[nn.Module, str
     return (model.get_submodule(parent) if parent else model), name
 
 
-def count_experts(num_experts: Optional[int], default: Any, family: str, what: str) -> int:
+def count_experts(num_experts: Optional[int], default: Any, what: str, *, family: str) -> int:
     """``num_experts`` if given, else ``default`` (what the model declares), as an int >= 1; an error
     asking for ``num_experts`` (the number of ``what``) when neither is there."""
     caller = f"fly_modules.adapters.{family}"
@@ -107,13 +107,13 @@ def count_experts(num_experts: Optional[int], default: Any, family: str, what: s
     return check_int(value, "num_experts", owner=caller, minimum=1)
 
 
-def backbone_of(model: nn.Module, family: str, what: str, *, forward_features: bool = False) -> nn.Module:
+def backbone_of(model: nn.Module, what: str, *, family: str, forward_features: bool = False) -> nn.Module:
     """``model.backbone`` (with a ``forward_features`` method when asked), else a :class:`SeamError`."""
     backbone = getattr(model, "backbone", None)
     if not isinstance(backbone, nn.Module):
-        raise missing_seam(family, model, "backbone", what)
+        raise missing_seam(model, "backbone", what, family=family)
     if forward_features and not callable(getattr(backbone, "forward_features", None)):
-        raise missing_seam(family, model, "backbone.forward_features", what)
+        raise missing_seam(model, "backbone.forward_features", what, family=family)
     return backbone
 
 

@@ -55,9 +55,9 @@ class CodaPrompt(AdapterFamily):
         counter = step_counter(model)
         if counter is None or counter.attribute != "task_count":
             raise self.missing_seam("task_count` and `process_task_count()", _WHAT)
-        self.backbone = backbone_of(model, "coda_prompt", "the ViT the prompts are inserted into",
+        self.backbone = backbone_of(model, "the ViT the prompts are inserted into", family="coda_prompt",
                                     forward_features=True)
-        num_experts = count_experts(num_experts, getattr(model, "task_num", None), "coda_prompt", "tasks")
+        num_experts = count_experts(num_experts, getattr(model, "task_num", None), "tasks", family="coda_prompt")
         components = int(getattr(model, f"e_k_{int(layers[0])}").shape[0])
         if num_experts * model.num_pt_per_task > components:
             raise InvalidParameterError(
@@ -65,7 +65,7 @@ class CodaPrompt(AdapterFamily):
                 f"{num_experts * model.num_pt_per_task}, the pool holds {components}"
             )
         self.original = model.forward
-        return Plan(head=find_head(self.backbone, "coda_prompt"), num_experts=num_experts, start_expert=start_expert,
+        return Plan(head=find_head(self.backbone, family="coda_prompt"), num_experts=num_experts, start_expert=start_expert,
                     counter=counter, router_dim=router_dim)
 
     def refuse_framework_layout(self) -> None:

@@ -66,14 +66,14 @@ class DualPrompt(PoolFamily):
     def jh_lee_layout(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         """JH-LEE ``dualprompt-pytorch``: routed by ``prompt_mask``; with ``use_prompt_mask`` the loop trains
         step ``t`` on its own ``top_k`` slots."""
-        prompt = prompt_mask_pool(self.model, "dualprompt", "e_prompt", _WHAT)
-        head = find_head(self.model, "dualprompt")
-        num_experts = count_experts(num_experts, None, "dualprompt", "steps")
+        prompt = prompt_mask_pool(self.model, "e_prompt", _WHAT, family="dualprompt")
+        head = find_head(self.model, family="dualprompt")
+        num_experts = count_experts(num_experts, None, "steps", family="dualprompt")
         pool, top_k = prompt.prompt_key.shape[0], int(prompt.top_k)
         tied = bool(getattr(self.model, "use_prompt_mask", False))
         if slots_per_expert is None and tied:
             slots_per_expert = top_k
-        size, expert_of_slot = slice_layout(pool, num_experts, slots_per_expert, top_k, "dualprompt",
+        size, expert_of_slot = slice_layout(pool, num_experts, slots_per_expert, top_k, family="dualprompt",
                                             remainder_to_last=False)
         self.pool = PromptMaskPool(self, prompt, Slots(expert_of_slot, torch.arange(pool), tied, **query))
         return Plan(head=head, num_experts=num_experts, num_banks=pool,
@@ -83,11 +83,11 @@ class DualPrompt(PoolFamily):
                         query: Dict[str, Any]) -> Plan:
         """The Si-Blurry lineage: ``S = model.num_pt_per_task``; the steps tie training where the pool's
         forward takes the slot range (Si-Blurry's pool-wide selection never reads its ``task_id``)."""
-        backbone = backbone_of(self.model, "dualprompt", "the ViT whose classifier is the online head")
-        num_experts = count_experts(num_experts, getattr(self.model, "task_num", None), "dualprompt", "steps")
+        backbone = backbone_of(self.model, "the ViT whose classifier is the online head", family="dualprompt")
+        num_experts = count_experts(num_experts, getattr(self.model, "task_num", None), "steps", family="dualprompt")
         slots = int(pool.key.shape[0])
         size = slots_per_expert if slots_per_expert is not None else getattr(self.model, "num_pt_per_task", None)
-        size, expert_of_slot = slice_layout(slots, num_experts, size, 1, "dualprompt", remainder_to_last=False)
+        size, expert_of_slot = slice_layout(slots, num_experts, size, 1, family="dualprompt", remainder_to_last=False)
         if self.options.ensemble and getattr(pool, "learnable_mask", False):
             raise SeamError(
                 "fly_modules.adapters.dualprompt: e_prompt.learnable_mask multiplies the logits after the classifier, "
@@ -95,7 +95,7 @@ class DualPrompt(PoolFamily):
             )
         steps = routable(pool)
         self.pool = KeyPool(self, pool, Slots(expert_of_slot, torch.arange(slots), steps, **query))
-        return Plan(head=find_head(backbone, "dualprompt"), num_experts=num_experts, num_banks=slots,
+        return Plan(head=find_head(backbone, family="dualprompt"), num_experts=num_experts, num_banks=slots,
                     banks_of_expert=lambda expert: list(range(expert * size, (expert + 1) * size)),
                     counter=step_counter(self.model) if steps else None)
 

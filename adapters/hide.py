@@ -108,7 +108,7 @@ class _Official:
             raise self.family.missing_seam("e_prompt", _WHAT)
         if "prompt_idx" not in named_parameters(prompt.forward):
             raise self.family.missing_seam("e_prompt.forward(..., prompt_idx=...)", _WHAT)
-        num_experts = count_experts(num_experts, getattr(prompt, "pool_size", None), "hide", "tasks")
+        num_experts = count_experts(num_experts, getattr(prompt, "pool_size", None), "tasks", family="hide")
         if options.router and self.query_module is None:
             raise SeamError(
                 f"{_CALLER}: router=True needs the router features: pass original_model=... (its output['pre_logits']) "
@@ -120,7 +120,7 @@ class _Official:
                 "one, so a routed task per sample would be overruled; set e_prompt.batchwise_prompt = False (your "
                 "--batchwise_prompt) or retrofit with router=False"
             )
-        head = find_head(model, "hide")
+        head = find_head(model, family="hide")
         corrections = check_assembly(prompt, family="hide", router=options.router, correct=options.correct_assembly)
         self.prompt = prompt
         return Plan(head=head, num_experts=num_experts, corrections=corrections)
@@ -195,7 +195,7 @@ class _PrefixModel:
             raise family.missing_seam("forward_prompt(x, task_id, ...)", _WHAT_PREFIX)
         if not isinstance(model.prompt_head, nn.Linear):
             raise family.missing_seam("prompt_head", "an nn.Linear, the prompt branch's classifier")
-        num_experts = count_experts(num_experts, getattr(model, "task_num", None), family.family, "tasks")
+        num_experts = count_experts(num_experts, getattr(model, "task_num", None), "tasks", family=family.family)
         return Plan(head=(model, "prompt_head"), num_experts=num_experts)
 
     def install(self) -> None:

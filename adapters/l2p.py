@@ -32,16 +32,19 @@ class L2P(PoolFamily):
 
     def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         """The JH-LEE pool routed by ``prompt_mask``, the Si-Blurry-lineage pool by its slot range."""
-        num_experts = count_experts(num_experts, None, "l2p", "key-pool slices")
+        num_experts = count_experts(num_experts, None, "key-pool slices", family="l2p")
         prompt = getattr(self.model, "prompt", None)
         if is_key_pool(prompt):
-            head = find_head(backbone_of(self.model, "l2p", "the ViT whose classifier is the online head"), "l2p")
+            backbone = backbone_of(self.model, "the ViT whose classifier is the online head", family="l2p")
+            head = find_head(backbone, family="l2p")
             pool_size, top_k = int(prompt.key.shape[0]), int(getattr(prompt, "selection_size", 1))
         else:
-            prompt = prompt_mask_pool(self.model, "l2p", "prompt", "the JH-LEE l2p-pytorch prompt pool `prompt.Prompt`")
-            head = find_head(self.model, "l2p")
+            prompt = prompt_mask_pool(self.model, "prompt", "the JH-LEE l2p-pytorch prompt pool `prompt.Prompt`",
+                                      family="l2p")
+            head = find_head(self.model, family="l2p")
             pool_size, top_k = int(prompt.prompt_key.shape[0]), int(prompt.top_k)
-        _, expert_of_slot = slice_layout(pool_size, num_experts, slots_per_expert, top_k, "l2p", remainder_to_last=True)
+        _, expert_of_slot = slice_layout(pool_size, num_experts, slots_per_expert, top_k, family="l2p",
+                                         remainder_to_last=True)
         slots = Slots(expert_of_slot, expert_of_slot, ties_training=False, **query)
         self.pool = KeyPool(self, prompt, slots) if is_key_pool(prompt) else PromptMaskPool(self, prompt, slots)
         return Plan(head=head, num_experts=num_experts)

@@ -30,7 +30,7 @@ def _first_attribute(model: nn.Module, names: Sequence[str], what: str) -> str:
     for name in names:
         if isinstance(getattr(model, name, None), Tensor):
             return name
-    raise missing_seam("mvp", model, "` or `".join(names), what)
+    raise missing_seam(model, "` or `".join(names), what, family="mvp")
 
 
 @dataclasses.dataclass
@@ -74,7 +74,7 @@ class MVP(AdapterFamily):
         model = self.model
         self.router_features = check_choice(router_features or "cls", "router_features", _ROUTER_FEATURES,
                                             owner="fly_modules.adapters.mvp")
-        self.backbone = backbone = backbone_of(model, "mvp", "the frozen ViT MVP prompts")
+        self.backbone = backbone = backbone_of(model, "the frozen ViT MVP prompts", family="mvp")
         for name in ("patch_embed", "blocks", "norm"):
             if not hasattr(backbone, name):
                 raise self.missing_seam(f"backbone.{name}", "part of the ViT MVP's query pass runs through")
@@ -93,7 +93,7 @@ class MVP(AdapterFamily):
         if self.options.router and int(getattr(model, "selection_size", 1)) != 1:
             raise InvalidParameterError("fly_modules.adapters.mvp: routing replaces a top-1 selection; "
                                         "selection_size must be 1")
-        head = find_head(backbone, "mvp")
+        head = find_head(backbone, family="mvp")
         blocks = backbone.blocks
         self.query_index = len(blocks) - 1 if getattr(model, "use_last_layer", True) else len(blocks) - 2
         if self.query_index < 0:

@@ -52,15 +52,16 @@ class SPrompt(AdapterFamily):
             raise self.missing_seam("experts.forward(backbone, inputs, expert_ids)", _WHAT)
         if "expert_ids" not in named_parameters(model.forward):
             raise self.missing_seam("forward(inputs, expert_ids=None)", _WHAT)
-        self.backbone = backbone_of(model, "sprompt", "the ViT the prompts are inserted into", forward_features=True)
-        num_experts = count_experts(num_experts, getattr(experts, "num_experts", None), "sprompt", "tasks")
+        self.backbone = backbone_of(model, "the ViT the prompts are inserted into", family="sprompt",
+                                    forward_features=True)
+        num_experts = count_experts(num_experts, getattr(experts, "num_experts", None), "tasks", family="sprompt")
         if num_experts > experts.prompts.shape[1]:
             raise InvalidParameterError(
                 f"fly_modules.adapters.sprompt: num_experts={num_experts} but model.experts.prompts holds "
                 f"{experts.prompts.shape[1]} prompt sets"
             )
         self.experts = experts
-        return Plan(head=find_head(self.backbone, "sprompt"), num_experts=num_experts, start_expert=start_expert,
+        return Plan(head=find_head(self.backbone, family="sprompt"), num_experts=num_experts, start_expert=start_expert,
                     counter=step_counter(model), router_dim=router_dim)
 
     def install_hooks(self) -> None:

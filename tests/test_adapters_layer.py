@@ -221,3 +221,25 @@ def test_every_function_of_the_adapters_fits_on_a_screen():
     assert not found, "; ".join(found)
     assert long_functions("def f():\n" + "    x = 1\n" * 60, "f.py") == ["f.py:1 f (61 lines)"]
     assert not long_functions("def f():\n" + "    x = 1\n" * 59, "f.py")
+
+
+def test_forcing_routes_the_given_experts_inside_the_block_only():
+    model = Tiny()
+    handle = generic.retrofit(model, num_experts=2, query_module=model.query, route_module=model.route,
+                              route_kwarg="expert", expansion_dim=16, ridge=1.0)
+    seen = []
+    model.route.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("expert")),
+                                          with_kwargs=True)
+    model.eval()
+    x = torch.randn(3, 4)
+    model(x)
+    assert seen == [None] and not handle.routing_active()  # the router holds no sample yet
+    with handle.forcing(torch.tensor([1, 0, 1])):
+        model(x)
+    assert seen[1].tolist() == [1, 0, 1] and handle.observed.routed.tolist() == [1, 0, 1]
+    with pytest.raises(ValueError, match="inside"), handle.forcing(1):
+        assert handle.routing_active()
+        raise ValueError("inside")
+    model(x)
+    assert seen[2] is None and not handle.routing_active()
+    handle.remove()
