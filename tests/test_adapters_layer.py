@@ -92,6 +92,8 @@ def test_register_family_adds_a_family_class_with_the_common_options():
     calls = []
 
     class Custom(AdapterFamily):
+        """A family of the test: its docstring documents the public retrofit."""
+
         names = ("custom-test",)
         seam_contract = False
 
@@ -111,6 +113,8 @@ def test_register_family_adds_a_family_class_with_the_common_options():
         assert handle.router.expansion_dim == 8 and handle.ensemble.num_experts == 3
         assert isinstance(model.head, EnsembleLinear) and handle.family == "custom-test"
         assert list(inspect.signature(public).parameters)[-1] == "num_experts"
+        assert "its docstring documents the public retrofit" in public.__doc__
+        assert "slots_per_expert: keys per slice" in l2p.retrofit.__doc__
         with pytest.raises(InvalidParameterError, match="already registered"):
             register_family(Custom)
 
