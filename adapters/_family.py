@@ -29,7 +29,7 @@ from ._handle import BatchState, Retrofit, StepCounter
 from ._head import EnsembleLinear, ensemble_scores
 from ._options import RetrofitOptions
 from ._query import ClassToken, first_tensor
-from ._restore import Installation
+from ._restore import Installation, shared
 from ._seams import GENERIC_CALL, SeamError, missing_seam, require_keyword
 
 __all__ = ["AdapterFamily", "Plan"]
@@ -264,7 +264,7 @@ class AdapterFamily:
         if scorer is None:
             def scorer(x: Tensor) -> Tensor:
                 return ensemble_scores(ensemble, x, self.pop_banks(x.shape[0]), self.handle.logit_mask)
-        wrapper = EnsembleLinear(ensemble.online, scorer, is_training or (lambda: self.handle.training))
+        wrapper = EnsembleLinear(ensemble.online, shared(scorer), shared(is_training) or (lambda: self.handle.training))
         self.install.set_attribute(parent, name, wrapper)
         return wrapper
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import types
 from typing import Any, Dict, Tuple
 
 import pytest
@@ -320,6 +321,36 @@ def test_a_second_retrofit_is_refused_as_already_retrofitted_before_any_seam_che
     assert hook_counts(model, original) == hooks and dict(vars(model)) == attributes and not first.removed
     first.remove()
     wire().remove()  # allowed again once the first is removed
+
+
+def _installed_functions(model: nn.Module):
+    """The hooks on ``model``'s modules and the functions or methods set on them as instance attributes."""
+    return [value for module in model.modules() for value in
+            [*module._forward_hooks.values(), *module._forward_pre_hooks.values(),
+             *(v for v in vars(module).values() if isinstance(v, (types.FunctionType, types.MethodType)))]]
+
+
+def forward(name: str, model: nn.Module, original, x: Tensor) -> None:
+    if name == "flygcl-coda-prompt":
+        model(x)
+    else:
+        CASES[name].forward(model, original, x)
+
+
+@pytest.mark.parametrize("name", [*CASES, "flygcl-coda-prompt"])
+def test_a_retrofitted_model_deep_copies_sharing_the_retrofits_functions(name):
+    """After training and inference forwards, a deep copy shares every hook and wrapper (as it shares any
+    function) instead of copying the family, its handle and the tensors a forward left there."""
+    model, original, wire = _live_case(name)
+    wire()
+    x, _ = batch(n=4)
+    for mode in (True, False):  # (no graph: the stand-ins keep some outputs, which deepcopy refuses with one)
+        model.train(mode)
+        with torch.no_grad():
+            forward(name, model, original, x)
+    copied = copy.deepcopy(model)
+    pairs = list(zip(_installed_functions(model), _installed_functions(copied), strict=True))
+    assert pairs and all(mine is theirs for mine, theirs in pairs)
 
 
 def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
