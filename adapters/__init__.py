@@ -14,21 +14,24 @@ from typing import Any, Sequence, Union
 import torch
 from torch import nn
 
+from ._family import AdapterFamily as AdapterFamily
+from ._family import Plan as Plan
+from ._handle import Observation as Observation
 from ._handle import Retrofit as Retrofit
+from ._head import EnsembleLinear as EnsembleLinear
 from ._options import RetrofitOptions as RetrofitOptions
 from ._options import Schedule
 from ._registry import install, list_families
 from ._registry import register_family as register_family
+from ._seams import SeamError as SeamError
 from ._verify import VerifyReport as VerifyReport
-from ._wiring import EnsembleLinear as EnsembleLinear
-from ._wiring import SeamError as SeamError
 from .contract import SeamContract as SeamContract
 
 # The families register themselves on import.
 from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "EnsembleLinear", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
+    "AdapterFamily", "EnsembleLinear", "Observation", "Plan", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
     "register_family", "retrofit",
 ]
 

@@ -8,11 +8,12 @@ fill. Families feed it through the ``record_*`` / ``note_*`` calls; the user's l
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import warnings
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +26,7 @@ from ._options import Schedule
 from ._restore import MARKER, Installation
 from ._verify import VerifyReport
 
-__all__ = ["BatchState", "Retrofit", "StepCounter"]
+__all__ = ["BatchState", "Observation", "Retrofit", "StepCounter", "live_retrofit"]
 
 _STATE_FORMAT = 1
 
@@ -75,6 +76,42 @@ class BatchState:
     injected: Optional[Tensor] = None
 
 
+@dataclasses.dataclass
+class Observation:
+    """What the hooks saw the model use, for ``verify()`` and the one-time check that routing takes effect.
+
+    Attributes:
+        routed: ``(B,)`` experts the routing gave the latest inference forward.
+        used: experts the model's output shows that forward used (``None``: not observable).
+        trained: experts whose prompts the latest training forward used.
+        banks: ensemble banks the latest ensembled inference used (an int: one bank for all).
+    """
+
+    routed: Optional[Tensor] = None
+    used: Optional[Tensor] = None
+    trained: Optional[Tensor] = None
+    banks: Union[int, Tensor, None] = None
+
+    def clear(self) -> None:
+        self.routed = self.used = self.trained = self.banks = None
+
+
+def live_retrofit(model: nn.Module) -> Optional["Retrofit"]:
+    """The retrofit installed on ``model`` now (``None``: none, or only a deep copy's, or removed)."""
+    marker = getattr(model, MARKER, None)
+    previous = marker() if marker is not None else None
+    if previous is not None and not previous.removed and previous.model is model:
+        return previous
+    return None
+
+
+def already_retrofitted(model: nn.Module, previous: "Retrofit") -> RuntimeError:
+    return RuntimeError(
+        f"{type(model).__name__} is already retrofitted ({previous!r}); call remove() on that handle first "
+        "(handle.remove() puts the model back as it was), then retrofit again"
+    )
+
+
 class Retrofit:
     """Handle returned by every ``retrofit``: the added modules, the per-batch call, checkpoints and undo.
 
@@ -91,6 +128,10 @@ class Retrofit:
         process_group: ``torch.distributed`` group of a data-parallel run: the ensemble then moves the
             banks that any rank trained (the router gathers through its own ``process_group``).
         batch: what the hooks recorded for the batch and the forward in progress (:class:`BatchState`).
+        observed: what the hooks saw the model use (:class:`Observation`).
+        inference: ``inference(batch)``, how ``verify()`` evaluates when the model's inference is not its
+            forward (the ``reference`` family: ``model.predict``); ``None``: the forward.
+        query_source: what produces the router's query, for error messages.
     """
 
     def __init__(
@@ -109,12 +150,9 @@ class Retrofit:
     ) -> None:
         # Two live retrofits of one model would wrap each other's seams, and removing them in the
         # order they were made would leave a wrapper behind: refuse the second one.
-        previous = getattr(model, MARKER, None)
-        previous = previous() if previous is not None else None
-        if previous is not None and not previous.removed and previous.model is model:  # (not a deepcopy's)
-            raise RuntimeError(
-                f"{type(model).__name__} is already retrofitted ({previous!r}); call remove() on that handle first"
-            )
+        previous = live_retrofit(model)
+        if previous is not None:
+            raise already_retrofitted(model, previous)
         if num_experts is None and router is not None:
             num_experts = router.num_experts
         if schedule is not None and num_experts is not None and schedule.num_experts > num_experts:
@@ -135,28 +173,50 @@ class Retrofit:
         #: ``correct(installation)`` for each upstream fix the retrofit installed (``correct_assembly``):
         #: verify() compares the retrofit with the model carrying these fixes only.
         self.corrections: List[Callable[[Installation], None]] = []
-        # How verify() evaluates by default when the model's inference is not its forward.
-        self._predict: Optional[Callable[[Any], Any]] = None
+        self.inference: Optional[Callable[[Any], Any]] = None
         self._start_method_expert = start_method_expert
         self._banks_of_expert = banks_of_expert
         self._step_counter = step_counter
         self._optimizer_hook: Any = None
         self._following = False
-        #: what produces the router's query, for error messages ("the forward of original_model").
         self.query_source = "the query module"
         self.batch = BatchState()
         self._warned_no_ema = False
-        # What the hooks observed, for verify() and the one-time check that routing takes effect.
+        self.observed = Observation()
         self._forced_expert: Union[int, Tensor, None] = None
         self._confirmed_experts: set = set()
         self._verifying = False
-        self.observed: Dict[str, Any] = {}
         model.__dict__[MARKER] = weakref.ref(self)
         self.install.add_undo(lambda: model.__dict__.pop(MARKER, None))
 
     @property
     def removed(self) -> bool:
         return self.install.removed
+
+    @contextlib.contextmanager
+    def forcing(self, experts: Union[int, Tensor, None]) -> Iterator[None]:
+        """Inside the block, routed inference answers ``experts`` (an int for every sample, or one per sample
+        as a ``(B,)`` tensor) instead of asking the router, fitted or not."""
+        before, self._forced_expert = self._forced_expert, experts
+        try:
+            yield
+        finally:
+            self._forced_expert = before
+
+    @contextlib.contextmanager
+    def verifying(self) -> Iterator[None]:
+        """Inside the block, hooks observe every routed call and the optimizer is not followed (``verify()``)."""
+        before, self._verifying = self._verifying, True
+        try:
+            yield
+        finally:
+            self._verifying = before
+
+    @property
+    def follows_any_optimizer(self) -> bool:
+        """Whether the EMA copies follow the first optimizer that steps the classifier (``optimizer='auto'``
+        or a re-created optimizer)."""
+        return self._following
 
     @property
     def training(self) -> bool:
@@ -232,7 +292,7 @@ class Retrofit:
         expert was seen taking effect once: a model that ignores the routed value raises instead of
         evaluating unrouted.
         """
-        self.observed["routed"], self.observed["used"] = routed.detach(), None if used is None else used.detach()
+        self.observed.routed, self.observed.used = routed.detach(), None if used is None else used.detach()
         if used is None or not self.wants_observation:
             return
         if not torch.equal(used.reshape(-1).to(routed.device).long(), routed.reshape(-1).long()):
@@ -245,7 +305,7 @@ class Retrofit:
 
     def note_trained(self, experts: Tensor) -> None:
         """The experts whose prompts a training forward used (verify compares them with the current one)."""
-        self.observed["trained"] = experts.detach()
+        self.observed.trained = experts.detach()
 
     # ------------------------------------------------------------------------------- training calls
     def attach_optimizer(self, optimizer: Union[torch.optim.Optimizer, str, None]) -> None:

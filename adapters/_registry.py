@@ -1,18 +1,24 @@
-"""The family registry: ``@register_family("dualprompt", "misa")`` declares which method names a wiring
-function serves, and the dispatch every retrofit goes through (option checks, the refusal of seam-contract
-models by the families that recognise upstream code, undo of a failed install)."""
+"""The family registry: ``@register_family`` declares which method names a family serves, and the
+dispatch every retrofit goes through (a live retrofit refused first, option checks, the refusal of
+seam-contract models by the families that recognise upstream code, undo of a failed install).
+
+A family is an :class:`~fly_modules.adapters.AdapterFamily` subclass (``@register_family`` on the class:
+its ``names``, ``seam_contract`` and the keyword-only parameters of its ``recognise``), or a function
+``wire(model, options, *, <family options>) -> Retrofit`` (``@register_family("name", ...)``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Tuple, Type, Union
 
 from torch import nn
 
 from fly_modules._validation import InvalidParameterError, check_choice
 
-from ._handle import Retrofit
+from ._family import AdapterFamily
+from ._handle import Retrofit, already_retrofitted, live_retrofit
 from ._options import RetrofitOptions
 from ._restore import MARKER
 from .contract import missing_seams
@@ -20,11 +26,12 @@ from .contract import missing_seams
 __all__ = ["Family", "install", "list_families", "register_family"]
 
 Wire = Callable[..., Retrofit]
+Registered = Union[Type[AdapterFamily], Wire]
 
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """One adapter family: the method names it serves and its wiring ``wire(model, options, **options)``.
+    """One registered family: the method names it serves and its wiring ``wire(model, options, **options)``.
 
     ``seam_contract``: the family recognises upstream code, so a model implementing
     :class:`~fly_modules.adapters.SeamContract` is refused with a pointer to the ``reference`` family,
@@ -35,6 +42,8 @@ class Family:
     wire: Wire
     options: Tuple[str, ...]
     seam_contract: bool
+    module: str
+    doc: str
 
 
 _FAMILIES: Dict[str, Family] = {}
@@ -45,29 +54,54 @@ def list_families() -> List[str]:
     return sorted(_FAMILIES)
 
 
-def register_family(*names: str, seam_contract: bool = True) -> Callable[[Wire], Callable[..., Retrofit]]:
-    """Register ``wire(model, options, *, <family options>) -> Retrofit`` under ``names``.
+def register_family(*names: Any, seam_contract: bool = True) -> Any:
+    """Register a family; returns its public ``retrofit(model, *, <common options>, <family options>)``.
 
-    Returns the family's public ``retrofit(model, *, <common options>, <family options>)``.
+    ``@register_family`` on an :class:`~fly_modules.adapters.AdapterFamily` subclass registers it under its
+    ``names``; the class docstring documents the public ``retrofit``. ``@register_family("name", ..., seam_contract=True)`` on a function
+    ``wire(model, options, *, <family options>) -> Retrofit`` registers it under the names given.
     """
-    if not names:
-        raise InvalidParameterError("register_family: give at least one method name")
+    if len(names) == 1 and isinstance(names[0], type):
+        return _register_class(names[0])
+    if not names or not all(isinstance(name, str) for name in names):
+        raise InvalidParameterError("register_family: give at least one method name, or decorate an AdapterFamily "
+                                    f"subclass; got {names!r}")
 
     def decorate(wire: Wire) -> Callable[..., Retrofit]:
-        parameters = list(inspect.signature(wire).parameters.values())[2:]
-        if any(p.kind is not inspect.Parameter.KEYWORD_ONLY for p in parameters):
-            raise InvalidParameterError(
-                f"register_family: {wire.__qualname__} must take (model, options, *, <family options>)"
-            )
-        clash = sorted(set(names) & set(_FAMILIES))
-        if clash:
-            raise InvalidParameterError(f"register_family: {clash} are already registered")
-        family = Family(tuple(names), wire, tuple(p.name for p in parameters), seam_contract)
-        for name in names:
-            _FAMILIES[name] = family
-        return _public(family, parameters)
+        parameters = _family_parameters(wire, 2, f"{wire.__qualname__} must take (model, options, *, <family options>)")
+        return _register(Family(tuple(names), wire, tuple(p.name for p in parameters), seam_contract,
+                                wire.__module__, inspect.getdoc(wire) or ""), parameters)
 
     return decorate
+
+
+def _register_class(cls: type) -> Callable[..., Retrofit]:
+    if not issubclass(cls, AdapterFamily) or not cls.names or not all(isinstance(n, str) for n in cls.names):
+        raise InvalidParameterError(
+            f"register_family: {cls.__qualname__} must be an AdapterFamily subclass with names = ('<method>', ...)"
+        )
+    parameters = _family_parameters(cls.recognise, 1,
+                                    f"{cls.__qualname__}.recognise must take (self, *, <family options>)")
+    family = Family(tuple(cls.names), cls.retrofit, tuple(p.name for p in parameters), cls.seam_contract,
+                    cls.__module__, inspect.getdoc(cls) or "")
+    return _register(family, parameters)
+
+
+def _family_parameters(function: Callable[..., Any], leading: int, expected: str) -> List[inspect.Parameter]:
+    """The keyword-only parameters after the ``leading`` positional ones; any other kind is refused."""
+    parameters = list(inspect.signature(function).parameters.values())[leading:]
+    if any(p.kind is not inspect.Parameter.KEYWORD_ONLY for p in parameters):
+        raise InvalidParameterError(f"register_family: {expected}")
+    return parameters
+
+
+def _register(family: Family, parameters: List[inspect.Parameter]) -> Callable[..., Retrofit]:
+    clash = sorted(set(family.names) & set(_FAMILIES))
+    if clash:
+        raise InvalidParameterError(f"register_family: {clash} are already registered")
+    for name in family.names:
+        _FAMILIES[name] = family
+    return _public(family, parameters)
 
 
 def _public(family: Family, family_parameters: List[inspect.Parameter]) -> Callable[..., Retrofit]:
@@ -84,17 +118,21 @@ def _public(family: Family, family_parameters: List[inspect.Parameter]) -> Calla
     ]
     model = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     retrofit.__signature__ = inspect.Signature([model, *common, *family_parameters])  # type: ignore[attr-defined]
-    retrofit.__module__ = family.wire.__module__
+    retrofit.__module__ = family.module
     retrofit.__doc__ = (
         f"Retrofit a model of the {', '.join(family.names)} family (common options: "
-        f"see RetrofitOptions).\n\n{inspect.getdoc(family.wire) or ''}"
+        f"see RetrofitOptions).\n\n{family.doc}"
     )
     return retrofit
 
 
 def install(method: str, model: nn.Module, options: RetrofitOptions, family_options: Mapping[str, Any]) -> Retrofit:
-    """Check the family options, then wire ``model``; a failed wiring is undone before the error propagates."""
+    """Refuse a live retrofit, check the family options, then wire ``model``; a failed wiring is undone
+    before the error propagates."""
     check_choice(method, "method", list_families(), owner="fly_modules.adapters.retrofit")
+    previous = live_retrofit(model)
+    if previous is not None:  # before any seam check: the seams now show the first retrofit's wrappers
+        raise already_retrofitted(model, previous)
     family = _FAMILIES[method]
     unknown = sorted(set(family_options) - set(family.options))
     if unknown:
@@ -121,4 +159,3 @@ def _undo_on_failure(wire: Wire, model: nn.Module, options: RetrofitOptions, arg
         if handle is not None:
             handle.remove()
         raise
-

@@ -10,6 +10,8 @@ the probes and checks that must leave everything as they found them.
 from __future__ import annotations
 
 import copy
+import functools
+import types
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -17,10 +19,27 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["MARKER", "Installation", "Snapshot"]
+__all__ = ["MARKER", "Installation", "Snapshot", "shared"]
 
 #: Instance attribute holding a weak reference to a model's live retrofit.
 MARKER = "_fly_modules_retrofit"
+
+
+def shared(value: Any) -> Any:
+    """``value``, or a plain function calling it when it is a method bound to an object that is not a module.
+
+    A deep copy of a model copies its hooks and instance attributes; a copied bound method would copy its
+    object (a family, its handle, the tensors a forward left there), while a function is shared by the copy.
+    """
+    if not isinstance(value, types.MethodType) or isinstance(value.__self__, nn.Module):
+        return value
+    method = value
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return method(*args, **kwargs)
+
+    return call
 
 
 def _holder(obj: Any, name: str) -> Optional[dict]:
@@ -89,11 +108,13 @@ class Installation:
 
     # -------------------------------------------------------------------------------------- install
     def forward_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
+        hook = shared(hook)
         handle = module.register_forward_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
             else module.register_forward_hook(hook)
         self._keep(handle, f"forward hook on {type(module).__name__}", module)
 
     def forward_pre_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
+        hook = shared(hook)
         handle = module.register_forward_pre_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
             else module.register_forward_pre_hook(hook)
         self._keep(handle, f"forward pre-hook on {type(module).__name__}", module)
@@ -112,7 +133,9 @@ class Installation:
     def set_attribute(self, obj: Any, name: str, value: Any) -> None:
         """``setattr`` on an instance, undone by :meth:`remove` into the very dict that held the old
         value (a module's ``_modules``/``_parameters``/``_buffers`` or ``__dict__``), or deleted so
-        that the class attribute shows through again."""
+        that the class attribute shows through again. A method of a helper object is installed as a
+        function calling it (:func:`shared`)."""
+        value = shared(value)
         swap = _Swap(obj, name, value)
         setattr(obj, name, value)
         self._swaps.append(swap)

@@ -86,7 +86,7 @@ class _Runner:
     def __init__(self, handle: Any, batch: Any, forward: Optional[Callable[[Any], Any]]) -> None:
         self.model, self.batch = handle.model, batch
         self.train_forward = forward or handle.model
-        self.eval_forward = forward or handle._predict or handle.model
+        self.eval_forward = forward or handle.inference or handle.model
         self.devices = sorted({p.device.index or 0 for p in handle.model.parameters() if p.device.type == "cuda"})
 
     def __call__(self, training: bool, batch: Any = None) -> Tensor:
@@ -129,21 +129,20 @@ def verify(
         return VerifyReport(title, [Check("retrofit installed", False, "remove() was called on this handle")])
     model, run = handle.model, _Runner(handle, batch, forward)
     modules = [model, *handle.install.modules, *(m for m in (handle.router, handle.ensemble) if m is not None)]
-    handle._verifying = True  # in the snapshot: every restore keeps it on until the end
-    snapshot = Snapshot(modules, [handle, handle.batch, handle.schedule])
     checks: List[Check] = []
-    try:
-        handle.discard_batch()
-        removed = _trial_removal(handle, run, snapshot, checks)
-        _check_training(handle, run, snapshot, removed, checks)
-        _check_experts_trained(handle, run, snapshot, checks)
-        _check_ensemble_step(handle, run, snapshot, checks, loss, targets)
-        _check_routing(handle, run, snapshot, checks)
-        _check_batch_independence(handle, run, snapshot, checks)
-        _check_ensemble_inference(handle, run, snapshot, checks)
-    finally:
-        snapshot.restore(final=True)
-        handle._verifying = False
+    with handle.verifying():  # on in the snapshot: every restore keeps it on until the end
+        snapshot = Snapshot(modules, [handle, handle.batch, handle.observed, handle.schedule])
+        try:
+            handle.discard_batch()
+            removed = _trial_removal(handle, run, snapshot, checks)
+            _check_training(handle, run, snapshot, removed, checks)
+            _check_experts_trained(handle, run, snapshot, checks)
+            _check_ensemble_step(handle, run, snapshot, checks, loss, targets)
+            _check_routing(handle, run, snapshot, checks)
+            _check_batch_independence(handle, run, snapshot, checks)
+            _check_ensemble_inference(handle, run, snapshot, checks)
+        finally:
+            snapshot.restore(final=True)
     return VerifyReport(title, checks)
 
 
@@ -242,7 +241,7 @@ def _check_experts_trained(handle: Any, run: _Runner, snapshot: Snapshot, checks
     seen: List[str] = []
     for expert in experts:
         handle.start_expert(expert)
-        handle.observed.pop("trained", None)
+        handle.observed.trained = None
         try:
             run(True)
         except Exception as error:  # noqa: BLE001
@@ -250,7 +249,7 @@ def _check_experts_trained(handle: Any, run: _Runner, snapshot: Snapshot, checks
             checks.append(Check(name, False, f"a training forward after start_expert({expert}) raised "
                                              f"{type(error).__name__}: {error}"))
             return
-        trained = handle.observed.get("trained")
+        trained = handle.observed.trained
         snapshot.restore()
         if trained is None:
             checks.append(Check(name, None, "this family does not tie the prompts trained to an expert"))
@@ -295,7 +294,7 @@ def _check_ensemble_step(handle: Any, run: _Runner, snapshot: Snapshot, checks: 
             hooked = handle.optimizer_hook_attached()
             how = (f"after each step of your {type(handle.optimizer).__name__} (its hook is attached)" if hooked else
                    f"but the hook on your {type(handle.optimizer).__name__} is gone")
-        elif handle._following:
+        elif handle.follows_any_optimizer:
             hooked, how = True, "after each step of the first optimizer that trains the classifier (optimizer='auto')"
         else:
             hooked, how = True, "when you call handle.update_ensemble() after each optimizer.step() (no optimizer given)"
@@ -317,17 +316,16 @@ def _check_routing(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[C
     outputs: List[Tensor] = []
     usage: List[str] = []
     for expert in range(int(handle.num_experts or router.num_experts)):
-        handle._forced_expert = expert
-        handle.observed.pop("used", None)
-        handle.observed.pop("routed", None)
+        handle.observed.used = handle.observed.routed = None
         try:
-            outputs.append(run(False).detach())
+            with handle.forcing(expert):
+                outputs.append(run(False).detach())
         except Exception as error:  # noqa: BLE001
             snapshot.restore()
             checks.append(Check("forcing each expert selects its prompts", False,
                                 f"an inference forward with expert {expert} forced raised {type(error).__name__}: {error}"))
             return
-        used, routed = handle.observed.get("used"), handle.observed.get("routed")
+        used, routed = handle.observed.used, handle.observed.routed
         snapshot.restore()
         if routed is None:
             checks.append(Check("forcing each expert selects its prompts", False, (
@@ -372,9 +370,9 @@ def _check_batch_independence(handle: Any, run: _Runner, snapshot: Snapshot, che
     num_experts = None if router is None else int(handle.num_experts or router.num_experts)
 
     def evaluate(rows: Tensor, experts: Optional[Tensor]) -> Tensor:
-        handle._forced_expert = experts
         try:
-            return run(False, take_rows(run.batch, rows, total))
+            with handle.forcing(experts):
+                return run(False, take_rows(run.batch, rows, total))
         finally:
             snapshot.restore()
 
@@ -395,9 +393,9 @@ def _check_ensemble_inference(handle: Any, run: _Runner, snapshot: Snapshot, che
         return
 
     def infer() -> Check:
-        handle.observed.pop("banks", None)
+        handle.observed.banks = None
         run(False)
-        banks = handle.observed.get("banks")
+        banks = handle.observed.banks
         snapshot.restore()
         if banks is None:
             return Check(name, False, "the ensembled head did not run at inference: the model's logits come from "

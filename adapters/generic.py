@@ -3,36 +3,39 @@ the classifier are. Each seam is checked before anything is installed (see ``doc
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from torch import Tensor, nn
 
-from ._handle import Retrofit
-from ._options import RetrofitOptions
+from ._family import AdapterFamily, Plan, RouteValue
+from ._head import EnsembleLinear, ensemble_scores
+from ._query import default_query
 from ._registry import register_family
-from ._wiring import EnsembleLinear, RouteValue, SeamError, Wiring, default_query, ensemble_scores, find_head
+from ._seams import SeamError, find_head
 
-__all__ = ["retrofit", "EnsembleLinear", "find_head", "ensemble_scores"]
+__all__ = ["Generic", "retrofit", "EnsembleLinear", "find_head", "ensemble_scores"]
 
 
-@register_family("generic", seam_contract=False)
-def retrofit(
-    model: nn.Module,
-    options: RetrofitOptions,
-    *,
-    num_experts: int,
-    query_module: Optional[nn.Module] = None,
-    query_from_output: Optional[Callable[[Any], Tensor]] = None,
-    route_module: Optional[nn.Module] = None,
-    route_kwarg: Optional[str] = None,
-    route_value: Optional[RouteValue] = None,
-    head_owner: Optional[nn.Module] = None,
-    head_name: Optional[str] = None,
-    bank_from_output: Optional[Callable[[Any], Tensor]] = None,
-    start_expert: Optional[Callable[[int], None]] = None,
-    router_dim: Optional[int] = None,
-) -> Retrofit:
+def _head_seat(model: nn.Module, head_owner: Optional[nn.Module], head_name: Optional[str]) -> Tuple[nn.Module, str]:
+    """``(parent, name)`` of the classifier the user named, or found on ``model`` / ``head_owner``."""
+    if head_owner is None:
+        parent, found = find_head(model)
+        head_name = head_name or found
+    elif head_name is None:
+        parent, head_name = find_head(head_owner)
+    else:
+        parent = head_owner
+    if not hasattr(parent, head_name):
+        raise SeamError(
+            f"fly_modules.adapters.generic: {type(parent).__name__} has no attribute `{head_name}` (head_name)"
+        )
+    return parent, head_name
+
+
+class Generic(AdapterFamily):
     """Add the analytic router and/or the temporal ensemble to a model through explicit seams.
+
+    The seams the user names: a query module, a routed keyword, the classifier, one bank per expert.
 
     Args:
         num_experts: router outputs = ensemble banks (one bank per expert).
@@ -53,39 +56,51 @@ def retrofit(
         start_expert: the method's own expert start, called with the expert id; default: nothing.
         router_dim: width of the query features; default the classifier's ``in_features``.
     """
-    if head_owner is None:
-        head_owner, found = find_head(model)
-        head_name = head_name or found
-    elif head_name is None:
-        head_owner, head_name = find_head(head_owner)
-    if not hasattr(head_owner, head_name):
-        raise SeamError(
-            f"fly_modules.adapters.generic: {type(head_owner).__name__} has no attribute `{head_name}` (head_name)"
-        )
-    if options.router and (query_module is None or route_module is None or route_kwarg is None):
-        missing = [n for n, v in (("query_module", query_module), ("route_module", route_module),
-                                  ("route_kwarg", route_kwarg)) if v is None]
-        raise SeamError(f"fly_modules.adapters.generic: router=True needs {', '.join(missing)}")
-    if bank_from_output is not None and route_module is None:
-        raise SeamError("fly_modules.adapters.generic: bank_from_output reads the route module's output; pass route_module")
-    wiring = Wiring.create(
-        model, "generic", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
-        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_expert=start_expert,
-        router_dim=router_dim,
-    )
-    if not options.router and not options.ensemble:
-        return wiring.handle
-    if options.router:
-        wiring.handle.query_source = f"the forward of {type(query_module).__name__} (query_module)"
-        wiring.hook_route_module(
-            route_module, route_kwarg=route_kwarg, route_value=route_value, query_from_call=None,
-            banks_follow_routing=bank_from_output is None,
-        )
-        wiring.hook_query_module(query_module, query_from_output or default_query)
-    if options.ensemble:
+
+    names = ("generic",)
+    seam_contract = False
+
+    def recognise(
+        self,
+        *,
+        num_experts: int,
+        query_module: Optional[nn.Module] = None,
+        query_from_output: Optional[Callable[[Any], Tensor]] = None,
+        route_module: Optional[nn.Module] = None,
+        route_kwarg: Optional[str] = None,
+        route_value: Optional[RouteValue] = None,
+        head_owner: Optional[nn.Module] = None,
+        head_name: Optional[str] = None,
+        bank_from_output: Optional[Callable[[Any], Tensor]] = None,
+        start_expert: Optional[Callable[[int], None]] = None,
+        router_dim: Optional[int] = None,
+    ) -> Plan:
+        head = _head_seat(self.model, head_owner, head_name)
+        if self.options.router and (query_module is None or route_module is None or route_kwarg is None):
+            missing = [n for n, v in (("query_module", query_module), ("route_module", route_module),
+                                      ("route_kwarg", route_kwarg)) if v is None]
+            raise SeamError(f"fly_modules.adapters.generic: router=True needs {', '.join(missing)}")
+        if bank_from_output is not None and route_module is None:
+            raise SeamError("fly_modules.adapters.generic: bank_from_output reads the route module's output; "
+                            "pass route_module")
+        self.query_module, self.query_from_output = query_module, query_from_output or default_query
+        self.route_module, self.route_kwarg, self.route_value = route_module, route_kwarg, route_value
+        self.bank_from_output = bank_from_output
+        return Plan(head=head, num_experts=num_experts, start_expert=start_expert, router_dim=router_dim)
+
+    def install_hooks(self) -> None:
+        if self.options.router:
+            self.handle.query_source = f"the forward of {type(self.query_module).__name__} (query_module)"
+            self.route_keyword(self.route_module, self.route_kwarg, value=self.route_value,
+                               banks_follow_routing=self.bank_from_output is None)
+            self.read_query(self.query_module, self.query_from_output)
+        if not self.options.ensemble:
+            return
+        bank_from_output = self.bank_from_output
         if bank_from_output is not None:
-            wiring.hook_banks(route_module, lambda mod, args, kwargs, output: bank_from_output(output))
-        elif not options.router:
-            wiring.hook_batch_size(model)
-        wiring.swap_head(head_owner, head_name)
-    return wiring.handle
+            self.read_banks(self.route_module, lambda module, args, kwargs, output: bank_from_output(output))
+        elif not self.options.router:
+            self.count_batches(self.model)
+
+
+retrofit = register_family(Generic)

@@ -13,39 +13,30 @@ Minhchuyentoancbn/MoE_PromptCL) and FlyGCL's port. The routed task replaces the 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
 from fly_modules._validation import InvalidParameterError
 
-from ._handle import Retrofit
-from ._options import RetrofitOptions
-from ._prompt_pools import check_assembly, install_assembly_correction
+from ._assembly import check_assembly
+from ._family import AdapterFamily, Plan
+from ._query import default_query
 from ._registry import register_family
-from ._wiring import SeamError, Wiring, count_experts, default_query, find_head, missing_seam, named_parameters
+from ._seams import SeamError, count_experts, find_head, named_parameters
 
-__all__ = ["retrofit"]
+__all__ = ["HiDe", "retrofit"]
 
 _WHAT = "the official HiDe-Prompt/NoRGa `EPrompt`, called with prompt_idx=..."
 _WHAT_PREFIX = "FlyGCL's HiDePrefixModel / NoRGaPrefixModel: forward_gate(x) -> (logits, h), forward_prompt(x, task_id)"
+_CALLER = "fly_modules.adapters.hide"
 
 
-@register_family("hide", "norga")
-def retrofit(
-    model: nn.Module,
-    options: RetrofitOptions,
-    *,
-    num_experts: Optional[int] = None,
-    original_model: Optional[nn.Module] = None,
-    query_module: Optional[nn.Module] = None,
-    query_from_output: Optional[Callable[[Any], Tensor]] = None,
-    run_query_module: bool = True,
-    start_expert: Optional[Callable[[int], None]] = None,
-    router_dim: Optional[int] = None,
-) -> Retrofit:
+class HiDe(AdapterFamily):
     """Retrofit a HiDe-Prompt or NoRGa model.
+
+    One ensemble bank per task; the routed task replaces the loop's task identification.
 
     Args:
         num_experts: tasks (default ``model.e_prompt.pool_size``, one prompt per task; FlyGCL's prefix
@@ -59,93 +50,108 @@ def retrofit(
         start_expert: the method's own task start (default: nothing; the loop passes ``task_id``).
         router_dim: width of the router features (default the classifier's ``in_features``).
     """
-    owner = "fly_modules.adapters.hide"
-    if _is_prefix_model(model) and not hasattr(model, "e_prompt"):
-        given = [name for name, value in (("original_model", original_model), ("query_module", query_module),
-                                          ("query_from_output", query_from_output)) if value is not None]
-        if given:
-            raise InvalidParameterError(
-                f"{owner}: {type(model).__name__} (FlyGCL's prefix layout) routes on its own gate features "
-                f"(forward_gate's h); {given} are options of the official HiDe-Prompt/NoRGa layout"
+
+    names = ("hide", "norga")
+    layout: "_Official | _PrefixModel"
+
+    def recognise(
+        self,
+        *,
+        num_experts: Optional[int] = None,
+        original_model: Optional[nn.Module] = None,
+        query_module: Optional[nn.Module] = None,
+        query_from_output: Optional[Callable[[Any], Tensor]] = None,
+        run_query_module: bool = True,
+        start_expert: Optional[Callable[[int], None]] = None,
+        router_dim: Optional[int] = None,
+    ) -> Plan:
+        if _is_prefix_model(self.model) and not hasattr(self.model, "e_prompt"):
+            given = [name for name, value in (("original_model", original_model), ("query_module", query_module),
+                                              ("query_from_output", query_from_output)) if value is not None]
+            if given:
+                raise InvalidParameterError(
+                    f"{_CALLER}: {type(self.model).__name__} (FlyGCL's prefix layout) routes on its own gate features "
+                    f"(forward_gate's h); {given} are options of the official HiDe-Prompt/NoRGa layout"
+                )
+            self.layout = _PrefixModel(self, run_query_module)
+            plan = self.layout.plan(num_experts)
+        else:
+            if query_module is not None and original_model is not None:
+                raise InvalidParameterError(f"{_CALLER}: pass either original_model or query_module, not both")
+            query_module = query_module if query_module is not None else original_model
+            self.layout = _Official(self, query_module, query_from_output or default_query, run_query_module)
+            plan = self.layout.plan(num_experts)
+        plan.start_expert, plan.router_dim = start_expert, router_dim
+        return plan
+
+    def install_hooks(self) -> None:
+        self.layout.install()
+
+    def swap_head(self) -> None:
+        self.layout.swap_head()
+
+
+# ------------------------------------------------------------------------------- the official layout
+class _Official:
+    """``e_prompt(..., prompt_idx=...)`` routed with ``prompt_idx=expert[:, None]``, the banks on ``model.head``."""
+
+    def __init__(self, family: HiDe, query_module: Optional[nn.Module], query_from_output: Callable[[Any], Tensor],
+                 run_query_module: bool) -> None:
+        self.family, self.query_module, self.query_from_output = family, query_module, query_from_output
+        self.run_query_module = run_query_module
+        self.prompt: nn.Module = None  # type: ignore[assignment]  (set by plan)
+
+    def plan(self, num_experts: Optional[int]) -> Plan:
+        model, options = self.family.model, self.family.options
+        prompt = getattr(model, "e_prompt", None)
+        if not isinstance(prompt, nn.Module):
+            raise self.family.missing_seam("e_prompt", _WHAT)
+        if "prompt_idx" not in named_parameters(prompt.forward):
+            raise self.family.missing_seam("e_prompt.forward(..., prompt_idx=...)", _WHAT)
+        num_experts = count_experts(num_experts, getattr(prompt, "pool_size", None), "tasks", family="hide")
+        if options.router and self.query_module is None:
+            raise SeamError(
+                f"{_CALLER}: router=True needs the router features: pass original_model=... (its output['pre_logits']) "
+                "or query_module=... and query_from_output=..."
             )
-        return _wire_prefix_model(model, options, family="hide", num_experts=num_experts,
-                                 run_query_module=run_query_module, start_expert=start_expert, router_dim=router_dim)
-    return _wire_official(model, options, num_experts=num_experts, original_model=original_model,
-                          query_module=query_module, query_from_output=query_from_output,
-                          run_query_module=run_query_module, start_expert=start_expert, router_dim=router_dim)
+        if options.router and getattr(prompt, "batchwise_prompt", False):
+            raise SeamError(
+                f"{_CALLER}: e_prompt.batchwise_prompt replaces every sample's prompt_idx by the batch's most frequent "
+                "one, so a routed task per sample would be overruled; set e_prompt.batchwise_prompt = False (your "
+                "--batchwise_prompt) or retrofit with router=False"
+            )
+        head = find_head(model, family="hide")
+        corrections = check_assembly(prompt, family="hide", router=options.router, correct=options.correct_assembly)
+        self.prompt = prompt
+        return Plan(head=head, num_experts=num_experts, corrections=corrections)
 
-
-def _wire_official(
-    model: nn.Module,
-    options: RetrofitOptions,
-    *,
-    num_experts: Optional[int],
-    original_model: Optional[nn.Module],
-    query_module: Optional[nn.Module],
-    query_from_output: Optional[Callable[[Any], Tensor]],
-    run_query_module: bool,
-    start_expert: Optional[Callable[[int], None]],
-    router_dim: Optional[int],
-) -> Retrofit:
-    """The official layout: ``e_prompt(..., prompt_idx=...)`` routed, the banks on ``model.head``."""
-    owner = "fly_modules.adapters.hide"
-    prompt = getattr(model, "e_prompt", None)
-    if not isinstance(prompt, nn.Module):
-        raise missing_seam("hide", model, "e_prompt", _WHAT)
-    if "prompt_idx" not in named_parameters(prompt.forward):
-        raise missing_seam("hide", model, "e_prompt.forward(..., prompt_idx=...)", _WHAT)
-    num_experts = count_experts(num_experts, getattr(prompt, "pool_size", None), "hide", "tasks")
-    if query_module is not None and original_model is not None:
-        raise InvalidParameterError(f"{owner}: pass either original_model or query_module, not both")
-    query_module = query_module if query_module is not None else original_model
-    if options.router and query_module is None:
-        raise SeamError(
-            f"{owner}: router=True needs the router features: pass original_model=... (its output['pre_logits']) "
-            "or query_module=... and query_from_output=..."
-        )
-    if options.router and getattr(prompt, "batchwise_prompt", False):
-        raise SeamError(
-            f"{owner}: e_prompt.batchwise_prompt replaces every sample's prompt_idx by the batch's most frequent one, "
-            "so a routed task per sample would be overruled; set e_prompt.batchwise_prompt = False (your "
-            "--batchwise_prompt) or retrofit with router=False"
-        )
-    head_owner, head_name = find_head(model, "hide")
-    correct = check_assembly(prompt, family="hide", router=options.router, correct=options.correct_assembly)
-    wiring = Wiring.create(
-        model, "hide", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
-        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_expert=start_expert,
-        router_dim=router_dim,
-    )
-    handle = wiring.handle
-    if correct:
-        install_assembly_correction(handle, prompt)
-    if not options.router and not options.ensemble:
-        return handle
-
+    @staticmethod
     def used_task(output: Any) -> Optional[Tensor]:
         index = output.get("prompt_idx") if isinstance(output, dict) else None
         return None if index is None else index[:, 0]
 
-    if options.router:
-        handle.query_source = f"the forward of {type(query_module).__name__} (original_model / query_module)"
-        if run_query_module:
-            wiring.run_query_when_missing(model, query_module)
-        wiring.hook_query_module(query_module, query_from_output or default_query)
-        wiring.hook_route_module(
-            prompt, route_kwarg="prompt_idx", route_value=lambda experts, module, args, kwargs: experts.unsqueeze(1),
-            query_from_call=None, banks_follow_routing=False, used_from_output=used_task,
-        )
-
-    def observe(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
-        used = used_task(output)
+    def observe(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
+        """The task a call used: trained (training) or its ensemble bank (inference)."""
+        handle = self.family.handle
+        used = self.used_task(output)
         if used is not None and handle.training:
             handle.note_trained(used)
         return None if handle.training else used
 
-    wiring.hook_banks(prompt, observe)
-    if options.ensemble:
-        wiring.swap_head(head_owner, head_name)
-    return handle
+    def install(self) -> None:
+        family = self.family
+        if family.options.router:
+            family.handle.query_source = \
+                f"the forward of {type(self.query_module).__name__} (original_model / query_module)"
+            if self.run_query_module:
+                family.run_query_when_missing(self.query_module)
+            family.read_query(self.query_module, self.query_from_output)
+            family.route_keyword(self.prompt, "prompt_idx", value=lambda experts, *call: experts.unsqueeze(1),
+                                 used_from_output=self.used_task)
+        family.read_banks(self.prompt, self.observe)
+
+    def swap_head(self) -> None:
+        self.family.replace_head(*self.family.plan.head)
 
 
 # ---------------------------------------------------------------------- FlyGCL's prefix layout
@@ -164,101 +170,106 @@ def _task_tensor(task_id: Any, batch: int, device: torch.device) -> Optional[Ten
     return None
 
 
-def _wire_prefix_model(
-    model: nn.Module,
-    options: RetrofitOptions,
-    *,
-    family: str,
-    num_experts: Optional[int],
-    run_query_module: bool,
-    start_expert: Optional[Callable[[int], None]],
-    router_dim: Optional[int],
-) -> Retrofit:
-    """Wrap ``forward_gate`` (its ``h`` is the query) and ``forward_prompt`` (the task is routed at
-    inference; the banks follow the task used) as instance attributes, undone by ``remove()``."""
-    if "task_id" not in named_parameters(model.forward_prompt):
-        raise missing_seam(family, model, "forward_prompt(x, task_id, ...)", _WHAT_PREFIX)
-    if not isinstance(model.prompt_head, nn.Linear):
-        raise missing_seam(family, model, "prompt_head", "an nn.Linear, the prompt branch's classifier")
-    num_experts = count_experts(num_experts, getattr(model, "task_num", None), family, "tasks")
-    wiring = Wiring.create(
-        model, family, options, classifier=model.prompt_head, num_experts=num_experts, num_banks=num_experts,
-        banks_of_expert=lambda expert: [int(expert)], start_expert=start_expert, router_dim=router_dim,
-    )
-    handle = wiring.handle
-    if not options.router and not options.ensemble:
-        return handle
-    gate, prompt = model.forward_gate, model.forward_prompt
-    callee = f"{type(model).__name__}.forward_prompt"
-    if options.router:
-        handle.query_source = f"the gate features h of {type(model).__name__}.forward_gate"
+class _PrefixModel:
+    """Wraps ``forward_gate`` (its ``h`` is the query) and ``forward_prompt`` (the task is routed at
+    inference; the banks follow the task used) as instance attributes, undone by ``remove()``.
 
-        def forward_gate(*args: Any, **kwargs: Any) -> Any:
-            output = gate(*args, **kwargs)
-            if wiring.active and isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Tensor):
-                wiring.query_seen(output[1])
-            return output
+    Attributes:
+        in_prompt: a ``forward_prompt`` call is running (the ensembled head answers only inside one).
+        prefix_task: the ``(B,)`` task the running call built its prefixes from (what the branch hands
+            to ``backbone.forward_features``), ``None`` until seen.
+    """
 
-        handle.install.set_attribute(model, "forward_gate", forward_gate)
+    def __init__(self, family: HiDe, run_query_module: bool) -> None:
+        self.family, self.run_query_module = family, run_query_module
+        model = family.model
+        self.gate, self.prompt = model.forward_gate, model.forward_prompt
+        self.callee = f"{type(model).__name__}.forward_prompt"
+        self.in_prompt = False
+        self.prefix_task: Optional[Tensor] = None
+        self.features: Optional[Callable[..., Any]] = None
 
-    def routed(x: Tensor) -> Optional[Tensor]:
-        if not options.router or handle.training or not handle.routing_active():
-            wiring.batch.eval_query = None
-            return None
-        if wiring.batch.eval_query is None and run_query_module:
-            with torch.no_grad():
-                wiring.batch.eval_query = gate(x)[1].detach()  # the loop did not run the gate first
-        return wiring.route(wiring.pop_query(x.shape[0]))
+    def plan(self, num_experts: Optional[int]) -> Plan:
+        family, model = self.family, self.family.model
+        if "task_id" not in named_parameters(model.forward_prompt):
+            raise family.missing_seam("forward_prompt(x, task_id, ...)", _WHAT_PREFIX)
+        if not isinstance(model.prompt_head, nn.Linear):
+            raise family.missing_seam("prompt_head", "an nn.Linear, the prompt branch's classifier")
+        num_experts = count_experts(num_experts, getattr(model, "task_num", None), "tasks", family=family.family)
+        return Plan(head=(model, "prompt_head"), num_experts=num_experts)
 
-    inside = {"prompt": False}  # a forward_prompt call is running
-    # What the prefixes were built from: the task_id the branch hands to backbone.forward_features.
-    seen: Dict[str, Optional[Tensor]] = {}
-    backbone = getattr(model, "backbone", None)
-    features = getattr(backbone, "forward_features", None)
-    if callable(features) and {"use_prefix", "task_id"} <= named_parameters(features):
-        def forward_features(x: Tensor, *args: Any, **kwargs: Any) -> Any:
-            use_prefix = kwargs.get("use_prefix", args[0] if args else False)
-            if wiring.active and use_prefix:
-                seen["task"] = _task_tensor(kwargs.get("task_id", args[1] if len(args) > 1 else None),
+    def install(self) -> None:
+        family, model = self.family, self.family.model
+        if family.options.router:
+            family.handle.query_source = f"the gate features h of {type(model).__name__}.forward_gate"
+            family.install.set_attribute(model, "forward_gate", self.forward_gate)
+        features = getattr(getattr(model, "backbone", None), "forward_features", None)
+        if callable(features) and {"use_prefix", "task_id"} <= named_parameters(features):
+            self.features = features
+            family.install.set_attribute(model.backbone, "forward_features", self.forward_features)
+        family.install.set_attribute(model, "forward_prompt", self.forward_prompt)
+
+    def swap_head(self) -> None:
+        # The ensemble answers inside forward_prompt at inference only: FlyGCL's classifier alignment
+        # trains prompt_head directly with the model in eval mode, which must reach the online head.
+        handle = self.family.handle
+        self.family.replace_head(self.family.model, "prompt_head",
+                                 is_training=lambda: handle.training or not self.in_prompt)
+
+    def forward_gate(self, *args: Any, **kwargs: Any) -> Any:
+        output = self.gate(*args, **kwargs)
+        if self.family.active and isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Tensor):
+            self.family.query_seen(output[1])
+        return output
+
+    def forward_features(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        use_prefix = kwargs.get("use_prefix", args[0] if args else False)
+        if self.family.active and use_prefix:
+            self.prefix_task = _task_tensor(kwargs.get("task_id", args[1] if len(args) > 1 else None),
                                             x.shape[0], x.device)
-            return features(x, *args, **kwargs)
+        return self.features(x, *args, **kwargs)
 
-        handle.install.set_attribute(backbone, "forward_features", forward_features)
+    def routed(self, x: Tensor) -> Optional[Tensor]:
+        """The routed tasks of an inference call (``None``: not routed)."""
+        family, handle = self.family, self.family.handle
+        if not family.options.router or handle.training or not handle.routing_active():
+            family.batch.eval_query = None
+            return None
+        if family.batch.eval_query is None and self.run_query_module:
+            with torch.no_grad():
+                family.batch.eval_query = self.gate(x)[1].detach()  # the loop did not run the gate first
+        return family.route(family.pop_query(x.shape[0]))
 
-    def forward_prompt(x: Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not wiring.active:
-            return prompt(x, *args, **kwargs)
-        experts = routed(x)
+    def forward_prompt(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        family, handle = self.family, self.family.handle
+        if not family.active:
+            return self.prompt(x, *args, **kwargs)
+        experts = self.routed(x)
         if experts is not None:
             if args:
                 args = (experts, *args[1:])
             else:
                 kwargs["task_id"] = experts
-            handle.observed["routed"] = experts
+            handle.observed.routed = experts
         task_id = args[0] if args else kwargs.get("task_id")
         if not handle.training:  # the ensemble head answers inside the call: its banks must be set before it
-            wiring.banks_seen(_task_tensor(task_id, x.shape[0], x.device))
-        seen.clear()
-        inside["prompt"] = True
+            family.banks_seen(_task_tensor(task_id, x.shape[0], x.device))
+        self.prefix_task, self.in_prompt = None, True
         try:
-            output = prompt(x, *args, **kwargs)
+            output = self.prompt(x, *args, **kwargs)
         finally:
-            inside["prompt"] = False
-        used = seen.pop("task", None)
+            self.in_prompt = False
+        used, self.prefix_task = self.prefix_task, None
         if used is None:
             used = _task_tensor(task_id, x.shape[0], x.device)
         if handle.training:
-            wiring.batch_seen(x.shape[0])
+            family.batch_seen(x.shape[0])
             if used is not None:
                 handle.note_trained(used)
-            wiring.banks_seen(used)  # moved after the optimizer step
+            family.banks_seen(used)  # moved after the optimizer step
         elif experts is not None and handle.wants_observation:
-            handle.note_routed(experts, used, callee)
+            handle.note_routed(experts, used, self.callee)
         return output
 
-    handle.install.set_attribute(model, "forward_prompt", forward_prompt)
-    if options.ensemble:
-        # The ensemble answers inside forward_prompt at inference only: FlyGCL's classifier alignment
-        # trains prompt_head directly with the model in eval mode, which must reach the online head.
-        wiring.swap_head(model, "prompt_head", is_training=lambda: handle.training or not inside["prompt"])
-    return handle
+
+retrofit = register_family(HiDe)

@@ -6,32 +6,18 @@ key match runs."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Dict, Optional
 
-from torch import Tensor, nn
-
-from ._handle import Retrofit
-from ._options import RetrofitOptions
-from ._prompt_pools import is_key_pool, prompt_mask_pool, slice_layout, wire_key_pool, wire_prompt_mask_pool
+from ._family import Plan
+from ._prompt_pools import KeyPool, PoolFamily, PromptMaskPool, Slots, is_key_pool, prompt_mask_pool, slice_layout
 from ._registry import register_family
-from ._wiring import backbone_of, count_experts, find_head
+from ._seams import backbone_of, count_experts, find_head
 
-__all__ = ["retrofit"]
+__all__ = ["L2P", "retrofit"]
 
 
-@register_family("l2p")
-def retrofit(
-    model: nn.Module,
-    options: RetrofitOptions,
-    *,
-    num_experts: Optional[int] = None,
-    slots_per_expert: Optional[int] = None,
-    query_module: Optional[nn.Module] = None,
-    query_from_output: Optional[Callable[[Any], Tensor]] = None,
-    start_expert: Optional[Callable[[int], None]] = None,
-    router_dim: Optional[int] = None,
-) -> Retrofit:
-    """Retrofit an L2P model (reference ``l2p`` or JH-LEE ``l2p-pytorch``).
+class L2P(PoolFamily):
+    """Retrofit an L2P model (reference ``l2p`` or JH-LEE ``l2p-pytorch``): one bank per key-pool slice.
 
     Args:
         num_experts: key-pool slices (required for upstream models; the reference method's own otherwise).
@@ -41,25 +27,27 @@ def retrofit(
         start_expert: the method's own expert start (default: nothing).
         router_dim: width of the router features (default the classifier's ``in_features``).
     """
-    num_experts = count_experts(num_experts, None, "l2p", "key-pool slices")
-    if is_key_pool(getattr(model, "prompt", None)):
-        backbone = backbone_of(model, "l2p", "the ViT whose classifier is the online head")
-        pool = model.prompt
-        _, owner = slice_layout(int(pool.key.shape[0]), num_experts, slots_per_expert,
-                                int(getattr(pool, "selection_size", 1)), "l2p", remainder_to_last=True)
-        return wire_key_pool(
-            model, pool, options, family="l2p", head=find_head(backbone, "l2p"), num_experts=num_experts, owner=owner,
-            bank_of_slot=owner, num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], counter=None,
-            ties_training=False, query_module=query_module, query_from_output=query_from_output,
-            start_expert=start_expert, router_dim=router_dim,
-        )
-    prompt = prompt_mask_pool(model, "l2p", "prompt", "the JH-LEE l2p-pytorch prompt pool `prompt.Prompt`")
-    pool, top_k = prompt.prompt_key.shape[0], int(prompt.top_k)
-    _, owner = slice_layout(pool, num_experts, slots_per_expert, top_k, "l2p", remainder_to_last=True)
-    return wire_prompt_mask_pool(
-        model, "l2p", prompt, owner, options, num_experts=num_experts, num_banks=num_experts, bank_of_slot=owner,
-        ties_training=False,
-        banks_of_expert=lambda expert: [int(expert)], query_module=query_module, query_from_output=query_from_output,
-        start_expert=start_expert, router_dim=router_dim,
-    )
 
+    names = ("l2p",)
+
+    def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
+        """The JH-LEE pool routed by ``prompt_mask``, the Si-Blurry-lineage pool by its slot range."""
+        num_experts = count_experts(num_experts, None, "key-pool slices", family="l2p")
+        prompt = getattr(self.model, "prompt", None)
+        if is_key_pool(prompt):
+            backbone = backbone_of(self.model, "the ViT whose classifier is the online head", family="l2p")
+            head = find_head(backbone, family="l2p")
+            pool_size, top_k = int(prompt.key.shape[0]), int(getattr(prompt, "selection_size", 1))
+        else:
+            prompt = prompt_mask_pool(self.model, "prompt", "the JH-LEE l2p-pytorch prompt pool `prompt.Prompt`",
+                                      family="l2p")
+            head = find_head(self.model, family="l2p")
+            pool_size, top_k = int(prompt.prompt_key.shape[0]), int(prompt.top_k)
+        _, expert_of_slot = slice_layout(pool_size, num_experts, slots_per_expert, top_k, family="l2p",
+                                         remainder_to_last=True)
+        slots = Slots(expert_of_slot, expert_of_slot, ties_training=False, **query)
+        self.pool = KeyPool(self, prompt, slots) if is_key_pool(prompt) else PromptMaskPool(self, prompt, slots)
+        return Plan(head=head, num_experts=num_experts)
+
+
+retrofit = register_family(L2P)

@@ -4,7 +4,8 @@ The contract (``adapters/contract.py``) declares the seams this family drives: `
 ``select``, ``forward(x, *, expert=None, query=None)`` returning an object with ``query.router``,
 ``selection`` and ``features``, ``bank_of``, ``banks_of_expert``, ``transform_logits``,
 ``get_classifier``, ``on_expert_start``, ``num_experts``, ``num_banks`` and ``predict(x, logit_mask)``.
-:func:`build_handle` sizes the router and the ensemble from them; :func:`retrofit` adds the hooks.
+:func:`build_handle` sizes the router and the ensemble from them; :func:`retrofit` adds the hooks
+(:class:`Reference`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,83 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from ._family import AdapterFamily, Plan
 from ._handle import Retrofit
 from ._options import RetrofitOptions
 from ._registry import register_family
-from ._wiring import missing_seam
 from .contract import SEAM_MEMBERS, SeamContract, missing_seams
 
-__all__ = ["build_handle", "retrofit", "REQUIRED"]
+__all__ = ["Reference", "build_handle", "retrofit", "REQUIRED"]
 
 #: The attributes the family needs (those of :class:`SeamContract`).
 REQUIRED = SEAM_MEMBERS
+
+
+class Reference(AdapterFamily):
+    """Add the analytic router and/or the temporal ensemble to a seam-contract method.
+
+    The seams a :class:`SeamContract` method declares: the router restricts its ``forward(expert=...)``,
+    its ``predict`` ensembles the banks of its selection.
+
+    ``router``: at inference the router's expert restricts the method's own selection; it is fed the
+    router features of each stream batch's first training forward. ``ensemble``: the method's
+    classifier is the online head, ``predict`` ensembles it with the EMA copies of each sample's bank
+    after the method's logit transform and the logit mask. Both off: outputs are bit-identical.
+    """
+
+    names = ("reference",)
+    seam_contract = False
+
+    def recognise(self) -> Plan:
+        model = self.model
+        missing = missing_seams(model)
+        if missing:
+            raise self.missing_seam(missing[0], "part of fly_modules.adapters.SeamContract")
+        return Plan(
+            num_experts=int(model.num_experts), classifier=model.get_classifier(),
+            num_banks=model.num_banks, banks_of_expert=model.banks_of_expert, start_expert=model.on_expert_start,
+            router_dim=getattr(model, "router_dim", None), current_expert=int(getattr(model, "current_expert", 0)),
+            inference=lambda x: model.predict(x),
+        )
+
+    def install_hooks(self) -> None:
+        self.handle.query_source = f"the forward of {type(self.model).__name__} (its frozen query pass)"
+        self.install.forward_hook(self.model, self.record, with_kwargs=True)
+        if self.handle.router is not None:
+            self.install.forward_pre_hook(self.model, self.route_at_inference, with_kwargs=True)
+
+    def record(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        handle = self.handle
+        if module.training and not handle.removed:
+            handle.record_query(output.query.router)
+            handle.record_trained_banks(module.bank_of(output.selection))
+
+    def route_at_inference(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
+        handle = self.handle
+        if module.training or kwargs.get("expert") is not None or not handle.routing_active():
+            return None
+        query = kwargs.get("query")
+        if query is None:
+            query = module.compute_query(args[0] if args else kwargs["x"])
+        experts = handle.route(query.router)
+        handle.observed.routed = experts
+        return args, {**kwargs, "query": query, "expert": experts}
+
+    def swap_head(self) -> None:
+        """The method's ``predict`` is replaced (the classifier stays): the ensemble of each sample's bank."""
+        handle, ensemble = self.handle, self.handle.ensemble
+
+        @torch.no_grad()
+        def predict(model: nn.Module, x: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
+            output = model(x)  # through the hooks: routed by the pre-hook when the router is on
+            banks = model.bank_of(output.selection)
+            handle.observed.banks = banks
+            members = model.transform_logits(ensemble.member_logits(output.features, banks), output.selection)
+            if logit_mask is not None:
+                members = members + (logit_mask.unsqueeze(1) if logit_mask.ndim == 2 else logit_mask)
+            return ensemble.aggregate_members(members)
+
+        self.install.set_attribute(self.model, "predict", types.MethodType(predict, self.model))
 
 
 def build_handle(model: SeamContract, options: RetrofitOptions) -> Retrofit:
@@ -36,78 +104,8 @@ def build_handle(model: SeamContract, options: RetrofitOptions) -> Retrofit:
     feed the handle; a loop that feeds it itself calls ``record_trained_banks`` and ``update_ensemble``
     after each optimizer step and ``end_batch(query=...)`` after each batch.
     """
-    missing = missing_seams(model)
-    if missing:
-        raise missing_seam("reference", model, missing[0], "part of fly_modules.adapters.SeamContract")
-    classifier = model.get_classifier()
-    router = options.build_router(
-        getattr(model, "router_dim", classifier.in_features), model.num_experts, classifier.weight.device
-    )
-    ensemble = options.build_ensemble(classifier, model.num_banks)
-    current = int(getattr(model, "current_expert", 0))
-    if ensemble is not None and model.banks_of_expert(current):
-        ensemble.active_expert = int(model.banks_of_expert(current)[-1])  # retrofitting mid-run
-    return Retrofit(
-        model,
-        family="reference",
-        router=router,
-        ensemble=ensemble,
-        schedule=options.schedule,
-        start_method_expert=model.on_expert_start,
-        banks_of_expert=model.banks_of_expert,
-        current_expert=current,
-        num_experts=int(model.num_experts),
-    )
+    family = Reference(model, options)
+    return family.create_handle(family.recognise())
 
 
-@register_family("reference", seam_contract=False)
-def retrofit(model: nn.Module, options: RetrofitOptions) -> Retrofit:
-    """Add the analytic router and/or the temporal ensemble to a seam-contract method.
-
-    ``router``: at inference the router's expert restricts the method's own selection; it is fed the
-    router features of each stream batch's first training forward. ``ensemble``: the method's
-    classifier is the online head, ``predict`` ensembles it with the EMA copies of each sample's bank
-    after the method's logit transform and the logit mask. Both off: outputs are bit-identical.
-    """
-    handle = build_handle(model, options)
-    router, ensemble = handle.router, handle.ensemble
-    handle.query_source = f"the forward of {type(model).__name__} (its frozen query pass)"
-    handle._predict = lambda x: model.predict(x)
-    if router is None and ensemble is None:
-        return handle  # baseline variant: only the schedule is driven; the model is untouched
-
-    def record(module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        if module.training and not handle.removed:
-            handle.record_query(output.query.router)
-            handle.record_trained_banks(module.bank_of(output.selection))
-
-    handle.install.forward_hook(model, record, with_kwargs=True)
-
-    if router is not None:
-        def route_at_inference(module: nn.Module, args: Any, kwargs: Any) -> Any:
-            if module.training or kwargs.get("expert") is not None or not handle.routing_active():
-                return None
-            query = kwargs.get("query")
-            if query is None:
-                query = module.compute_query(args[0] if args else kwargs["x"])
-            experts = handle.route(query.router)
-            handle.observed["routed"] = experts
-            return args, {**kwargs, "query": query, "expert": experts}
-
-        handle.install.forward_pre_hook(model, route_at_inference, with_kwargs=True)
-
-    if ensemble is not None:
-        handle.attach_optimizer(options.optimizer)
-
-        @torch.no_grad()
-        def predict(self: nn.Module, x: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
-            output = self(x)  # through the hooks: routed by the pre-hook when the router is on
-            banks = self.bank_of(output.selection)
-            handle.observed["banks"] = banks
-            members = self.transform_logits(ensemble.member_logits(output.features, banks), output.selection)
-            if logit_mask is not None:
-                members = members + (logit_mask.unsqueeze(1) if logit_mask.ndim == 2 else logit_mask)
-            return ensemble.aggregate_members(members)
-
-        handle.install.set_attribute(model, "predict", types.MethodType(predict, model))
-    return handle
+retrofit = register_family(Reference)

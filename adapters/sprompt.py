@@ -13,12 +13,11 @@ from torch import Tensor, nn
 
 from fly_modules._validation import InvalidParameterError
 
-from ._handle import Retrofit
-from ._options import RetrofitOptions
+from ._family import AdapterFamily, Plan
 from ._registry import register_family
-from ._wiring import Wiring, backbone_of, count_experts, find_head, missing_seam, named_parameters, step_counter
+from ._seams import backbone_of, count_experts, find_head, named_parameters, step_counter
 
-__all__ = ["retrofit"]
+__all__ = ["SPrompt", "retrofit"]
 
 _WHAT = "FlyGCL's S-Prompts: model.forward(inputs, expert_ids=None) and model.experts(backbone, inputs, expert_ids)"
 
@@ -29,16 +28,10 @@ def _expert_ids(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tenso
     return value if isinstance(value, Tensor) else None
 
 
-@register_family("sprompt")
-def retrofit(
-    model: nn.Module,
-    options: RetrofitOptions,
-    *,
-    num_experts: Optional[int] = None,
-    start_expert: Optional[Callable[[int], None]] = None,
-    router_dim: Optional[int] = None,
-) -> Retrofit:
+class SPrompt(AdapterFamily):
     """Retrofit FlyGCL's S-Prompts model.
+
+    The routed task is ``expert_ids`` of ``model.forward``; the banks are the prompt sets used.
 
     Args:
         num_experts: tasks (default ``model.experts.num_experts``, FlyGCL's ``task_num``).
@@ -46,49 +39,51 @@ def retrofit(
             expert (what FlyGCL's trainer calls at each task end).
         router_dim: width of the router features (default the classifier's ``in_features``).
     """
-    owner = "fly_modules.adapters.sprompt"
-    experts = getattr(model, "experts", None)
-    if not isinstance(experts, nn.Module) or not isinstance(getattr(experts, "prompts", None), Tensor):
-        raise missing_seam("sprompt", model, "experts", _WHAT)
-    if not {"backbone", "inputs", "expert_ids"} <= named_parameters(experts.forward):
-        raise missing_seam("sprompt", model, "experts.forward(backbone, inputs, expert_ids)", _WHAT)
-    if "expert_ids" not in named_parameters(model.forward):
-        raise missing_seam("sprompt", model, "forward(inputs, expert_ids=None)", _WHAT)
-    backbone = backbone_of(model, "sprompt", "the ViT the prompts are inserted into", forward_features=True)
-    num_experts = count_experts(num_experts, getattr(experts, "num_experts", None), "sprompt", "tasks")
-    if num_experts > experts.prompts.shape[1]:
-        raise InvalidParameterError(
-            f"{owner}: num_experts={num_experts} but model.experts.prompts holds {experts.prompts.shape[1]} prompt sets"
-        )
-    head_owner, head_name = find_head(backbone, "sprompt")
-    wiring = Wiring.create(
-        model, "sprompt", options, classifier=getattr(head_owner, head_name), num_experts=num_experts,
-        num_banks=num_experts, banks_of_expert=lambda expert: [int(expert)], start_expert=start_expert,
-        counter=step_counter(model), router_dim=router_dim,
-    )
-    handle = wiring.handle
-    if not options.router and not options.ensemble:
-        return handle
-    callee = f"{type(experts).__name__}.forward"
-    if options.router:
-        wiring.query_class_token(model, backbone)
-        wiring.hook_route_module(model, route_kwarg="expert_ids", route_value=None, query_from_call=None,
-                                 banks_follow_routing=False)
-    wiring.hook_batch_size(model)
 
-    def observe(module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
+    names = ("sprompt",)
+
+    def recognise(self, *, num_experts: Optional[int] = None, start_expert: Optional[Callable[[int], None]] = None,
+                  router_dim: Optional[int] = None) -> Plan:
+        model = self.model
+        experts = getattr(model, "experts", None)
+        if not isinstance(experts, nn.Module) or not isinstance(getattr(experts, "prompts", None), Tensor):
+            raise self.missing_seam("experts", _WHAT)
+        if not {"backbone", "inputs", "expert_ids"} <= named_parameters(experts.forward):
+            raise self.missing_seam("experts.forward(backbone, inputs, expert_ids)", _WHAT)
+        if "expert_ids" not in named_parameters(model.forward):
+            raise self.missing_seam("forward(inputs, expert_ids=None)", _WHAT)
+        self.backbone = backbone_of(model, "the ViT the prompts are inserted into", family="sprompt",
+                                    forward_features=True)
+        num_experts = count_experts(num_experts, getattr(experts, "num_experts", None), "tasks", family="sprompt")
+        if num_experts > experts.prompts.shape[1]:
+            raise InvalidParameterError(
+                f"fly_modules.adapters.sprompt: num_experts={num_experts} but model.experts.prompts holds "
+                f"{experts.prompts.shape[1]} prompt sets"
+            )
+        self.experts = experts
+        return Plan(head=find_head(self.backbone, family="sprompt"), num_experts=num_experts, start_expert=start_expert,
+                    counter=step_counter(model), router_dim=router_dim)
+
+    def install_hooks(self) -> None:
+        if self.options.router:
+            self.query_class_token(self.backbone)
+            self.route_keyword(self.model, "expert_ids")
+        self.count_batches(self.model)
+        self.read_banks(self.experts, self.observe)
+
+    def observe(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
+        """The prompt sets a call of ``model.experts`` used: trained, or checked against the routed ones."""
         used = _expert_ids(args, kwargs)
         if used is None:
             return None
+        handle = self.handle
         if handle.training:
             handle.note_trained(used)
         else:
-            injected = wiring.batch.injected  # set by the routing pre-hook of this forward
+            injected = self.batch.injected  # set by the routing pre-hook of this forward
             if injected is not None and handle.wants_observation:
-                handle.note_routed(injected, used, callee)
+                handle.note_routed(injected, used, f"{type(module).__name__}.forward")
         return used
 
-    wiring.hook_banks(experts, observe)
-    if options.ensemble:
-        wiring.swap_head(head_owner, head_name)
-    return handle
+
+retrofit = register_family(SPrompt)

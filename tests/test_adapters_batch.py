@@ -10,8 +10,8 @@ from torch import Tensor, nn
 
 pytest.importorskip("timm")
 from fly_modules.adapters import RetrofitOptions, SeamError, generic, retrofit  # noqa: E402
+from fly_modules.adapters._assembly import correct_prefix_assembly, probe_assembly  # noqa: E402
 from fly_modules.adapters._batch_independence import batch_independence, tolerance  # noqa: E402
-from fly_modules.adapters._prompt_pools import correct_prefix_assembly, probe_assembly  # noqa: E402
 from upstream_cases import ROUTER, batch, hook_counts  # noqa: E402
 from upstream_standins import (  # noqa: E402
     E,
@@ -111,11 +111,8 @@ def test_routed_mixed_experts_reach_each_sample_intact_with_the_option():
     model.eval()
 
     def routed(rows: Tensor, experts: Tensor) -> Tensor:
-        handle._forced_expert = experts
-        try:
+        with handle.forcing(experts):
             return _logits(model, original, x[rows])
-        finally:
-            handle._forced_expert = None
 
     checks = batch_independence(routed, 4, E)
     assert [c.ok for c in checks] == [True, True], checks

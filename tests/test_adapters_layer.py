@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 import pytest
+import torch
 from fly_modules.adapters import (
+    AdapterFamily,
+    EnsembleLinear,
+    Plan,
     Retrofit,
     RetrofitOptions,
+    SeamError,
     _registry,
     generic,
     l2p,
@@ -16,13 +25,14 @@ from fly_modules.adapters import (
     register_family,
     retrofit,
 )
-from fly_modules.adapters._wiring import Wiring
-from torch import nn
+from torch import Tensor, nn
 
 from fly_modules import InvalidParameterError, SampleBudgetSchedule
 
 pytest.importorskip("timm")  # the stand-in module builds timm ViTs
 from upstream_standins import Tiny  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_retrofit_signature_lists_every_common_option_with_its_default():
@@ -78,25 +88,162 @@ def test_unknown_method_and_unknown_family_option_name_what_is_accepted():
                                     "codaprompt", "generic", "reference"}
 
 
-def test_register_family_adds_a_method_with_the_common_options():
+def test_register_family_adds_a_family_class_with_the_common_options():
     calls = []
 
-    def wire(model: nn.Module, options: RetrofitOptions, *, num_experts: int = 2) -> Retrofit:
-        calls.append((options, num_experts))
-        wiring = Wiring.create(model, "custom-test", options, classifier=model.head, num_experts=num_experts,
-                               num_banks=num_experts, banks_of_expert=lambda expert: [expert])
-        return wiring.handle
+    class Custom(AdapterFamily):
+        """A family of the test: its docstring documents the public retrofit."""
 
-    public = register_family("custom-test", seam_contract=False)(wire)
+        names = ("custom-test",)
+        seam_contract = False
+
+        def recognise(self, *, num_experts: int = 2) -> Plan:
+            calls.append((self.options, num_experts))
+            return Plan(num_experts=num_experts, head=(self.model, "head"))
+
+        def install_hooks(self) -> None:
+            self.count_batches(self.model)
+
+    public = register_family(Custom)
     try:
         schedule = SampleBudgetSchedule(4, 3)
-        handle = retrofit(Tiny(), "custom-test", num_experts=3, expansion_dim=8, schedule=schedule)
+        model = Tiny()
+        handle = retrofit(model, "custom-test", num_experts=3, expansion_dim=8, schedule=schedule)
         assert calls[0][0].expansion_dim == 8 and calls[0][0].schedule is schedule and calls[0][1] == 3
         assert handle.router.expansion_dim == 8 and handle.ensemble.num_experts == 3
-        assert "num_experts" in inspect.signature(public).parameters
+        assert isinstance(model.head, EnsembleLinear) and handle.family == "custom-test"
+        assert list(inspect.signature(public).parameters)[-1] == "num_experts"
+        assert "its docstring documents the public retrofit" in public.__doc__
+        assert "slots_per_expert: keys per slice" in l2p.retrofit.__doc__
         with pytest.raises(InvalidParameterError, match="already registered"):
-            register_family("custom-test")(wire)
+            register_family(Custom)
+
+        class Positional(AdapterFamily):
+            names = ("custom-bad",)
+
+            def recognise(self, extra: int) -> Plan:
+                raise AssertionError("never called")
+
+        with pytest.raises(InvalidParameterError, match=r"recognise must take \(self, \*"):
+            register_family(Positional)
+        with pytest.raises(InvalidParameterError, match="AdapterFamily subclass"):
+            register_family(type("NoNames", (AdapterFamily,), {}))
+        assert "custom-bad" not in list_families()
+    finally:
+        _registry._FAMILIES.pop("custom-test", None)
+
+
+def test_register_family_still_takes_a_wiring_function():
+    def wire(model: nn.Module, options: RetrofitOptions, *, num_experts: int = 2) -> Retrofit:
+        """A family written as a function."""
+        return generic.Generic.retrofit(model, options, num_experts=num_experts)
+
+    public = register_family("custom-function", seam_contract=False)(wire)
+    try:
+        handle = retrofit(Tiny(), "custom-function", num_experts=3, router=False)
+        assert handle.ensemble.num_experts == 3 and "A family written as a function" in public.__doc__
+        with pytest.raises(InvalidParameterError, match="already registered"):
+            register_family("custom-function")(wire)
         with pytest.raises(InvalidParameterError, match=r"\(model, options, \*"):
             register_family("custom-bad")(lambda model, options, extra: None)
     finally:
-        _registry._FAMILIES.pop("custom-test", None)
+        _registry._FAMILIES.pop("custom-function", None)
+
+
+# ------------------------------------------------------------------- the family example of the docs
+def docs_family_example() -> str:
+    """The one Python block of the section "Adding a family" of docs/adapters.md."""
+    section = (ROOT / "docs" / "adapters.md").read_text().split("## Adding a family", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, f"expected one Python block in 'Adding a family', found {len(blocks)}"
+    return blocks[0]
+
+
+class TaskPrompt(nn.Module):
+    """Adds task ``task[b]``'s prompt to sample ``b`` (``None``: the current task's, for every sample)."""
+
+    def __init__(self, num_tasks: int, dim: int) -> None:
+        super().__init__()
+        self.num_tasks, self.current_task = num_tasks, 0
+        self.prompts = nn.Parameter(torch.randn(num_tasks, dim))
+
+    def forward(self, features: Tensor, task: Optional[Tensor] = None) -> Tensor:
+        if task is None:
+            task = torch.full((features.shape[0],), self.current_task, dtype=torch.long)
+        return torch.tanh(features + self.prompts[task])
+
+
+class TaskPromptModel(nn.Module):
+    """The model the docs' family describes: a frozen encoder, per-task prompts, a linear head."""
+
+    def __init__(self, num_tasks: int = 3, dim: int = 16, classes: int = 6) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(3 * 8 * 8, dim).requires_grad_(False)
+        self.prompt = TaskPrompt(num_tasks, dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.prompt(self.encoder(x.flatten(1))))
+
+
+def test_the_family_example_of_the_docs_installs_and_passes_verify():
+    code = docs_family_example()
+    assert len(code.splitlines()) <= 80
+    torch.manual_seed(0)
+    model = TaskPromptModel()
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    namespace: Dict[str, Any] = {"__name__": "docs_family_example"}
+    try:
+        exec(compile(code, "docs/adapters.md", "exec"), namespace)
+        assert "task-prompts" in list_families()
+        handle = retrofit(model, "task-prompts", optimizer=optimizer, expansion_dim=64, ridge=1.0)
+        assert isinstance(model.head, EnsembleLinear) and handle.num_experts == 3
+        report = handle.verify(torch.randn(6, 3, 8, 8))
+        assert report.ok, str(report)
+        for name in ("training follows the current expert", "ensemble banks move after an optimizer step",
+                     "forcing each expert changes the logits", "batch independence, mixed experts",
+                     "inference uses the ensemble"):
+            assert report[name].ok is True, str(report)
+        handle.remove()
+        with pytest.raises(SeamError, match="has no `encoder`"):
+            retrofit(nn.Sequential(nn.Linear(2, 2)), "task-prompts")
+    finally:
+        _registry._FAMILIES.pop("task-prompts", None)
+
+
+# ----------------------------------------------------------------------------- functions on a screen
+def long_functions(source: str, where: str, limit: int = 60) -> List[str]:
+    """``where:line name (n lines)`` of every function of ``source`` longer than ``limit`` lines."""
+    return [f"{where}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= limit]
+
+
+def test_every_function_of_the_adapters_fits_on_a_screen():
+    found = [text for path in sorted((ROOT / "adapters").glob("*.py"))
+             for text in long_functions(path.read_text(), path.relative_to(ROOT).as_posix())]
+    assert not found, "; ".join(found)
+    assert long_functions("def f():\n" + "    x = 1\n" * 60, "f.py") == ["f.py:1 f (61 lines)"]
+    assert not long_functions("def f():\n" + "    x = 1\n" * 59, "f.py")
+
+
+def test_forcing_routes_the_given_experts_inside_the_block_only():
+    model = Tiny()
+    handle = generic.retrofit(model, num_experts=2, query_module=model.query, route_module=model.route,
+                              route_kwarg="expert", expansion_dim=16, ridge=1.0)
+    seen = []
+    model.route.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("expert")),
+                                          with_kwargs=True)
+    model.eval()
+    x = torch.randn(3, 4)
+    model(x)
+    assert seen == [None] and not handle.routing_active()  # the router holds no sample yet
+    with handle.forcing(torch.tensor([1, 0, 1])):
+        model(x)
+    assert seen[1].tolist() == [1, 0, 1] and handle.observed.routed.tolist() == [1, 0, 1]
+    with pytest.raises(ValueError, match="inside"), handle.forcing(1):
+        assert handle.routing_active()
+        raise ValueError("inside")
+    model(x)
+    assert seen[2] is None and not handle.routing_active()
+    handle.remove()

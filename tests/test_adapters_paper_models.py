@@ -47,7 +47,7 @@ def test_mixed_experts_reach_each_sample_as_if_alone(name):
     case, model, handle, x = routed_model(name)
     with torch.no_grad():
         together, used = case.forward(model, None, x)
-        assert torch.equal(used, MIXED) and torch.equal(handle.observed["routed"], MIXED)
+        assert torch.equal(used, MIXED) and torch.equal(handle.observed.routed, MIXED)
         alone = torch.cat([case.forward(model, None, x[i : i + 1])[0] for i in range(4)])
         torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
         # the experts really differ: the same samples all on expert 0 give other outputs
@@ -179,7 +179,7 @@ def test_coda_routed_task_gets_its_component_window_sample_by_sample():
     model.eval(), reference.eval()
     with torch.no_grad():
         together = model(x)
-        assert torch.equal(handle.observed["routed"], MIXED) and model.task_count == 1
+        assert torch.equal(handle.observed.routed, MIXED) and model.task_count == 1
         alone = torch.cat([model(x[i : i + 1]) for i in range(4)])
         windows = []
         for i, expert in enumerate(MIXED.tolist()):  # the model itself with the expert's window

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import types
 from typing import Any, Dict, Tuple
 
 import pytest
@@ -11,9 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 pytest.importorskip("timm")
-from fly_modules.adapters import SeamError, _wiring, generic, retrofit  # noqa: E402
-from upstream_cases import CASES, Case, HiDeCase, adapt, batch, hook_counts, trainable  # noqa: E402
-from upstream_standins import C, D, E, Tiny  # noqa: E402
+from fly_modules.adapters import AdapterFamily, SeamError, generic, retrofit  # noqa: E402
+from upstream_cases import CASES, ROUTER, Case, HiDeCase, adapt, batch, hook_counts, trainable  # noqa: E402
+from upstream_standins import C, D, E, FlyGCLCodaPrompt, Tiny  # noqa: E402
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule  # noqa: E402
 
@@ -297,6 +298,61 @@ def test_a_model_is_retrofitted_at_most_once_at_a_time():
     assert model.head is head and not model.route._forward_pre_hooks and not model.query._forward_hooks
 
 
+def _live_case(name: str):
+    """``(model, original, wire)`` of a stand-in: ``wire()`` retrofits it the way its case does."""
+    if name == "flygcl-coda-prompt":
+        model = FlyGCLCodaPrompt()
+        return model, None, lambda: retrofit(model, "coda_prompt", num_experts=2, **ROUTER)
+    case = CASES[name]
+    model, original = case.build()
+    return model, original, lambda: adapt(case, model, original)
+
+
+@pytest.mark.parametrize("name", [*CASES, "flygcl-coda-prompt"])
+def test_a_second_retrofit_is_refused_as_already_retrofitted_before_any_seam_check(name):
+    """Whatever the family and layout (FlyGCL's DualPrompt included, whose seam check would see the first
+    retrofit's wrapper), the refusal names the live retrofit and remove(), and changes nothing."""
+    model, original, wire = _live_case(name)
+    first = wire()
+    hooks, attributes = hook_counts(model, original), dict(vars(model))
+    for again in (wire, lambda: retrofit(model, "generic", num_experts=E), lambda: retrofit(model, "l2p")):
+        with pytest.raises(RuntimeError, match=r"already retrofitted.*handle\.remove\(\)"):
+            again()
+    assert hook_counts(model, original) == hooks and dict(vars(model)) == attributes and not first.removed
+    first.remove()
+    wire().remove()  # allowed again once the first is removed
+
+
+def _installed_functions(model: nn.Module):
+    """The hooks on ``model``'s modules and the functions or methods set on them as instance attributes."""
+    return [value for module in model.modules() for value in
+            [*module._forward_hooks.values(), *module._forward_pre_hooks.values(),
+             *(v for v in vars(module).values() if isinstance(v, (types.FunctionType, types.MethodType)))]]
+
+
+def forward(name: str, model: nn.Module, original, x: Tensor) -> None:
+    if name == "flygcl-coda-prompt":
+        model(x)
+    else:
+        CASES[name].forward(model, original, x)
+
+
+@pytest.mark.parametrize("name", [*CASES, "flygcl-coda-prompt"])
+def test_a_retrofitted_model_deep_copies_sharing_the_retrofits_functions(name):
+    """After training and inference forwards, a deep copy shares every hook and wrapper (as it shares any
+    function) instead of copying the family, its handle and the tensors a forward left there."""
+    model, original, wire = _live_case(name)
+    wire()
+    x, _ = batch(n=4)
+    for mode in (True, False):  # (no graph: the stand-ins keep some outputs, which deepcopy refuses with one)
+        model.train(mode)
+        with torch.no_grad():
+            forward(name, model, original, x)
+    copied = copy.deepcopy(model)
+    pairs = list(zip(_installed_functions(model), _installed_functions(copied), strict=True))
+    assert pairs and all(mine is theirs for mine, theirs in pairs)
+
+
 def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
     model = Tiny()
     head = model.head
@@ -304,7 +360,7 @@ def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("seam failed half way")
 
-    monkeypatch.setattr(_wiring.Wiring, "swap_head", broken)  # after the hooks are installed
+    monkeypatch.setattr(AdapterFamily, "replace_head", broken)  # after the hooks are installed
     with pytest.raises(RuntimeError, match="half way"):
         _tiny_retrofit(model)
     monkeypatch.undo()

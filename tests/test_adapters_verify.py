@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 pytest.importorskip("timm")
-from fly_modules.adapters import SeamError, _wiring, generic, retrofit  # noqa: E402
+from fly_modules.adapters import SeamError, _family, generic, retrofit  # noqa: E402
 from upstream_cases import CASES, ROUTER, adapt, batch, hook_counts, trainable  # noqa: E402
 from upstream_standins import (  # noqa: E402
     E,
@@ -150,7 +150,7 @@ def test_siblurry_dualprompt_ensemble_only_trains_unchanged_and_verifies():
 
 def test_verify_catches_a_routed_value_the_model_swallows(monkeypatch):
     # Forced past the signature check, the Si-Blurry wiring of the old adapter: `s` lands in **kwargs.
-    monkeypatch.setattr(_wiring, "require_keyword", lambda *args, **kwargs: None)
+    monkeypatch.setattr(_family, "require_keyword", lambda *args, **kwargs: None)
     model = SiBlurryDualPrompt()
     handle = generic.retrofit(
         model, num_experts=E, query_module=model.backbone.norm, query_from_output=lambda out: out[:, 0],

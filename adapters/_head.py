@@ -1,0 +1,78 @@
+"""The ensembled head: :class:`EnsembleLinear` takes the classifier's place, and :func:`ensemble_scores`
+is what it answers at inference."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+from torch import Tensor, nn
+
+from fly_modules import TemporalEnsembleHead
+
+__all__ = ["EnsembleLinear", "ensemble_scores"]
+
+
+def ensemble_scores(
+    ensemble: TemporalEnsembleHead,
+    features: Tensor,
+    banks: Union[int, Tensor],
+    logit_mask: Optional[Tensor] = None,
+    transform: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tensor:
+    """Ensemble of ``[online, copies of each sample's bank]`` in the retrofit output convention.
+
+    ``transform`` maps the member logits ``(B, H, C)`` (a method's per-sample class mask); the
+    ``logit_mask`` is added next, then the members are aggregated. Softmax rules return the log of
+    the aggregated probabilities, the other rules the aggregated logits.
+    """
+    members = ensemble.member_logits(features, banks)
+    if transform is not None:
+        members = transform(members)
+    if logit_mask is not None:
+        mask = logit_mask.to(members.device)
+        members = members + (mask.unsqueeze(1) if mask.ndim == 2 else mask)
+    scores = ensemble.aggregate_members(members)
+    return scores.log() if ensemble.aggregate.startswith("softmax") else scores
+
+
+class EnsembleLinear(nn.Linear):
+    """Stand-in for a retrofitted classifier: the online head in training, the ensemble at inference.
+
+    It registers the online head's own ``weight`` and ``bias`` (the same ``Parameter`` objects), so an
+    optimizer built before or after the retrofit trains them and the parent module's ``state_dict`` keys
+    are unchanged. The online head itself is kept as ``online`` (not a child module).
+
+    Args:
+        online: the original ``nn.Linear``.
+        scorer: ``scorer(x)`` computes the inference output; ``None`` returns the online logits.
+        is_training: tells training from inference (default: this module's ``training`` flag). The
+            adapters pass the retrofitted model's flag: some codebases put the module that holds the
+            classifier in eval mode inside every forward (MVP calls ``backbone.eval()``).
+    """
+
+    def __init__(
+        self,
+        online: nn.Linear,
+        scorer: Optional[Callable[[Tensor], Tensor]],
+        is_training: Optional[Callable[[], bool]] = None,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = online.in_features, online.out_features
+        self.weight = online.weight
+        if online.bias is None:
+            self.register_parameter("bias", None)
+        else:
+            self.bias = online.bias
+        self.training = online.training
+        self.__dict__["online"] = online
+        self.__dict__["scorer"] = scorer
+        self.__dict__["is_training"] = is_training
+
+    def forward(self, x: Tensor) -> Tensor:
+        training = self.training if self.is_training is None else self.is_training()
+        if training or self.scorer is None:
+            return self.online(x)
+        return self.scorer(x)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, online={type(self.online).__name__}"
