@@ -30,9 +30,12 @@ class MLPRouter(ExpandedRouter):
                  seed: int = 0) -> None:
         super().__init__(features, num_experts, device)
         generator = torch.Generator().manual_seed(int(seed))
-        self.network = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, num_experts))
+        # skip_init: nn.Linear's own initialisation would draw from the global generator, which the run's
+        # training draws from; the same uniform bounds are drawn here from the router's generator.
+        first, second = (nn.utils.skip_init(nn.Linear, a, b) for a, b in ((features, hidden), (hidden, num_experts)))
+        self.network = nn.Sequential(first, nn.ReLU(), second)
         with torch.no_grad():
-            for layer in (self.network[0], self.network[2]):  # nn.Linear's own initialisation, on the private generator
+            for layer in (first, second):
                 bound = layer.in_features ** -0.5
                 layer.weight.copy_(torch.rand(layer.weight.shape, generator=generator) * 2 * bound - bound)
                 layer.bias.copy_(torch.rand(layer.bias.shape, generator=generator) * 2 * bound - bound)
