@@ -12,10 +12,10 @@ torch.set_num_threads(1)
 @pytest.fixture
 def no_work(monkeypatch):
     """Fail the test if the cross-ablation's command line got as far as generating data or training."""
-    from benchmarks.ablation import cli
+    from benchmarks.ablation import execution, sweep_data
 
     def refuse(*args, **kwargs):
         raise AssertionError("data or training work started before the command line was checked")
 
-    monkeypatch.setattr(cli, "load_data", refuse)
-    monkeypatch.setattr(cli, "run_training", refuse)
+    monkeypatch.setattr(sweep_data, "load_data", refuse)
+    monkeypatch.setattr(execution, "run_training", refuse)

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ablation import cli as cross_ablation  # noqa: E402
+from benchmarks.ablation import execution  # noqa: E402
 from benchmarks.ablation.training import OnlineTrainer  # noqa: E402
 
 
@@ -54,8 +55,8 @@ def main(argv):
     elif here and point == "write":
         os.replace = _interrupt(os.replace, count, signal.SIGKILL, matches=lambda source, target: str(target).endswith(".pt"))
     elif here and point == "result":
-        cross_ablation.write_json_atomic = _interrupt(
-            cross_ablation.write_json_atomic, count, signal.SIGKILL, after=True,
+        execution.write_json_atomic = _interrupt(
+            execution.write_json_atomic, count, signal.SIGKILL, after=True,
             matches=lambda path, payload: "runs" in Path(path).parts,
         )
     return cross_ablation.main(args)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import urllib.error
+from pathlib import Path
 
 import pytest
+import torch
 from cli_errors import one_line_error
 
 from benchmarks.ablation import cli as cross_ablation
+from benchmarks.ablation.presets import PRESETS
 
 
 @pytest.mark.parametrize(
@@ -46,7 +49,7 @@ def test_usage_errors_are_one_line_with_exit_2(argv, needle, capsys, no_work, tm
 
 
 def test_cuda_device_on_a_machine_without_cuda(capsys, no_work, tmp_path, monkeypatch):
-    monkeypatch.setattr(cross_ablation.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "CUDA is not available" in one_line_error(capsys, cross_ablation.main, ["--device", "cuda", "--output", str(tmp_path / "o")])
 
 
@@ -98,8 +101,8 @@ def test_uncached_weights_fail_fast_without_touching_the_network(capsys, no_work
 
 def test_each_preset_has_its_own_default_output_folder():
     parser = cross_ablation.build_parser()
-    for preset in cross_ablation.PRESETS:
+    for preset in PRESETS:
         args = parser.parse_args(["--preset", preset])
-        assert str(args.output or cross_ablation.Path("results") / preset) == f"results/{preset}"
+        assert str(args.output or Path("results") / preset) == f"results/{preset}"
     args = parser.parse_args(["--preset", "cpu"])
-    assert cross_ablation.resolve(args).output == cross_ablation.Path("results/cpu")
+    assert cross_ablation.resolve(args).output == Path("results/cpu")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tiny_sweep import TINY
 
-from benchmarks.ablation import cli
+from benchmarks.ablation import cli, execution
 from benchmarks.ablation.claims import Claim, Claims, claim_path, this_process
 from benchmarks.ablation.protocol import RunSpec
 from benchmarks.parallel import DataParallel
@@ -127,7 +127,7 @@ def test_two_sweeps_started_together_on_one_folder(tmp_path):
 
 def test_a_sweep_of_another_setting_on_the_same_folder_is_caught_before_the_table(tmp_path, capsys, monkeypatch):
     output = tmp_path / "out"
-    original = cli.run_training
+    original = execution.run_training
     other = output / "runs" / "synthetic" / "dualprompt" / "baseline" / "seed1.json"
 
     def meanwhile(method, *args, **kwargs):  # another sweep, with another --lr, finishes dualprompt first
@@ -139,7 +139,7 @@ def test_a_sweep_of_another_setting_on_the_same_folder_is_caught_before_the_tabl
         other.write_text(json.dumps(record))
         return records
 
-    monkeypatch.setattr(cli, "run_training", meanwhile)
+    monkeypatch.setattr(execution, "run_training", meanwhile)
     assert cli.main([*TINY, "--methods", "l2p,dualprompt", "--output", str(output)]) == 2
     err = capsys.readouterr().err
     assert f"error: {other} was run with another setting (lr: 0.5 -> None)" in err and err.count("\n") == 1, err

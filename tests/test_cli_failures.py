@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_sweep import TINY
 
-from benchmarks.ablation import checkpointing, cli, failures, files, report, results
+from benchmarks.ablation import checkpointing, cli, execution, failures, files, report, results
 from benchmarks.ablation.preemption import RunInterrupted
 
 TWO_METHODS = [*TINY, "--methods", "l2p,dualprompt"]
@@ -20,7 +20,7 @@ TWO_METHODS = [*TINY, "--methods", "l2p,dualprompt"]
 
 def test_a_failed_training_is_an_error_row_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
     output = tmp_path / "out"
-    original = cli.run_training
+    original = execution.run_training
     trained = []
 
     def failing(method, dataset, seed, variants, *args, **kwargs):
@@ -29,7 +29,7 @@ def test_a_failed_training_is_an_error_row_and_the_sweep_goes_on(tmp_path, monke
             raise RuntimeError("CUDA out of memory (injected)")
         return original(method, dataset, seed, variants, *args, **kwargs)
 
-    monkeypatch.setattr(cli, "run_training", failing)
+    monkeypatch.setattr(execution, "run_training", failing)
     assert cli.main([*TWO_METHODS, "--output", str(output)]) == failures.FAILED_RUNS_EXIT_CODE
     captured = capsys.readouterr()
     assert trained == ["l2p", "dualprompt"]  # the failure did not stop the sweep
@@ -45,9 +45,9 @@ def test_a_failed_training_is_an_error_row_and_the_sweep_goes_on(tmp_path, monke
     assert not (output / "runs" / "synthetic" / "l2p").exists()
 
     # The next sweep trains only the failed run; its result replaces the failure.
-    monkeypatch.setattr(cli, "run_training", original)
+    monkeypatch.setattr(execution, "run_training", original)
     trained.clear()
-    monkeypatch.setattr(cli, "run_training", lambda method, *a, **k: trained.append(method) or original(method, *a, **k))
+    monkeypatch.setattr(execution, "run_training", lambda method, *a, **k: trained.append(method) or original(method, *a, **k))
     assert cli.main([*TWO_METHODS, "--output", str(output)]) == 0
     assert trained == ["l2p"] and not (output / "failures").exists()
     rows = json.loads((output / "table.json").read_text())

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from benchmarks.ablation import cli as cross_ablation
-from benchmarks.ablation import evaluation, plan, shard
+from benchmarks.ablation import evaluation, execution, plan, shard
 from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.probe import probe
+from benchmarks.ablation.protocol import RunSpec
 from benchmarks.ablation.runner import run_training
 from benchmarks.ablation.timer import PartTimer
 from benchmarks.data import make_synthetic_train_test
@@ -84,7 +85,7 @@ def test_plan_counts_what_a_run_does(data):
     protocol = _protocol()
     records = run_training("dualprompt", "synthetic", 2, VARIANTS, protocol, train, test, device=torch.device("cpu"))
     record = records["both"]
-    specs = [cross_ablation.RunSpec("dualprompt", v, "synthetic", 2) for v in VARIANTS]
+    specs = [RunSpec("dualprompt", v, "synthetic", 2) for v in VARIANTS]
     (work,) = plan.count_work(specs, protocol, lambda name: (train, test))
     log = record["log"]["records"]
     assert work.batches == record["num_batches"]
@@ -181,7 +182,7 @@ def test_plan_shards_and_merge_in_several_processes(tmp_path, capsys):
 
 
 def test_shard_without_a_plan_balances_counted_work(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cross_ablation, "run_training", lambda *a, **k: pytest.fail("nothing to train"))
+    monkeypatch.setattr(execution, "run_training", lambda *a, **k: pytest.fail("nothing to train"))
     output = tmp_path / "out"
     sweep = [*REDUCED, "--methods", "l2p", "--seeds", "1", "--output", str(output)]
     # One training and two shards: the second has nothing to do.

@@ -6,12 +6,14 @@ import csv
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks.ablation import cli as cross_ablation
-from benchmarks.ablation import report, results
+from benchmarks.ablation import execution, report, results
+from benchmarks.ablation.arguments import PROTOCOL_FLAGS
 from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.protocol import PAPER_METHODS
 from benchmarks.ablation.variants import ORACLE_VARIANTS
@@ -71,13 +73,13 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     (output / "runs" / "synthetic" / "mvp" / "router" / "seed1.json").unlink()
     (output / "runs" / "synthetic" / "hide" / "both" / "seed1.json").unlink()
     calls = []
-    original = cross_ablation.run_training
+    original = execution.run_training
 
     def recording(method, dataset, seed, variants, *args, **kwargs):
         calls.extend(f"{dataset}/{method}/{variant}/seed{seed}" for variant in variants)
         return original(method, dataset, seed, variants, *args, **kwargs)
 
-    monkeypatch.setattr(cross_ablation, "run_training", recording)
+    monkeypatch.setattr(execution, "run_training", recording)
     assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
     assert sorted(calls) == ["synthetic/hide/both/seed1", "synthetic/mvp/router/seed1"]
     def metrics_only(table):
@@ -130,7 +132,7 @@ def test_help_documents_every_protocol_setting(capsys):
     with pytest.raises(SystemExit):
         cross_ablation.main(["--help"])
     text = capsys.readouterr().out
-    for name in cross_ablation.PROTOCOL_FLAGS:
+    for name in PROTOCOL_FLAGS:
         assert f"--{name.replace('_', '-')}" in text
     assert "(default: None)" not in text and "proxy-short" in text
 
@@ -154,7 +156,7 @@ def test_torchrun_with_two_gloo_processes_matches_one_process(tmp_path):
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
         "--master_port", str(port), "benchmarks/cross_ablation.py", *args, "--output", str(parallel),
     ]
-    done = subprocess.run(command, cwd=cross_ablation.Path(__file__).resolve().parents[1], env=env,
+    done = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted((single / "runs").glob("**/*.json"))
@@ -187,7 +189,7 @@ def test_missing_data_or_weights_give_one_clear_error(tmp_path, flags, message):
 
     command = [sys.executable, "benchmarks/cross_ablation.py", *REDUCED, "--methods", "l2p", "--variants", "baseline",
                "--data-root", str(tmp_path / "data"), "--output", str(tmp_path / "out"), *flags]
-    done = subprocess.run(command, cwd=cross_ablation.Path(__file__).resolve().parents[1], capture_output=True,
+    done = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr

@@ -194,7 +194,7 @@ class Claim:
 
 
 class Claims:
-    """The claims of one sweep (``benchmarks.ablation.cli.execute``): :meth:`claimed` yields the trainings
+    """The claims of one sweep (``benchmarks.ablation.execution.execute``): :meth:`claimed` yields the trainings
     this process holds, one at a time, releasing each when the loop moves on; leaving the context releases
     the one a loop left early holds.
 

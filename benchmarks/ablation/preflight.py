@@ -153,7 +153,7 @@ def class_counts(data: dict) -> dict:
 
 
 def check(sweep: Any) -> None:
-    """Every check of this module for a ``benchmarks.ablation.cli.Sweep``; raises :class:`PreflightError`."""
+    """Every check of this module for a ``benchmarks.ablation.sweep.Sweep``; raises :class:`PreflightError`."""
     if sweep.threads:
         torch.set_num_threads(sweep.threads)  # as the sweep will
     check_output(sweep.output)

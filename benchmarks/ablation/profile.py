@@ -98,21 +98,24 @@ def _format(result: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from . import cli
+    from .arguments import build_parser, parse_names
+    from .presets import PRESETS
+    from .sweep import resolve
+    from .sweep_data import load_data
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ablation.profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="proxy-short", choices=list(cli.PRESETS))
-    parser.add_argument("--methods", type=cli._names, default=["l2p", "hide"])
+    parser.add_argument("--preset", default="proxy-short", choices=list(PRESETS))
+    parser.add_argument("--methods", type=parse_names, default=["l2p", "hide"])
     parser.add_argument("--device", default=None)
     parser.add_argument("--output", default=None, help="JSON file for the figures")
     args = parser.parse_args(argv)
-    sweep = cli.resolve(cli.build_parser().parse_args(
+    sweep = resolve(build_parser().parse_args(
         ["--preset", args.preset, "--methods", ",".join(args.methods), *(["--device", args.device] if args.device else [])]))
     if sweep.threads:
         torch.set_num_threads(sweep.threads)
     device = torch.device(sweep.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dataset = sweep.datasets[0]
-    train, test = cli.load_data(dataset, sweep, "data", False)
+    train, test = load_data(dataset, sweep, "data", False)
     results = []
     for method in sweep.methods:
         result = profile_method(method, dataset, sweep.seeds[0], sweep.protocol, train, test, device=device)

@@ -28,10 +28,12 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.ablation import cli as cross_ablation
+from benchmarks.ablation.arguments import build_parser
 from benchmarks.ablation.checkpointing import CheckpointStore, read_checkpoint
 from benchmarks.ablation.results import plan
 from benchmarks.ablation.runner import Checkpointing, run_training
+from benchmarks.ablation.sweep import resolve, run_setting
+from benchmarks.ablation.sweep_data import load_data
 from benchmarks.speed.timing import Report, configure_threads, median, print_header
 
 TARGET_OVERHEAD = 0.05  # of the training's time, at the default period
@@ -44,10 +46,10 @@ def measure(args: argparse.Namespace, report: Report) -> None:
     if args.quick:
         flags += ["--synthetic-classes", "5", "--synthetic-train-per-class", "40", "--eval-period", "80",
                   "--expansion-dim", "20"]
-    sweep = cross_ablation.resolve(cross_ablation.build_parser().parse_args(flags))
+    sweep = resolve(build_parser().parse_args(flags))
     configure_threads(sweep.threads)
-    train, test = cross_ablation.load_data("synthetic", sweep, "data", False)
-    setting = cross_ablation.run_setting(sweep, "synthetic")
+    train, test = load_data("synthetic", sweep, "data", False)
+    setting = run_setting(sweep, "synthetic")
     specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
     variants = [spec.variant for spec in specs]
     print_header("mid-run checkpoints at proxy scale", {

@@ -15,7 +15,8 @@ from typing import Optional, Sequence
 import torch
 
 from benchmarks.ablation import preflight
-from benchmarks.ablation.cli import build_parser, resolve
+from benchmarks.ablation.arguments import build_parser
+from benchmarks.ablation.sweep import resolve
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

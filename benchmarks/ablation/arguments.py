@@ -1,0 +1,280 @@
+"""The cross-ablation's command line: value types, the protocol flag table and the parser.
+
+Every value is checked when it is parsed (an ``argparse`` type per flag); values that are each valid but do
+not fit together are found by :mod:`benchmarks.ablation.sweep` and :mod:`benchmarks.ablation.preflight`.
+A flag of the sweep is added in :func:`add_sweep_flags`; a protocol field gets its flag from
+:data:`PROTOCOL_FLAGS` (or, without an entry, from its default's type).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
+from benchmarks.ablation.presets import PRESETS
+from benchmarks.ablation.protocol import ROUTER_QUERIES, Protocol
+from benchmarks.ablation.shard import parse_shard
+from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
+from benchmarks.data.loaders import DATASETS
+from benchmarks.methods import list_methods
+from fly_modules import AGGREGATION_RULES
+
+DESCRIPTION = "Cross-ablation of the analytic router and the temporal ensemble: methods x variants x datasets x seeds."
+
+
+class UsageError(Exception):
+    """A command-line value is invalid, or the machine lacks something the sweep needs (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see --help)")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows a default only where there is one (the protocol flags default to the preset's values)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _integer(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _real(low: float, high: float, *, open_low: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or value > high or (open_low and value == low):
+            bound = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"expected a number in {bound}, got {text}")
+        return value
+
+    return parse
+
+
+def _ridge(text: str) -> Union[float, str]:
+    return "auto" if text == "auto" else _real(0.0, math.inf, open_low=True)(text)
+
+
+def _decays(text: str) -> Tuple[float, ...]:
+    values = tuple(_real(0.0, 1.0, open_low=True)(v) for v in text.split(","))
+    if any(v >= 1.0 for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct decays in (0, 1), got {text!r}")
+    return values
+
+
+def _json_object(text: str) -> Dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({error.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _existing_file(text: str) -> str:
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return text
+
+
+def _misa_prompts(text: str) -> str:
+    missing = [name for name in ("g_prompt.pt", "e_prompt.pt") if not os.path.isfile(os.path.join(text, name))]
+    if missing:
+        raise argparse.ArgumentTypeError(f"{text!r} lacks {', '.join(missing)}")
+    return text
+
+
+def _seeds(text: str) -> List[int]:
+    seeds = [_integer(0)(s) for s in text.split(",") if s]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated integers, got {text!r}")
+    return seeds
+
+
+def _checkpoint_period(text: str) -> Union[str, int]:
+    if text in ("evaluation", "off"):
+        return 0 if text == "off" else text
+    try:
+        return _integer(0)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'evaluation', 'off' or a number of batches >= 0, got {text!r}") from None
+
+
+def parse_names(text: str) -> List[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+#: Protocol field -> (argparse type or choices, help); a field missing here is parsed by its default's type.
+PROTOCOL_FLAGS: Dict[str, Tuple[Any, str]] = {
+    "model": (str, "timm model name of the backbone"),
+    "model_kwargs": (_json_object, "JSON object of extra timm.create_model arguments"),
+    "pretrained": (_bool, "load the model's pretrained weights (true/false)"),
+    "weights": (_existing_file, "local weight file (.safetensors/.pth/.npz) loaded through timm's pretrained path"),
+    "image_size": (_integer(1), "image side fed to the backbone"),
+    "batch_size": (_integer(1), "stream batch size B"),
+    "online_iter": (_integer(1), "optimizer steps per stream batch"),
+    "eval_period": (_integer(1), "anytime evaluation period in samples"),
+    "test_batch_size": (_integer(1), "evaluation batch size"),
+    "num_sessions": (_integer(1), "Si-Blurry sessions T"),
+    "disjoint_ratio": (_real(0.0, 1.0), "r_D, fraction of disjoint classes"),
+    "blurry_ratio": (_real(0.0, 1.0), "r_B, fraction of blurry-class samples moved between sessions"),
+    "num_experts": (_integer(1), "experts (steps/tasks/prompt groups) per method"),
+    "lr": (_real(0.0, math.inf, open_low=True), "Adam learning rate (default: the method's, 0.005; 0.003 for "
+                                               "HiDe-Prompt/NoRGa)"),
+    "expansion_dim": (_integer(0), "router random-expansion width M (0: no expansion)"),
+    "ridge": (_ridge, "router ridge lambda > 0, or 'auto' (generalised cross-validation)"),
+    "decays": (_decays, "comma-separated EMA decays of the ensemble, in (0, 1)"),
+    "aggregate": (AGGREGATION_RULES, "ensemble aggregation rule"),
+    "amp": (_bool, "mixed precision training on CUDA (true/false)"),
+    "augment": (_bool, "reference training augmentation (true/false)"),
+    "method_kwargs": (_json_object, "JSON object: method name -> constructor keyword arguments"),
+    "misa_prompts": (_misa_prompts, "folder with MISA's g_prompt.pt and e_prompt.pt"),
+    "router_query": (ROUTER_QUERIES, "router statistics from 'clean' (a frozen fp32 pass over the un-augmented "
+                                     "batch, as the official code) or 'first_iteration' (the first online "
+                                     "iteration's query pass, one backbone pass fewer)"),
+}
+
+
+def _preset_epilog() -> str:
+    width = max(len(name) for name in PRESETS)
+    lines = ["presets:"] + [f"  {name:<{width}}  {PRESETS[name]['description']}" for name in PRESETS]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``cross_ablation.py``: the sweep's flags, its cost and jobs, then one flag per protocol field."""
+    parser = _Parser(prog="cross_ablation.py", description=DESCRIPTION, epilog=_preset_epilog(),
+                     formatter_class=_HelpFormatter)
+    add_sweep_flags(parser)
+    add_cost_flags(parser.add_argument_group("cost and several jobs (docs/benchmark.md)"))
+    add_protocol_flags(parser.add_argument_group("protocol (each defaults to the preset's value)"))
+    return parser
+
+
+def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
+    """What the sweep runs, where its data and results lie, and how it runs on this machine."""
+    parser.add_argument("--preset", choices=list(PRESETS), default="proxy-short",
+                        help="base settings (listed below); every other flag overrides them")
+    parser.add_argument("--methods", type=parse_names, default=None,
+                        help="comma-separated methods (default: the preset's; registered: "
+                             + ", ".join(list_methods()) + ")")
+    parser.add_argument("--variants", type=parse_names, default=None,
+                        help="comma-separated variants, from " + ", ".join((*ABLATION_VARIANTS, *ORACLE_VARIANTS))
+                             + " (default: all; FlyPrompt runs the first four as 'full'; one training per "
+                               "method and seed scores them all)")
+    parser.add_argument("--datasets", type=parse_names, default=None,
+                        help="comma-separated datasets, from " + ", ".join(DATASETS) + " (default: the preset's)")
+    parser.add_argument("--seeds", type=_seeds, default=None, help="comma-separated seeds (default: the preset's)")
+    parser.add_argument("--data-root", default="data", help="folder holding the datasets")
+    parser.add_argument("--download", action="store_true",
+                        help="allow network access: CIFAR-100 (torchvision, from cs.toronto.edu) and ImageNet-R "
+                             "(imagenet-r.tar, about 2 GB) into --data-root if absent, and the backbone's "
+                             "pretrained weights from the Hugging Face hub into its cache. CUB-200 has no "
+                             "download. Without this flag nothing leaves the machine")
+    parser.add_argument("--synthetic-classes", type=_integer(2), default=None, help="classes of the generated dataset")
+    parser.add_argument("--synthetic-train-per-class", type=_integer(1), default=None,
+                        help="generated training images per class")
+    parser.add_argument("--synthetic-test-per-class", type=_integer(1), default=None,
+                        help="generated test images per class")
+    parser.add_argument("--output", default=None, help="output folder (default: results/<preset>)")
+    parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if "
+                                                       "available, else cpu)")
+    parser.add_argument("--threads", type=_integer(1), default=None,
+                        help="torch intra-op threads (default: the preset's)")
+    parser.add_argument("--no-resume", action="store_true", help="recompute runs whose result file exists")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--checkpoint-every", type=_checkpoint_period, default="evaluation",
+                        help="checkpoint each training after every anytime evaluation ('evaluation'), every N "
+                             "stream batches, or never ('off' or 0; SIGTERM/SIGUSR1 still save one before the "
+                             f"sweep exits with status {RESUMABLE_EXIT_CODE}); docs/checkpoints.md")
+
+
+def add_cost_flags(group: Any) -> None:
+    """``--plan``, ``--shard`` and ``--merge``: the sweep's cost, and its trainings split over several jobs."""
+    group.add_argument("--plan", action="store_true",
+                       help="train nothing: list the trainings and evaluations, time a short probe of each dataset "
+                            "and method on this device and print the estimated device-hours (writes plan.json)")
+    group.add_argument("--shard", type=parse_shard, default=None, metavar="K/N",
+                       help="run only the K-th of N balanced parts of the trainings (1 <= K <= N), e.g. one task "
+                            "of a SLURM job array; --merge makes the tables once all parts have finished")
+    group.add_argument("--merge", action="store_true",
+                       help="train nothing: make the tables from the results in the output folder (all must exist)")
+
+
+def add_protocol_flags(group: Any) -> None:
+    """One flag per :class:`Protocol` field (``--expansion-dim`` for ``expansion_dim``), from :data:`PROTOCOL_FLAGS`."""
+    for item in fields(Protocol):
+        kind, text = PROTOCOL_FLAGS.get(item.name, (None, item.name.replace("_", " ")))
+        flag = f"--{item.name.replace('_', '-')}"
+        if isinstance(kind, tuple):
+            group.add_argument(flag, choices=kind, default=None, help=text)
+        else:
+            group.add_argument(flag, type=kind or _field_parser(item), default=None, help=text)
+
+
+def _field_parser(item: Any) -> Callable[[str], Any]:
+    """Parser of a protocol field added without a PROTOCOL_FLAGS entry, from its default's type."""
+    default = item.default if item.default is not MISSING else None
+    if isinstance(default, bool):
+        return _bool
+    if isinstance(default, int):
+        return _integer(0)
+    if isinstance(default, float):
+        return _real(-math.inf, math.inf)
+    return str
+
+
+
+
+#: the documented entry point (a thin file that runs ``benchmarks.ablation.cli.main``)
+_ENTRY_POINT = Path(__file__).resolve().parents[1] / "cross_ablation.py"
+
+
+def command_line(argv: Optional[Sequence[str]], world: int, *, merge: bool = False) -> str:
+    """This sweep's command line (under torchrun: with the number of processes per node); with
+    ``merge``, the command that makes its tables (``--shard`` replaced by ``--merge``)."""
+    script = os.path.relpath(_ENTRY_POINT)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if merge:
+        args = [a for i, a in enumerate(args) if a != "--shard" and (i == 0 or args[i - 1] != "--shard")
+                and not a.startswith("--shard=")] + ["--merge"]
+    if world > 1:
+        return f"torchrun --nproc_per_node {os.environ.get('LOCAL_WORLD_SIZE', world)} {shlex.join([script, *args])}"
+    return shlex.join([sys.executable, script, *args])

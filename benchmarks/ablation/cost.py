@@ -1,0 +1,55 @@
+"""A sweep's cost and its split over several jobs: ``--plan`` prices the work by a timed probe on this device,
+``--shard K/N`` keeps the K-th of N balanced parts of the trainings (balancing in :mod:`benchmarks.ablation.shard`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from benchmarks.ablation.arguments import UsageError
+from benchmarks.ablation.plan import count_work, format_plan, make_plan, training_key
+from benchmarks.ablation.protocol import RunSpec
+from benchmarks.ablation.results import plan, trainings, write_json_atomic
+from benchmarks.ablation.shard import PLAN_FILE, plan_costs, split, work_costs
+from benchmarks.ablation.sweep import Sweep, run_setting
+from benchmarks.ablation.sweep_data import SweepData
+
+
+def _device(sweep: Sweep) -> torch.device:
+    return torch.device(sweep.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def run_plan(sweep: Sweep, *, data_root: str, download: bool, argv: Optional[Sequence[str]] = None) -> int:
+    """``--plan``: count the sweep's work, probe each (dataset, method), print and write ``plan.json``."""
+    if sweep.threads:
+        torch.set_num_threads(sweep.threads)
+    specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
+    document = make_plan(specs, sweep.protocol, SweepData(sweep, data_root, download), device=_device(sweep),
+                         protocol_record=run_setting(sweep, sweep.datasets[0])["protocol"],
+                         command=list(sys.argv[1:] if argv is None else argv),
+                         log=lambda line: print(line, file=sys.stderr, flush=True))
+    sweep.output.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(sweep.output / PLAN_FILE, document)
+    print(format_plan(document))
+    print(f"written: {sweep.output / PLAN_FILE}")
+    return 0
+
+
+def shard_of(sweep: Sweep, specs: List[RunSpec], todo: List[RunSpec], shard: Tuple[int, int], *, data_root: str,
+             download: bool) -> List[RunSpec]:
+    """The runs of ``todo`` that belong to the K-th of N parts of the sweep's trainings."""
+    keys = [training_key(g[0].dataset, g[0].method, g[0].seed) for g in trainings(specs)]
+    try:
+        costs = plan_costs(sweep.output, keys, run_setting(sweep, sweep.datasets[0])["protocol"])
+    except ValueError as error:
+        raise UsageError(f"--shard: {error}") from None
+    basis = "the estimates of plan.json"
+    if costs is None:
+        work = count_work(specs, sweep.protocol, SweepData(sweep, data_root, download))
+        costs = work_costs(work, sweep.protocol.online_iter, sweep.protocol.batch_size)
+        basis = "counted work (no plan.json: run --plan first to balance by measured estimates)"
+    mine = set(split(keys, costs, shard[1])[shard[0] - 1])
+    print(f"shard {shard[0]}/{shard[1]}: {len(mine)} of {len(keys)} trainings, balanced by {basis}", flush=True)
+    return [s for s in todo if training_key(s.dataset, s.method, s.seed) in mine]

@@ -1,0 +1,107 @@
+"""What a sweep runs: methods x variants x datasets x seeds on one protocol, resolved from the command line.
+
+:func:`resolve` checks every value against the registries and the environment (methods, datasets, device,
+model, weights, data on disk) before any data or model work; :func:`run_setting` is what decides a run's
+numbers besides its key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from benchmarks.ablation.arguments import UsageError
+from benchmarks.ablation.presets import PRESETS
+from benchmarks.ablation.protocol import PAPER_METHODS, Protocol
+from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
+from benchmarks.backbone import check_backbone_available
+from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
+from benchmarks.methods import list_methods
+
+
+@dataclass
+class Sweep:
+    """Everything a sweep runs, validated before any data or model work."""
+
+    preset: str
+    protocol: Protocol
+    methods: List[str]
+    variants: List[str]
+    datasets: List[str]
+    seeds: List[int]
+    threads: Optional[int]
+    output: Path
+    device: Optional[str]
+    data: Dict[str, Dict[str, Any]]  # dataset -> generated-data settings ({} for real datasets)
+
+
+def resolve(args: argparse.Namespace) -> Sweep:
+    """Check every value and the environment (methods, datasets, device, weights, data on disk); raises
+    :class:`UsageError`, ``DatasetNotFoundError`` or ``BackboneLoadError`` with one line saying what to do."""
+    preset = PRESETS[args.preset]
+    changes = {item.name: getattr(args, item.name) for item in fields(Protocol) if getattr(args, item.name) is not None}
+    protocol = replace(preset["protocol"], **changes)
+    methods = args.methods or list(preset.get("methods", PAPER_METHODS))
+    known = list_methods()
+    _check_names("method", methods, known)
+    _check_names("method in --method-kwargs", list(protocol.method_kwargs), known)
+    bad = [name for name, value in protocol.method_kwargs.items() if not isinstance(value, dict)]
+    if bad:
+        raise UsageError(f"--method-kwargs: the value of {bad[0]!r} must be a JSON object of keyword arguments")
+    variants = args.variants or [*ABLATION_VARIANTS, *ORACLE_VARIANTS]
+    _check_names("variant", variants, [*ABLATION_VARIANTS, *ORACLE_VARIANTS])
+    datasets = [canonical_dataset_name(d) for d in (args.datasets or preset["datasets"])]
+    _check_names("dataset", datasets, list(DATASETS))
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise UsageError(f"--device {args.device!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
+    if not timm_has_model(protocol.model):
+        raise UsageError(f"--model {protocol.model!r} is not a timm model name")
+    check_backbone_available(protocol.model, protocol.pretrained, protocol.weights)
+    for name in datasets:
+        if name != "synthetic":
+            check_dataset(name, args.data_root, download=args.download)
+    data = {name: synthetic_settings(args, preset) if name == "synthetic" else {} for name in datasets}
+    return Sweep(
+        preset=args.preset, protocol=protocol, methods=methods, variants=variants, datasets=datasets,
+        seeds=args.seeds or list(preset["seeds"]), threads=args.threads if args.threads is not None else
+        preset["threads"], output=Path(args.output or Path("results") / args.preset), device=args.device, data=data,
+    )
+
+
+def _check_names(kind: str, given: Sequence[str], known: Sequence[str]) -> None:
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        raise UsageError(f"unknown {kind} {unknown[0]!r}; choose from {', '.join(known)}")
+
+
+def timm_has_model(name: str) -> bool:
+    import timm
+
+    return bool(timm.is_model(name)) or bool(timm.list_models(name.split(".")[0]))
+
+
+def synthetic_settings(args: argparse.Namespace, preset: Dict[str, Any]) -> Dict[str, Any]:
+    """The generated dataset's settings: the preset's, overridden by the command line."""
+    settings = dict(preset.get("synthetic", {}))
+    for key, flag in (("num_classes", "synthetic_classes"), ("train_per_class", "synthetic_train_per_class"),
+                      ("test_per_class", "synthetic_test_per_class")):
+        if getattr(args, flag) is not None:
+            settings[key] = getattr(args, flag)
+    return settings
+
+
+def run_setting(sweep: Sweep, dataset: str) -> Dict[str, Any]:
+    """Everything besides the run's key that decides its numbers: a finished run is reused only when
+    its stored setting equals this one (the world size is not part of it: it does not change results)."""
+    # Through JSON, so that it compares equal to what a result file stores (tuples become lists).
+    return json.loads(json.dumps({"protocol": sweep.protocol.to_dict(), "data": sweep.data[dataset]}))
