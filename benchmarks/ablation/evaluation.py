@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from fly_modules import seen_class_mask
+from fly_modules.ensemble import aggregate_logits
 
 from ..methods.base import MethodOutput, PromptMethod, QueryFeatures
 from ..parallel import DataParallel
@@ -152,13 +153,15 @@ class VariantEvaluator:
             then has ``route_all``, :class:`benchmarks.studies.router_components.WithRouters`): each one
             other than ``ridge`` replaces REAR in the routed variants (in ``full``, the method's own
             router), scored as ``<variant>@<router>``, with its routing accuracy.
+        aggregations: TE2 aggregation rules (``fly_modules.ensemble.AGGREGATION_RULES``) each scored on
+            the ensemble variants' members as ``<variant>~<rule>`` (the aggregation study).
     """
 
     def __init__(
         self, model: PromptMethod, components: ScoredComponents, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
         exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
         member_names: Sequence[str], meta: Dict[str, Dict[str, Any]], timer: PartTimer = NO_TIMER,
-        reuse: bool = True, routers: Sequence[str] = (),
+        reuse: bool = True, routers: Sequence[str] = (), aggregations: Sequence[str] = (),
     ) -> None:
         self.model, self.components, self.usage = model, components, usage
         self.variants = [VARIANTS[name] for name in variants]
@@ -185,6 +188,10 @@ class VariantEvaluator:
         self.routable = [v for v in self.variants if v.selection == "routed" or v.name == "full"]
         self.router_logs = {f"{v.name}@{r}": EvaluationLog() for v in self.routable for r in routers if r != "ridge"}
         self.per_class_counts += list(self.router_logs)
+        self.aggregations = list(aggregations)
+        self.aggregation_logs = {f"{v.name}~{rule}": EvaluationLog() for v in self.variants if v.head == "ensemble"
+                                 for rule in self.aggregations}
+        self.per_class_counts += list(self.aggregation_logs)
         alternatives = [r for r in routers if r != "ridge"]
         self.routing_counts = _ROUTING_COUNTS + tuple(f"{r}_{version}" for r in alternatives for version in ROUTING_VERSIONS)
 
@@ -215,7 +222,7 @@ class VariantEvaluator:
                 for member, log in enumerate(logs):
                     log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
                                correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
-            for name, log in self.router_logs.items():
+            for name, log in {**self.router_logs, **self.aggregation_logs}.items():
                 log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
                            correct=counts[name].cpu(), total=counts["total"].cpu())
             self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained,
@@ -270,6 +277,9 @@ class VariantEvaluator:
                     scores = self.components.ensemble.aggregate_members(members[variant.selection])
                     for member in range(len(self.member_names)):
                         tally.add_correct(f"{variant.name}/{member}", members[variant.selection][:, member], labels)
+                    for rule in self.aggregations:
+                        tally.add_correct(f"{variant.name}~{rule}", aggregate_logits(members[variant.selection], rule),
+                                          labels)
                 tally.add_correct(variant.name, scores, labels)
             tally.add_total(labels)
             tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
@@ -342,6 +352,9 @@ class VariantEvaluator:
             result["members"] = member_summary(names, [*self.member_logs[variant], self.logs[variant]])
         if self.study_routers and any(v.name == variant for v in self.routable):
             result["routers"] = self._router_summary(variant)
+        if self.aggregations and variant in self.member_logs:
+            logs = [self.aggregation_logs[f"{variant}~{rule}"] for rule in self.aggregations]
+            result["aggregations"] = member_summary(self.aggregations, logs)
         return result
 
     def _router_summary(self, variant: str) -> Dict[str, Any]:
@@ -367,6 +380,8 @@ class VariantEvaluator:
             "expert_matrix": self.expert_matrix,
             "true_experts": self.true_experts,
             **({"router_logs": {name: log.to_dict() for name, log in self.router_logs.items()}} if self.router_logs else {}),
+            **({"aggregation_logs": {name: log.to_dict() for name, log in self.aggregation_logs.items()}}
+               if self.aggregation_logs else {}),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -378,6 +393,9 @@ class VariantEvaluator:
         self.true_experts = state["true_experts"]
         if self.router_logs:
             self.router_logs = {name: EvaluationLog.from_dict(log) for name, log in state["router_logs"].items()}
+        if self.aggregation_logs:
+            self.aggregation_logs = {name: EvaluationLog.from_dict(log)
+                                     for name, log in state["aggregation_logs"].items()}
 
 
 _ROUTING_COUNTS = tuple(f"{who}_{version}" for who in ("own", "rear") for version in ROUTING_VERSIONS)

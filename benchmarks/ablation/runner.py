@@ -81,6 +81,7 @@ def run_training(
     process_group: Optional[Any] = None,
     checkpointing: Optional[Checkpointing] = None,
     routers: Sequence[str] = (),
+    aggregations: Sequence[str] = (),
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
@@ -102,10 +103,12 @@ def run_training(
     written and where the training resumed (``checkpoints``).
 
     ``routers`` (``benchmarks.studies.router_set.ROUTERS``) adds the routing study: each router is trained
-    beside REAR on its expanded features and scored in the routed variants (``diagnostics["routers"]``).
+    beside REAR on its expanded features and scored in the routed variants (``diagnostics["routers"]``);
+    ``aggregations`` (``fly_modules.ensemble.AGGREGATION_RULES``) scores each rule in the ensemble variants
+    (``diagnostics["aggregations"]``).
     """
     built = build_run(method, dataset, seed, variants, protocol, train, test, device=device,
-                      process_group=process_group, routers=routers)
+                      process_group=process_group, routers=routers, aggregations=aggregations)
     cls, variants, parallel = method_class(method), built.variants, built.parallel
     trainer, evaluator, stream, exposure, specs = built.trainer, built.evaluator, built.stream, built.exposure, built.specs
     key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
@@ -144,6 +147,7 @@ class Run:
 def build_run(
     method: str, dataset: str, seed: int, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
     device: torch.device, process_group: Optional[Any] = None, timer: PartTimer = NO_TIMER, routers: Sequence[str] = (),
+    aggregations: Sequence[str] = (),
 ) -> Run:
     """The method, its components, the evaluator and the trainer of :func:`run_training` (``timer``
     times their parts: the profile and the plan's probe)."""
@@ -178,10 +182,20 @@ def build_run(
         model, components, usage, variants, test=test, exposure=exposure, parallel=parallel, device=device,
         batch_size=protocol.test_batch_size, member_names=members,
         meta={name: {"spec": asdict(spec), "lr": lr} for name, spec in specs.items()}, timer=timer, routers=routers,
+        aggregations=_check_aggregations(aggregations),
     )
     trainer = OnlineTrainer(model, components, evaluator, usage, protocol=protocol, train=train, stream=stream,
                             exposure=exposure, parallel=parallel, device=device, lr=lr, timer=timer)
     return Run(model, variants, specs, stream, exposure, evaluator, trainer, parallel)
+
+
+def _check_aggregations(rules: Sequence[str]) -> List[str]:
+    from fly_modules.ensemble import AGGREGATION_RULES
+
+    unknown = [rule for rule in rules if rule not in AGGREGATION_RULES]
+    if unknown:
+        raise ValueError(f"unknown aggregation rules {unknown}; expected some of {list(AGGREGATION_RULES)}")
+    return [rule for rule in AGGREGATION_RULES if rule in rules]
 
 
 def run_reference(
