@@ -54,3 +54,54 @@ def test_every_router_is_scored_on_one_training_that_it_leaves_unchanged(data, m
 def test_unknown_router_is_refused_before_training(data):
     with pytest.raises(ValueError, match="unknown routers \\['lda'\\]"):
         run_training("l2p", "synthetic", 1, ["router"], PROTOCOL, *data, device=CPU, routers=["lda"])
+
+
+def test_every_aggregation_rule_is_scored_on_the_ensemble_variants(data):
+    from fly_modules.ensemble import AGGREGATION_RULES
+
+    plain = run_training("dualprompt", "synthetic", 1, ["ensemble", "router"], PROTOCOL, *data, device=CPU)
+    studied = run_training("dualprompt", "synthetic", 1, ["ensemble", "router"], PROTOCOL, *data, device=CPU,
+                           aggregations=list(reversed(AGGREGATION_RULES)))
+    for key in ("metrics", "log", "diagnostics"):  # no ensemble in the router variant: nothing added
+        assert json.dumps(studied["router"][key]) == json.dumps(plain["router"][key]), key
+    rules = studied["ensemble"]["diagnostics"]["aggregations"]
+    assert list(rules) == list(AGGREGATION_RULES)
+    own = rules[PROTOCOL.aggregate]
+    assert own["A_auc"] == pytest.approx(plain["ensemble"]["metrics"]["A_auc"])
+    assert own["A_last"] == pytest.approx(plain["ensemble"]["metrics"]["A_last"])
+    assert len({(r["A_auc"], r["A_last"]) for r in rules.values()}) > 1  # the rules really differ
+    with pytest.raises(ValueError, match="unknown aggregation rules"):
+        run_training("dualprompt", "synthetic", 1, ["ensemble"], PROTOCOL, *data, device=CPU, aggregations=["vote"])
+
+
+def test_backbone_presets_select_the_model_and_the_papers_ridge():
+    from benchmarks.ablation.arguments import build_parser
+    from benchmarks.ablation.sweep import resolve
+    from benchmarks.backbone import BACKBONES
+
+    def sweep(*flags):
+        return resolve(build_parser().parse_args(["--preset", "paper", "--pretrained", "false", "--datasets",
+                                                  "synthetic", *flags]))
+
+    assert {name: b.ridge for name, b in BACKBONES.items()} == {
+        "sup21k": 1e4, "sup21k-1k": 1e6, "ibot21k": 1e7, "ibot1k": 1e7, "dino1k": 1e7, "mocov3-1k": 1e6}
+    chosen = sweep("--backbone", "sup21k-1k")
+    assert (chosen.protocol.model, chosen.protocol.ridge) == ("vit_base_patch16_224.augreg_in21k_ft_in1k", 1e6)
+    assert sweep("--backbone", "dino1k", "--ridge", "3e5").protocol.ridge == 3e5
+    assert sweep("--study", "routers").routers == list(ROUTERS)
+    assert sweep().routers == [] and sweep().aggregations == []
+
+
+def test_wrapped_official_checkpoints_convert_to_the_model_tensors(tmp_path):
+    import timm
+
+    from benchmarks.backbone import BackboneLoadError, unwrap_checkpoint
+
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, num_classes=0, depth=1)
+    wrapped = {"teacher": {f"backbone.{k}": v for k, v in model.state_dict().items()} | {"head.w": torch.zeros(2)}}
+    torch.save(wrapped, tmp_path / "checkpoint.pth")
+    tensors = unwrap_checkpoint(str(tmp_path / "checkpoint.pth"), ("teacher", "backbone."), model)
+    assert set(tensors) == set(model.state_dict())
+    torch.save({"teacher": {}}, tmp_path / "empty.pth")
+    with pytest.raises(BackboneLoadError, match="missing"):
+        unwrap_checkpoint(str(tmp_path / "empty.pth"), ("teacher", "backbone."), model)
