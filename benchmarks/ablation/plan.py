@@ -176,13 +176,16 @@ def make_plan(
     specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str], Any], *, device: torch.device,
     probe_batches: int = 4, eval_samples: int = 512, protocol_record: Optional[Dict[str, Any]] = None,
     command: Optional[Sequence[str]] = None, log: Callable[[str], None] = lambda line: None,
+    studies: Optional[Dict[str, Sequence[str]]] = None,
 ) -> Dict[str, Any]:
-    """Count every training of ``specs`` and probe each (dataset, method) once on ``device``; the plan document."""
+    """Count every training of ``specs`` and probe each (dataset, method) once on ``device``; the plan document.
+
+    ``studies`` (``{"routers": [...], "aggregations": [...]}``) are probed with the trainings they join."""
     data = PlanData(data, protocol.image_size, log)
     work = count_work(specs, protocol, data)
     units: Dict[tuple, Dict[str, Any]] = {}
     started = time.perf_counter()
-    prober = _Prober(protocol, device, probe_batches, eval_samples, log)
+    prober = _Prober(protocol, device, probe_batches, eval_samples, log, studies or {})
     for item in work:
         pair = (item.dataset, item.method)
         if pair not in units:
@@ -225,8 +228,9 @@ class _Prober:
     on this machine (a pass costs the same whatever the weights)."""
 
     def __init__(self, protocol: Protocol, device: torch.device, batches: int, eval_samples: int,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], studies: Dict[str, Sequence[str]]) -> None:
         self.protocol, self.device, self.batches, self.eval_samples, self.log = protocol, device, batches, eval_samples, log
+        self.studies = studies
         self.random_weights = False
 
     def __call__(self, item: TrainingWork, train: Any, test: Any) -> Dict[str, Any]:
@@ -236,7 +240,7 @@ class _Prober:
         self.log(f"probing {item.dataset}/{item.method} on {self.device} ...")
         try:
             return probe(item.method, item.dataset, item.variants, self.protocol, train, test, device=self.device,
-                         seed=item.seed, batches=self.batches, eval_samples=self.eval_samples)
+                         seed=item.seed, batches=self.batches, eval_samples=self.eval_samples, **self.studies)
         except BackboneLoadError as error:
             if self.random_weights:
                 raise

@@ -38,6 +38,7 @@ def _per(total: float, count: int) -> float:
 def probe(
     method: str, dataset: str, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
     device: torch.device, seed: int = 1, batches: int = 4, warmup: int = 1, eval_samples: int = 512,
+    routers: Sequence[str] = (), aggregations: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Unit costs of one training of ``method`` (the ``variants`` it scores) measured on ``device``.
 
@@ -47,6 +48,7 @@ def probe(
     query, whose query pass is then in ``eval_per_image``), ``prompted_per_image`` (one prompted pass of a
     test image), ``eval_per_image`` (everything else of scoring an image, all variants, query included
     where it is not cached) and ``eval_parts`` (per image), with the counts they were measured on.
+    ``routers`` and ``aggregations`` are the studies the training scores (``run_training``), timed with it.
     """
     if batches < 1 or warmup < 0 or eval_samples < 1:
         raise ValueError(f"probe needs batches >= 1, warmup >= 0, eval_samples >= 1; got {batches}, {warmup}, "
@@ -54,7 +56,8 @@ def probe(
     timer = PartTimer(device)
     started = time.perf_counter()
     sample = test_sample(test, eval_samples)
-    run = build_run(method, dataset, seed, variants, protocol, train, sample, device=device, timer=timer)
+    run = build_run(method, dataset, seed, variants, protocol, train, sample, device=device, timer=timer,
+                    routers=routers, aggregations=aggregations)
     build = time.perf_counter() - started
     timed, per_batch, train_parts = _time_training(run, protocol, timer, dataset, warmup=warmup, batches=batches)
     (cold, _), (warm, prompted_rows) = _time_evaluations(run, timer)
