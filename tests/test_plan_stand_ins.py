@@ -66,3 +66,13 @@ def test_plan_of_an_unknown_missing_dataset_still_fails():
     specs = [RunSpec("l2p", "baseline", "synthetic", 1)]
     with pytest.raises(DatasetNotFoundError):
         make_plan(specs, PROTOCOL, _missing, device=torch.device("cpu"), probe_batches=1, eval_samples=8)
+
+
+def test_a_plan_is_resolved_without_the_datasets_on_disk(tmp_path):
+    from benchmarks.ablation.arguments import build_parser
+    from benchmarks.ablation.sweep import resolve
+
+    flags = ["--preset", "paper", "--pretrained", "false", "--data-root", str(tmp_path), "--datasets", "cifar100"]
+    with pytest.raises(DatasetNotFoundError, match="CIFAR-100 was not found"):
+        resolve(build_parser().parse_args(flags))
+    assert resolve(build_parser().parse_args([*flags, "--plan"])).datasets == ["cifar100"]
