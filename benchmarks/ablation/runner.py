@@ -102,10 +102,8 @@ def run_training(
     with ``RunInterrupted`` after saving when a stop is requested; the records then say what was
     written and where the training resumed (``checkpoints``).
 
-    ``routers`` (``benchmarks.studies.router_set.ROUTERS``) adds the routing study: each router is trained
-    beside REAR on its expanded features and scored in the routed variants (``diagnostics["routers"]``);
-    ``aggregations`` (``fly_modules.ensemble.AGGREGATION_RULES``) scores each rule in the ensemble variants
-    (``diagnostics["aggregations"]``).
+    ``routers`` and ``aggregations`` add the studies (docs/benchmark.md, "Studies"): each router trained
+    beside REAR, scored in the routed variants; each TE2 rule scored in the ensemble variants.
     """
     built = build_run(method, dataset, seed, variants, protocol, train, test, device=device,
                       process_group=process_group, routers=routers, aggregations=aggregations)
