@@ -105,3 +105,28 @@ def test_wrapped_official_checkpoints_convert_to_the_model_tensors(tmp_path):
     torch.save({"teacher": {}}, tmp_path / "empty.pth")
     with pytest.raises(BackboneLoadError, match="missing"):
         unwrap_checkpoint(str(tmp_path / "empty.pth"), ("teacher", "backbone."), model)
+
+
+def test_a_study_run_stopped_and_resumed_from_its_checkpoint_equals_the_uninterrupted_run(data, tmp_path):
+    from benchmarks.ablation.checkpointing import CheckpointStore
+    from benchmarks.ablation.preemption import RunInterrupted
+    from benchmarks.ablation.runner import Checkpointing
+
+    studies = dict(routers=list(ROUTERS), aggregations=["mean", "softmax_max"])
+    args = ("dualprompt", "synthetic", 1, ["router", "both"], PROTOCOL, *data)
+    whole = run_training(*args, device=CPU, **studies)
+    store = CheckpointStore(tmp_path / "checkpoints")
+    calls = iter(range(1000))
+    stop_at_fifth_batch = Checkpointing(store, period=0, stop_requested=lambda: next(calls) == 4)
+    with pytest.raises(RunInterrupted):
+        run_training(*args, device=CPU, checkpointing=stop_at_fifth_batch, **studies)
+    resumed = run_training(*args, device=CPU, checkpointing=Checkpointing(store, period=0, resume=store.latest()[1]),
+                           **studies)
+    for variant in ("router", "both"):
+        for key in ("metrics", "log", "diagnostics"):
+            expected, got = dict(whole[variant][key]), dict(resumed[variant][key])
+            for name in got.get("routers", {}):  # timings differ between the two runs
+                for entry in (expected["routers"][name], got["routers"][name]):
+                    entry.pop("seconds_per_update", None)
+                    entry.pop("seconds_per_routed_batch", None)
+            assert json.dumps(got) == json.dumps(expected), (variant, key)
