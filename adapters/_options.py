@@ -7,19 +7,20 @@ signature (a test keeps the two equal); no family module changes.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
-from fly_modules import AGGREGATION_RULES, AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
-from fly_modules._validation import InvalidParameterError, check_choice, check_int
+from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
+from fly_modules._validation import InvalidParameterError, check_choice, check_shared
 
 __all__ = ["RetrofitOptions", "Schedule"]
 
 Schedule = Union[SampleBudgetSchedule, SessionSchedule, None]
 _OWNER = "fly_modules.adapters.retrofit"
+#: the options the router and the ensemble check by the same rules
+_SHARED = ("expansion_dim", "ridge", "seed", "decays", "aggregate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,8 @@ class RetrofitOptions:
             call ``handle.update_ensemble()`` after each step yourself.
         schedule: ``SampleBudgetSchedule`` (driven by ``end_batch``), ``SessionSchedule``
             (``start_session``) or ``None`` (experts start only through ``handle.start_expert``).
-        expansion_dim, ridge, seed: the router's (paper: 10,000, 1e4).
+        expansion_dim, ridge, seed: the router's (paper: 10,000, 1e4; ``expansion_dim=0``: no expansion,
+            ridge regression on the query features themselves).
         decays, aggregate: the ensemble's (paper: (0.9, 0.99), ``"softmax_max"``).
         correct_assembly: correct an upstream prompt assembly that mixes the samples of a batch (the
             JH-LEE prefix E-prompt lineage), for every variant, ``router=False`` included; without it,
@@ -47,7 +49,7 @@ class RetrofitOptions:
     optimizer: Union[torch.optim.Optimizer, str, None] = None
     schedule: Schedule = None
     expansion_dim: int = 10_000
-    ridge: Union[float, str] = 1e4
+    ridge: Union[float, Literal["auto"]] = 1e4
     seed: int = 0
     decays: Tuple[float, ...] = (0.9, 0.99)
     aggregate: str = "softmax_max"
@@ -65,22 +67,8 @@ class RetrofitOptions:
                 f"{_OWNER}: schedule must be a SampleBudgetSchedule, a SessionSchedule or None, "
                 f"got {type(self.schedule).__name__}"
             )
-        check_int(self.expansion_dim, "expansion_dim", owner=_OWNER, minimum=1)
-        check_int(self.seed, "seed", owner=_OWNER)
-        ridge_ok = self.ridge == "auto" or (
-            isinstance(self.ridge, (int, float)) and not isinstance(self.ridge, bool) and math.isfinite(self.ridge)
-            and self.ridge > 0
-        )
-        if not ridge_ok:
-            raise InvalidParameterError(f"{_OWNER}: ridge must be a finite number > 0 or 'auto', got {self.ridge!r}")
-        decays = tuple(self.decays) if isinstance(self.decays, (tuple, list)) else None
-        if not decays or not all(isinstance(d, (int, float)) and not isinstance(d, bool) and 0 < d < 1 for d in decays) \
-                or len(set(decays)) != len(decays):
-            raise InvalidParameterError(
-                f"{_OWNER}: decays must be a non-empty sequence of distinct numbers in (0, 1), got {self.decays!r}"
-            )
-        object.__setattr__(self, "decays", tuple(float(d) for d in decays))
-        check_choice(self.aggregate, "aggregate", AGGREGATION_RULES, owner=_OWNER)
+        for name in _SHARED:  # the router's and the ensemble's rules (fly_modules._validation.SHARED_PARAMETERS)
+            object.__setattr__(self, name, check_shared(getattr(self, name), name, owner=_OWNER))
         check_choice(self.correct_assembly, "correct_assembly", (True, False), owner=_OWNER)
 
     @classmethod

@@ -6,12 +6,12 @@ torch/timm versions. Method-specific retrofits live in :mod:`fly_modules.adapter
 
 from ._validation import InvalidParameterError as InvalidParameterError
 from ._validation import NotFittedError as NotFittedError
+from .classifier import ClassifierNotFoundError as ClassifierNotFoundError
+from .classifier import find_classifier as find_classifier
+from .classifier import locate_classifier as locate_classifier
 from .ensemble import AGGREGATION_RULES as AGGREGATION_RULES
-from .ensemble import ClassifierNotFoundError as ClassifierNotFoundError
 from .ensemble import TemporalEnsembleHead as TemporalEnsembleHead
 from .ensemble import aggregate_logits as aggregate_logits
-from .ensemble import find_classifier as find_classifier
-from .ensemble import locate_classifier as locate_classifier
 from .masks import batch_seen_class_mask as batch_seen_class_mask
 from .masks import class_mask as class_mask
 from .masks import seen_class_mask as seen_class_mask

@@ -1,7 +1,12 @@
-"""Input checks shared by the core modules.
+"""Argument checks, and the table of the parameters every layer shares (:data:`SHARED_PARAMETERS`).
 
 Every check raises before any state is touched, so a rejected call leaves the statistics as they
 were. Messages say what was found and what was expected (scikit-learn's convention).
+
+Private, but supported for ``benchmarks/``: the benchmarks check their own arguments with
+:func:`check_int` and their command line checks the shared parameters with :data:`SHARED_PARAMETERS`,
+so that a flag refuses exactly what the library refuses, with the same message. Nothing else of the
+core's private modules is theirs to import (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -9,14 +14,17 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, Collection, Optional, Union
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Collection, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "InvalidParameterError", "NotFittedError", "check_int", "check_float", "check_choice", "check_features",
-    "check_expert_ids", "finite_peak",
+    "InvalidParameterError", "NotFittedError", "Constraint", "Integer", "Real", "OneOf", "Ridge", "Decays",
+    "AGGREGATION_RULES", "SHARED_PARAMETERS", "check_shared", "check_int", "check_float", "check_choice",
+    "check_features", "check_expert_ids", "finite_peak",
 ]
 
 
@@ -24,69 +32,164 @@ class InvalidParameterError(ValueError, TypeError):
     """An argument has the wrong type or value; the message names the owner, the parameter, what is
     allowed and what was given.
 
-    Subclasses both ``ValueError`` and ``TypeError`` (scikit-learn's convention), so callers that catch
-    either keep working whichever of the two a check used to raise.
+    Subclasses both ``ValueError`` and ``TypeError`` (scikit-learn's convention): a wrong value and a
+    wrong type are one kind of mistake, caught as either.
     """
+
+
+class Constraint:
+    """A rule for the values of one parameter.
+
+    :meth:`convert` returns the value as the library keeps it, or raises :class:`InvalidParameterError`
+    whose message says, without the owner, what was expected and what was found ("ridge must be ...,
+    got -1.0"); :meth:`check` prefixes the owner. The command line shows the same message for its flag.
+    """
+
+    def convert(self, value: Any, name: str) -> Any:
+        raise NotImplementedError
+
+    def check(self, value: Any, name: str, *, owner: str) -> Any:
+        try:
+            return self.convert(value, name)
+        except InvalidParameterError as error:
+            raise InvalidParameterError(f"{owner}: {error}") from None
+
+
+def _bounds(low: Optional[float], high: Optional[float], *, closed: bool) -> str:
+    """`` in [low, high]``, `` >= low``, `` <= high`` (``closed``; ints as they are), or `` in (low, high)``,
+    `` > low``, `` < high`` (numbers as ``:g``); empty without bounds."""
+    text = str if closed else (lambda number: f"{number:g}")
+    if low is not None and high is not None:
+        return f" in [{low}, {high}]" if closed else f" in ({text(low)}, {text(high)})"
+    if low is not None:
+        return f" {'>=' if closed else '>'} {text(low)}"
+    if high is not None:
+        return f" {'<=' if closed else '<'} {text(high)}"
+    return ""
+
+
+@dataclass(frozen=True)
+class Integer(Constraint):
+    """A Python int in ``[minimum, maximum]`` (either bound optional): anything with ``__index__`` (numpy
+    and 0-d integer tensors included) except ``bool``."""
+
+    minimum: Optional[int] = None
+    maximum: Optional[int] = None
+
+    def convert(self, value: Any, name: str) -> int:
+        low, high = self.minimum, self.maximum
+        bound = _bounds(low, high, closed=True)
+        if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
+            raise InvalidParameterError(f"{name} must be an int{bound}, got {value!r}")
+        try:
+            number = operator.index(value)
+        except TypeError:
+            raise InvalidParameterError(f"{name} must be an int{bound}, got {type(value).__name__} {value!r}") from None
+        if (low is not None and number < low) or (high is not None and number > high):
+            raise InvalidParameterError(f"{name} must be an int{bound}, got {number}")
+        return number
+
+
+@dataclass(frozen=True)
+class Real(Constraint):
+    """A finite Python float strictly between ``above`` and ``below`` (either bound optional): real numbers
+    (numpy scalars and 0-d tensors included) except ``bool``."""
+
+    above: Optional[float] = None
+    below: Optional[float] = None
+
+    def convert(self, value: Any, name: str) -> float:
+        above, below = self.above, self.below
+        bound = _bounds(above, below, closed=False)
+        expected = f"{name} must be finite{' and' if bound else ''}{bound}"
+        if isinstance(value, bool) or (isinstance(value, Tensor) and (value.dtype == torch.bool or value.numel() != 1)):
+            raise InvalidParameterError(f"{expected}, got {value!r}")
+        if not isinstance(value, (numbers.Real, Tensor)):
+            raise InvalidParameterError(f"{expected}, got {type(value).__name__} {value!r}")
+        number = float(value)
+        if not math.isfinite(number) or (above is not None and number <= above) or (below is not None and number >= below):
+            raise InvalidParameterError(f"{expected}, got {number!r}")
+        return number
+
+
+@dataclass(frozen=True)
+class OneOf(Constraint):
+    """One of ``choices`` (same type and equal: ``True`` is not ``1``)."""
+
+    choices: Tuple[Any, ...]
+
+    def convert(self, value: Any, name: str) -> Any:
+        if not isinstance(value, Tensor) and any(type(value) is type(c) and value == c for c in self.choices):
+            return value
+        raise InvalidParameterError(f"{name} must be one of {tuple(self.choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Ridge(Constraint):
+    """``"auto"`` or a finite number > 0 (``G + ridge I`` must be positive definite)."""
+
+    def convert(self, value: Any, name: str) -> Union[float, str]:
+        if isinstance(value, str) and value == "auto":
+            return value
+        try:
+            return Real(above=0).convert(value, name)
+        except InvalidParameterError:
+            raise InvalidParameterError(f"{name} must be a finite number > 0 or 'auto', got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Decays(Constraint):
+    """A non-empty sequence of distinct numbers in ``(0, 1)``, as a tuple of floats."""
+
+    def convert(self, value: Any, name: str) -> Tuple[float, ...]:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or (isinstance(value, Tensor) and not value.ndim):
+            raise InvalidParameterError(f"{name} must be a non-empty sequence of distinct numbers in (0, 1), got {value!r}")
+        decays = tuple(Real(above=0, below=1).convert(d, f"{name}[{i}]") for i, d in enumerate(value))
+        if not decays:
+            raise InvalidParameterError(f"{name} must hold at least one value, got an empty sequence")
+        if len(set(decays)) != len(decays):
+            raise InvalidParameterError(f"{name} must be distinct, got {decays}")
+        return decays
+
+
+#: How the ensemble's members are combined (``fly_modules.aggregate_logits``; the paper's is ``softmax_max``).
+AGGREGATION_RULES = ("mean", "max_prob", "min_entropy", "softmax_mean", "softmax_max", "softmax_min_entropy")
+
+#: The parameters that the router, the ensemble, ``fly_modules.adapters.RetrofitOptions`` and the
+#: benchmarks' command line share, each rule written once: a value means the same in every layer.
+#: ``expansion_dim=0`` means no expansion (ridge regression on the features themselves).
+SHARED_PARAMETERS: Dict[str, Constraint] = {
+    "num_experts": Integer(minimum=0),
+    "expansion_dim": Integer(minimum=0),
+    "ridge": Ridge(),
+    "seed": Integer(),
+    "decays": Decays(),
+    "aggregate": OneOf(AGGREGATION_RULES),
+}
+
+
+def check_shared(value: Any, name: str, *, owner: str) -> Any:
+    """``value`` of the shared parameter ``name`` as :data:`SHARED_PARAMETERS` converts it."""
+    return SHARED_PARAMETERS[name].check(value, name, owner=owner)
 
 
 def check_int(
     value: Any, name: str, *, owner: str, minimum: Optional[int] = None, maximum: Optional[int] = None
 ) -> int:
-    """``value`` as a Python int in ``[minimum, maximum]`` (either bound optional).
-
-    Accepts anything with ``__index__`` (numpy and 0-d integer tensors included) except ``bool``;
-    raises :class:`InvalidParameterError` otherwise.
-    """
-    bound = (
-        f" in [{minimum}, {maximum}]" if minimum is not None and maximum is not None
-        else f" >= {minimum}" if minimum is not None
-        else f" <= {maximum}" if maximum is not None
-        else ""
-    )
-    if isinstance(value, bool) or (isinstance(value, Tensor) and value.dtype == torch.bool):
-        raise InvalidParameterError(f"{owner}: {name} must be an int{bound}, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise InvalidParameterError(
-            f"{owner}: {name} must be an int{bound}, got {type(value).__name__} {value!r}"
-        ) from None
-    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-        raise InvalidParameterError(f"{owner}: {name} must be an int{bound}, got {number}")
-    return number
+    """``value`` as a Python int in ``[minimum, maximum]`` (:class:`Integer`)."""
+    return Integer(minimum, maximum).check(value, name, owner=owner)
 
 
 def check_float(
     value: Any, name: str, *, owner: str, above: Optional[float] = None, below: Optional[float] = None
 ) -> float:
-    """``value`` as a finite Python float strictly between ``above`` and ``below`` (either bound optional).
-
-    Accepts real numbers (numpy scalars and 0-d tensors included) except ``bool``; raises
-    :class:`InvalidParameterError` otherwise.
-    """
-    bound = (
-        f" and in ({above:g}, {below:g})" if above is not None and below is not None
-        else f" and > {above:g}" if above is not None
-        else f" and < {below:g}" if below is not None
-        else ""
-    )
-    expected = f"{owner}: {name} must be finite{bound}"
-    if isinstance(value, bool) or (isinstance(value, Tensor) and (value.dtype == torch.bool or value.numel() != 1)):
-        raise InvalidParameterError(f"{expected}, got {value!r}")
-    if not isinstance(value, (numbers.Real, Tensor)):
-        raise InvalidParameterError(f"{expected}, got {type(value).__name__} {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or (above is not None and number <= above) or (below is not None and number >= below):
-        raise InvalidParameterError(f"{expected}, got {number!r}")
-    return number
+    """``value`` as a finite Python float strictly between ``above`` and ``below`` (:class:`Real`)."""
+    return Real(above, below).check(value, name, owner=owner)
 
 
 def check_choice(value: Any, name: str, choices: Collection[Any], *, owner: str) -> Any:
-    """``value`` if it is one of ``choices`` (same type and equal: ``True`` is not ``1``);
-    :class:`InvalidParameterError` naming them otherwise."""
-    if not isinstance(value, Tensor) and any(type(value) is type(c) and value == c for c in choices):
-        return value
-    raise InvalidParameterError(f"{owner}: {name} must be one of {tuple(choices)}, got {value!r}")
+    """``value`` if it is one of ``choices`` (:class:`OneOf`)."""
+    return OneOf(tuple(choices)).check(value, name, owner=owner)
 
 
 class NotFittedError(ValueError, AttributeError):

@@ -10,7 +10,7 @@ off the CPU, no host synchronisation. Details: ``docs/ensemble.md``.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -18,21 +18,18 @@ from torch.utils.hooks import RemovableHandle
 
 from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._validation import (
+    AGGREGATION_RULES,
     InvalidParameterError,
     NotFittedError,
     check_choice,
     check_expert_ids,
     check_features,
-    check_float,
     check_int,
+    check_shared,
 )
+from .classifier import find_classifier
 
-__all__ = [
-    "TemporalEnsembleHead", "aggregate_logits", "AGGREGATION_RULES", "ClassifierNotFoundError", "find_classifier",
-    "locate_classifier",
-]
-
-AGGREGATION_RULES = ("mean", "max_prob", "min_entropy", "softmax_mean", "softmax_max", "softmax_min_entropy")
+__all__ = ["TemporalEnsembleHead", "aggregate_logits", "AGGREGATION_RULES"]
 
 
 def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor:
@@ -69,62 +66,6 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
     rows = torch.arange(member_logits.shape[0], device=member_logits.device)
     chosen = member_logits if rule == "min_entropy" else probabilities
     return chosen[rows, best]
-
-
-class ClassifierNotFoundError(LookupError, TypeError):
-    """A module has no classifier where :func:`locate_classifier` looks.
-
-    Also a ``TypeError``: what :func:`find_classifier` raised for such modules before it existed.
-    """
-
-
-def locate_classifier(module: nn.Module) -> Tuple[str, nn.Module]:
-    """``(name, classifier)`` of ``module``'s classifier: what ``get_classifier()`` (timm) returns, else
-    the child ``head``, else ``fc``.
-
-    ``name`` is the attribute path from ``module`` (``"head"``; dotted when ``get_classifier()``
-    returns a grandchild, e.g. ``"head.fc"``), so ``module.get_submodule(name)`` is the classifier.
-    Raises :class:`ClassifierNotFoundError` naming ``module``'s children when there is none.
-
-    Examples::
-
-        >>> model = nn.Module()
-        >>> model.head = nn.Linear(8, 3)
-        >>> locate_classifier(model)
-        ('head', Linear(in_features=8, out_features=3, bias=True))
-    """
-    getter = getattr(module, "get_classifier", None)
-    classifier = getter() if callable(getter) else None
-    if isinstance(classifier, nn.Module):
-        for name, child in module.named_modules():
-            if child is classifier and name:
-                return name, child
-    for name in ("head", "fc"):
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module):
-            return name, child
-    children = [f"{name} ({type(child).__name__})" for name, child in module.named_children()]
-    raise ClassifierNotFoundError(
-        f"{type(module).__name__} has no classifier: no get_classifier() submodule, `head` or `fc` "
-        f"(its children are {children or 'none'})"
-    )
-
-
-def find_classifier(module: nn.Module) -> nn.Linear:
-    """The ``nn.Linear`` classifier of ``module``: itself, or the one :func:`locate_classifier` finds."""
-    if isinstance(module, nn.Linear):
-        return module
-    try:
-        name, classifier = locate_classifier(module)
-    except ClassifierNotFoundError as error:
-        raise ClassifierNotFoundError(f"TemporalEnsembleHead needs an nn.Linear classifier; {error}") from None
-    if not isinstance(classifier, nn.Linear):
-        raise InvalidParameterError(
-            f"TemporalEnsembleHead needs an nn.Linear classifier; {type(module).__name__}'s classifier `{name}` is "
-            f"{type(classifier).__name__}. Pass the nn.Linear itself (timm models built with num_classes=0 have no "
-            f"classifier: build them with num_classes=C or pass a fresh nn.Linear)."
-        )
-    return classifier
 
 
 class TemporalEnsembleHead(nn.Module):
@@ -187,13 +128,9 @@ class TemporalEnsembleHead(nn.Module):
     ) -> None:
         super().__init__()
         owner = "TemporalEnsembleHead"
-        num_experts = check_int(num_experts, "num_experts", owner=owner, minimum=0)
-        decays = tuple(check_float(d, f"decays[{i}]", owner=owner, above=0, below=1) for i, d in enumerate(decays))
-        if not decays:
-            raise InvalidParameterError(f"{owner}: decays must hold at least one value, got an empty sequence")
-        if len(set(decays)) != len(decays):
-            raise InvalidParameterError(f"{owner}: decays must be distinct, got {decays}")
-        self.aggregate = check_choice(aggregate, "aggregate", AGGREGATION_RULES, owner=owner)
+        num_experts = check_shared(num_experts, "num_experts", owner=owner)
+        decays = check_shared(decays, "decays", owner=owner)
+        self.aggregate = check_shared(aggregate, "aggregate", owner=owner)
         self.check_values = check_choice(check_values, "check_values", (None, True, False), owner=owner)
         self.online = find_classifier(head)
         weight = self.online.weight.detach()

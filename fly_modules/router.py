@@ -12,16 +12,17 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import _blocked, _collectives, _ridge
+from . import _blocked, _ridge
 from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._ridge import RouterSolveError
 from ._validation import (
+    SHARED_PARAMETERS,
     InvalidParameterError,
     NotFittedError,
     check_choice,
@@ -29,8 +30,10 @@ from ._validation import (
     check_features,
     check_float,
     check_int,
+    check_shared,
     finite_peak,
 )
+from .distributed import all_gather_update
 
 __all__ = ["RandomExpansion", "AnalyticRouter", "RouterSolveError", "RouterConditioningWarning"]
 
@@ -42,8 +45,6 @@ _UNRELIABLE_ERROR_BOUND = 1e-2
 # Features whose largest magnitude lies in this range are expanded with a float32 product when they
 # are not float64 themselves: |phi| <= max|h| * d * max|R| stays far inside float32's normal range.
 _FLOAT32_PRODUCT_RANGE = (1e-20, 1e20)
-# Buffers that hold the statistics: reading or replacing one folds the pending rows in first.
-_FOLDED_BUFFERS = ("gram", "cross")
 
 
 class RouterConditioningWarning(RuntimeWarning):
@@ -82,9 +83,9 @@ class RandomExpansion(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features = check_int(in_features, "in_features", owner="RandomExpansion", minimum=1)
-        self.out_features = check_int(out_features, "out_features", owner="RandomExpansion", minimum=0)
+        self.out_features = SHARED_PARAMETERS["expansion_dim"].check(out_features, "out_features", owner="RandomExpansion")
         self.activation = check_choice(activation, "activation", _ACTIVATIONS, owner="RandomExpansion")
-        self.seed = check_int(seed, "seed", owner="RandomExpansion")
+        self.seed = check_shared(seed, "seed", owner="RandomExpansion")
         generator = torch.Generator(device="cpu").manual_seed(self.seed)
         weight = torch.randn(self.out_features, self.in_features, generator=generator, dtype=torch.float32)
         self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
@@ -160,8 +161,8 @@ class AnalyticRouter(nn.Module):
         device: device of all buffers.
         fold_rows: expanded rows buffered before they are added to ``G`` and ``Q`` in one rank-k update;
             ``None`` (default) chooses from ``M`` and the device (``docs/router.md``, "Blocked updates"),
-            ``1`` adds every batch at once. Reading ``gram`` or ``cross``, a solve, ``state_dict``,
-            ``merge_`` and the collectives fold the pending rows first.
+            ``1`` adds every batch at once. :meth:`flush` folds the pending rows; solves, ``state_dict``,
+            ``merge_`` and the collectives call it first.
 
     Shape:
         - features: ``(N, in_features)``, any floating dtype (lower than float64: expanded with a
@@ -174,8 +175,8 @@ class AnalyticRouter(nn.Module):
     Attributes:
         expansion: the :class:`RandomExpansion` (buffer ``expansion.weight``, ``(M, in_features)``).
         gram: buffer ``(M, M)`` in ``stats_dtype``; its lower triangle is ``G``'s, the entries above
-            the diagonal are unspecified and never read (see :meth:`gram_matrix`). Reading the attribute
-            folds the pending rows in first; code that walks ``module.buffers()`` must call :meth:`flush`.
+            the diagonal are unspecified and never read (see :meth:`gram_matrix`). It holds the folded rows
+            only: code that reads it (or ``cross``) itself calls :meth:`flush` first.
         cross: buffer ``(M, num_experts)`` in ``stats_dtype``; ``Q``.
         counts: buffer ``(num_experts,)`` long; samples accumulated per expert.
         ridge_: the ridge used by the last solve (the chosen value when ``ridge="auto"``).
@@ -211,7 +212,7 @@ class AnalyticRouter(nn.Module):
         num_experts: int = 0,
         *,
         expansion_dim: int = 10_000,
-        ridge: Union[float, str] = 1e4,
+        ridge: Union[float, Literal["auto"]] = 1e4,
         ridge_grid: Optional[Sequence[float]] = None,
         activation: str = "relu",
         seed: int = 0,
@@ -223,9 +224,11 @@ class AnalyticRouter(nn.Module):
         super().__init__()
         self._pending = _blocked.PendingRows()
         self.fold_rows = None if fold_rows is None else check_int(fold_rows, "fold_rows", owner="AnalyticRouter", minimum=1)
-        num_experts = check_int(num_experts, "num_experts", owner="AnalyticRouter", minimum=0)
+        num_experts = check_shared(num_experts, "num_experts", owner="AnalyticRouter")
+        expansion_dim = check_shared(expansion_dim, "expansion_dim", owner="AnalyticRouter")
+        seed = check_shared(seed, "seed", owner="AnalyticRouter")
         check_choice(stats_dtype, "stats_dtype", (torch.float32, torch.float64), owner="AnalyticRouter")
-        self.ridge = _check_ridge(ridge)
+        self.ridge = check_shared(ridge, "ridge", owner="AnalyticRouter")
         self.ridge_grid = _check_ridge_grid(ridge_grid)
         self.solver = check_choice(solver, "solver", _SOLVERS, owner="AnalyticRouter")
         self.expansion = RandomExpansion(
@@ -254,7 +257,7 @@ class AnalyticRouter(nn.Module):
 
     @property
     def num_experts(self) -> int:
-        return self._buffers["cross"].shape[1]  # not self.cross: reading it would fold the pending rows
+        return self.cross.shape[1]
 
     @property
     def num_samples(self) -> int:
@@ -263,12 +266,12 @@ class AnalyticRouter(nn.Module):
 
     @property
     def stats_dtype(self) -> torch.dtype:
-        return self._buffers["gram"].dtype
+        return self.gram.dtype
 
     @property
     def device(self) -> torch.device:
         """Where the statistics live (and where ``update`` and ``forward`` expect the features)."""
-        return self._buffers["gram"].device
+        return self.gram.device
 
     @property
     def pending_rows(self) -> int:
@@ -293,6 +296,7 @@ class AnalyticRouter(nn.Module):
         no samples, so its ridge weights are exactly zero.
         """
         count = check_int(count, "count", owner="AnalyticRouter.add_expert", minimum=1)
+        self.flush()
         fresh = self._solution is not None and self._solution_key == self._statistics_key()
         self.cross = torch.cat([self.cross, self.cross.new_zeros(self.cross.shape[0], count)], dim=1)
         self.counts = torch.cat([self.counts, self.counts.new_zeros(count)])
@@ -372,7 +376,7 @@ class AnalyticRouter(nn.Module):
             pending.release()
         if phi.shape[0] >= capacity:  # a batch as large as the buffer is added as it is
             self.flush()
-            _blocked.add_rows(self._buffers["gram"], self._buffers["cross"], phi, ids)
+            _blocked.add_rows(self.gram, self.cross, phi, ids)
         else:
             if not pending.fits(phi.shape[0]):
                 self.flush()
@@ -385,27 +389,14 @@ class AnalyticRouter(nn.Module):
 
     @torch.no_grad()
     def flush(self) -> None:
-        """Fold the pending rows into ``G`` and ``Q`` now, in one rank-k update.
+        """Fold the pending rows into ``G`` and ``Q`` now, in one rank-k update (nothing when none are pending).
 
-        Not needed for correctness: every reader of the statistics (the ``gram`` and ``cross``
-        attributes, solves, ``state_dict``, ``merge_``, the collectives, device moves) folds first.
-        Only code that reads the buffers without naming them, e.g. through ``module.buffers()``,
-        must call it.
+        The router's own readers of the statistics call it first: solves, :meth:`gram_matrix`,
+        ``state_dict``, :meth:`merge_`, :meth:`add_expert`, device moves and the collectives of
+        :mod:`fly_modules.distributed`. Code that reads the ``gram`` or ``cross`` buffers itself calls
+        it before: reading them never changes them.
         """
-        self._pending.fold_into(self._buffers["gram"], self._buffers["cross"])
-
-    def __getattr__(self, name: str) -> Any:
-        # nn.Module keeps buffers outside __dict__, so every read of router.gram / router.cross lands here.
-        if name in _FOLDED_BUFFERS:
-            pending = self.__dict__.get("_pending")
-            if pending is not None and pending.rows:
-                self.flush()
-        return super().__getattr__(name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FOLDED_BUFFERS and self.__dict__.get("_pending") is not None:
-            self.flush()  # the rows belong to the statistics being replaced
-        super().__setattr__(name, value)
+        self._pending.fold_into(self.gram, self.cross)
 
     @torch.no_grad()
     def merge_(self, other: "AnalyticRouter") -> "AnalyticRouter":
@@ -417,6 +408,8 @@ class AnalyticRouter(nn.Module):
         if not isinstance(other, AnalyticRouter):
             raise InvalidParameterError(f"AnalyticRouter.merge_: expected an AnalyticRouter, got {type(other).__name__}")
         self._check_same_expansion(other)
+        self.flush()
+        other.flush()
         self._grow_to(other.num_experts)
         target = dict(device=self.device, dtype=self.stats_dtype)
         self.gram += other.gram.to(**target)
@@ -435,7 +428,9 @@ class AnalyticRouter(nn.Module):
         self._mark_stale()
 
     def gram_matrix(self) -> Tensor:
-        """The full symmetric ``G`` (a new tensor; only the lower triangle of the ``gram`` buffer is meaningful)."""
+        """The full symmetric ``G`` with every row added so far (folds the pending rows first; a new tensor:
+        only the lower triangle of the ``gram`` buffer is meaningful)."""
+        self.flush()
         return _ridge.symmetrize_lower(self.gram)
 
     def _mark_stale(self) -> None:
@@ -472,6 +467,7 @@ class AnalyticRouter(nn.Module):
             raise NotFittedError(
                 "AnalyticRouter has no statistics yet: call update(features, expert_ids) before routing"
             )
+        self.flush()
         result = self._solve_system()
         if _ridge.error_bound(result) > _UNRELIABLE_ERROR_BOUND:
             warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
@@ -501,6 +497,7 @@ class AnalyticRouter(nn.Module):
         return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
 
     def _solve_if_stale(self) -> Tensor:
+        self.flush()
         if self._solution is None or self._solution_key != self._statistics_key():
             return self.solve()
         return self._solution
@@ -650,15 +647,6 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _check_ridge(ridge: Union[float, str]) -> Union[float, str]:
-    if isinstance(ridge, str):
-        if ridge != "auto":
-            raise InvalidParameterError(f"AnalyticRouter: ridge must be a finite number > 0 or 'auto', got {ridge!r}")
-        return ridge
-    # > 0: the system G + ridge*I must be positive definite.
-    return check_float(ridge, "ridge", owner="AnalyticRouter", above=0)
-
-
 def _check_ridge_grid(grid: Optional[Sequence[float]]) -> Optional[List[float]]:
     if grid is None:
         return None
@@ -677,46 +665,3 @@ def _conditioning_message(result: _ridge.RidgeSolution, largest_diagonal: float)
         f"or pass ridge='auto'"
         + (", or accumulate in float64 (stats_dtype=torch.float64)." if result.precision != torch.float64 else ".")
     )
-
-
-# ================================================================================ data parallel
-@torch.no_grad()
-def all_reduce_statistics(router: AnalyticRouter, group: Optional[Any] = None) -> AnalyticRouter:
-    """Sum ``G``, ``Q`` and the counts over all processes, in place; returns ``router``.
-
-    Processes may hold different numbers of experts; every router first grows to the largest.
-    """
-    _collectives.require_initialized("all_reduce_statistics")
-    router._grow_to(_collectives.all_reduce_max(router.num_experts, router.device, group))
-    _collectives.all_reduce_sum_((router.gram, router.cross, router.counts), group)
-    router._mark_stale()
-    return router
-
-
-@torch.no_grad()
-def all_gather_update(
-    router: AnalyticRouter, features: Tensor, expert_ids: Union[int, Tensor], group: Optional[Any] = None
-) -> None:
-    """``router.update`` with the concatenation (in rank order) of every process's batch.
-
-    Batches may differ in size between processes (the last batch of a shard, or an empty share).
-    Setting ``router.process_group`` makes every ``router.update`` do this.
-    """
-    _collectives.require_initialized("all_gather_update")
-    # Every process validates its own share and they agree before gathering: a bad batch on one
-    # process raises on all of them (instead of leaving the others blocked in the gather).
-    error: Optional[Exception] = None
-    try:
-        features, ids = router._check_batch(features, expert_ids, owner="all_gather_update", allow_empty=True)
-    except (TypeError, ValueError) as caught:
-        error = caught
-    # One verdict for both questions: did every process accept its batch, and is any batch float64
-    # (then all gather float64; otherwise float32, which holds float16/bfloat16 exactly).
-    single = error is None and features.dtype != torch.float64
-    accepted, all_single = _collectives.all_reduce_min([int(error is None), int(single)], router.device, group)
-    if error is not None:
-        raise error
-    if not accepted:
-        raise RuntimeError("all_gather_update: another process rejected its batch (see its error); nothing was added")
-    features = features.to(torch.float32 if all_single else torch.float64)
-    router._accumulate(_collectives.gather_rows(features, group), _collectives.gather_rows(ids, group))

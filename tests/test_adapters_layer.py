@@ -47,7 +47,7 @@ def test_family_functions_show_common_then_family_options():
     [
         (dict(router="yes"), "router"),
         (dict(ensemble=1.5), "ensemble"),
-        (dict(expansion_dim=0), "expansion_dim"),
+        (dict(expansion_dim=-1), "expansion_dim"),
         (dict(expansion_dim=True), "expansion_dim"),
         (dict(seed=1.5), "seed"),
         (dict(ridge=-1.0), "ridge"),

@@ -72,6 +72,7 @@ def test_all_reduce_and_gathered_updates_equal_one_router_fed_the_union(tmp_path
 
     union = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
     union.update(features, torch.cat([shards[0]["ids"], shards[1]["ids"]]))
+    union.flush()
     whole = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
     whole.update(features, ids)
     assert [shard["rejected"] for shard in shards] == ["RuntimeError", "ValueError"]

@@ -156,7 +156,7 @@ def test_the_import_graph_is_read():
     graph = import_graph()
     assert "fly_modules._ridge" in graph["fly_modules.router"]
     assert "fly_modules" in graph["fly_modules.adapters._handle"]
-    assert "fly_modules.router" in graph["fly_modules.distributed"]
+    assert "fly_modules.distributed" in graph["fly_modules.router"]
     assert strongly_connected({"a": {"b": 1}, "b": {"a": 2}, "c": {}}) == [["a", "b"]]
 
 
@@ -183,3 +183,26 @@ def test_a_family_builds_on_at_most_two_plumbing_modules(family):
                       and name not in FRAMEWORK)
     assert len(plumbing) <= 2, f"{module} imports {plumbing}"
     assert "fly_modules.adapters._wiring" in graph[module]  # the graph was read
+
+
+# The core's private modules other layers may import: the argument checks with the table of shared
+# parameters (fly_modules/_validation.py says it is supported), and, for the speed benchmarks that time
+# them, the kernels and solvers. The most specific layer listed decides.
+SUPPORTED_PRIVATE_CORE = {
+    "fly_modules.adapters": {"fly_modules._validation"},
+    "benchmarks": {"fly_modules._validation"},
+    "benchmarks.speed": {"fly_modules._validation", "fly_modules._ridge", "fly_modules._blocked"},
+}
+
+
+def test_other_layers_import_only_the_supported_private_core_modules():
+    found = []
+    for module, targets in import_graph(type_checking=False).items():
+        layers = [layer for layer in SUPPORTED_PRIVATE_CORE if in_layer(module, layer)]
+        if not layers:
+            continue
+        allowed = SUPPORTED_PRIVATE_CORE[max(layers, key=len)]
+        private = [t for t in targets if t.startswith("fly_modules._") and not in_layer(t, "fly_modules.adapters")]
+        found += [f"{module}:{targets[t]} imports {t}" for t in private if t not in allowed]
+    assert not found, "; ".join(found)
+    assert "fly_modules._validation" in import_graph()["benchmarks.ablation.arguments"]  # the graph was read

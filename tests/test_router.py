@@ -123,6 +123,7 @@ def test_only_the_lower_triangle_of_the_statistics_is_read(monkeypatch):
     monkeypatch.setattr(_ridge, "PANEL_ROWS", 3)
     router.load_state_dict(router.state_dict())
     router.update(features[30:], ids[30:])
+    router.flush()
     with torch.no_grad():
         upper = torch.ones_like(router.gram, dtype=torch.bool).triu(1)
         router.gram.masked_fill_(upper, float("nan"))  # any read of the upper triangle would show
@@ -245,6 +246,7 @@ def test_merge_equals_one_router_fed_the_union():
     right.update(features[~mask], ids[~mask])
     assert left.merge_(right) is left
     assert left.num_experts == 3
+    whole.flush()
     torch.testing.assert_close(left.gram, whole.gram)
     torch.testing.assert_close(left.cross, whole.cross)
     assert torch.equal(left.counts, whole.counts)
@@ -342,7 +344,7 @@ def test_bad_input_is_rejected_and_leaves_statistics_unchanged(features, ids, er
 
 
 def test_constructor_validation():
-    with pytest.raises(ValueError, match="ridge must be finite and > 0"):
+    with pytest.raises(ValueError, match="ridge must be a finite number > 0 or .auto., got 0.0"):
         AnalyticRouter(3, ridge=0.0)
     with pytest.raises(ValueError, match="'auto'"):
         AnalyticRouter(3, ridge="gcv")
@@ -358,6 +360,7 @@ def test_constructor_validation():
 def test_failed_factorisation_says_what_to_do(stats_dtype, solver):
     router = AnalyticRouter(2, 1, expansion_dim=0, ridge=0.5, solver=solver, stats_dtype=stats_dtype)
     router.update(torch.ones(1, 2), 0)
+    router.flush()
     with torch.no_grad():  # statistics no stream can produce: G + 0.5 I has eigenvalues 3.5 and -0.5
         router.gram.copy_(torch.tensor([[1.0, 2.0], [2.0, 1.0]]))
     # Its Cholesky fails in any rounding: the second pivot is 1.5 - 2^2 / 1.5 < 0 with an O(1) margin.
@@ -548,6 +551,8 @@ def test_float32_features_are_expanded_in_float32_within_the_rounding_bound():
     phi_error = (narrow.expansion(features) - wide.expansion(features.double())).abs()
     assert bool((phi_error <= gamma * magnitude).all())
     gram_bound = (2 * gamma + gamma**2 + accumulation) * (magnitude.t() @ magnitude)
+    narrow.flush()
+    wide.flush()
     assert bool((torch.tril(narrow.gram - wide.gram).abs() <= torch.tril(gram_bound)).all())
     onehot = torch.nn.functional.one_hot(ids, 3).double()
     assert bool(((narrow.cross - wide.cross).abs() <= (gamma + accumulation) * (magnitude.t() @ onehot)).all())
@@ -569,6 +574,9 @@ def test_features_beyond_the_float32_range_are_expanded_in_float64(scale):
     narrow = AnalyticRouter(4, 2, expansion_dim=16, ridge=scale**2)
     wide.update(features.double(), ids)
     narrow.update(features, ids)
+    narrow.flush()
+    wide.flush()
+    assert narrow.num_samples and torch.count_nonzero(narrow.gram)
     assert torch.equal(narrow.gram, wide.gram) and bool(torch.isfinite(narrow.gram).all())
     assert torch.equal(narrow(features), wide(features.double()))
 

@@ -33,6 +33,7 @@ def assert_float64_statistics(router: AnalyticRouter, features: torch.Tensor, id
     """G and Q against the float64 sums of the whole stream, within worst-case rounding bounds that hold
     for any summation order (so on any CPU): with a = |h| |R|^T >= |phi|, each float64 dot product of
     the expansion is within gamma_d a of the exact one, and each sum of n terms within 2 n eps of it."""
+    router.flush()
     eps = torch.finfo(torch.float64).eps
     gamma = D * eps / (1 - D * eps)
     phi = router.expansion(features)
@@ -45,14 +46,16 @@ def assert_float64_statistics(router: AnalyticRouter, features: torch.Tensor, id
     assert torch.equal(router.counts, torch.bincount(ids, minlength=EXPERTS))
 
 
-def test_rows_wait_in_the_buffer_and_every_read_sees_them():
+def test_rows_wait_in_the_buffer_until_flush_and_a_read_changes_nothing():
     features, ids = stream(70)
     router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
     feed(router, features[:10], ids[:10], [4, 6])
     assert router.pending_rows == 10 and router.num_samples == 10
-    assert torch.count_nonzero(router._buffers["gram"]) == 0  # nothing folded yet
-    assert_float64_statistics(router, features[:10], ids[:10])  # reading gram/cross folds them in
-    assert router.pending_rows == 0
+    assert torch.count_nonzero(router.gram) == torch.count_nonzero(router.cross) == 0  # nothing folded yet
+    assert router.pending_rows == 10  # reading the buffers folds nothing
+    router.flush()
+    assert router.pending_rows == 0 and torch.count_nonzero(router.gram) > 0
+    assert_float64_statistics(router, features[:10], ids[:10])
     # Appends that would overflow the buffer fold first; a batch as large as the buffer goes straight in.
     feed(router, features[10:], ids[10:], [9, 9, 20, 3, 15, 4])
     assert 0 < router.pending_rows < 16
@@ -100,6 +103,7 @@ def test_state_dict_holds_every_row_and_a_resumed_run_is_bit_identical():
     assert_float64_statistics(resumed, features[:35], ids[:35])
     for router in (run, resumed):
         feed(router, features[35:], ids[35:], [5] * 11)
+        router.flush()
     for name in ("gram", "cross", "counts"):
         assert torch.equal(getattr(run, name), getattr(resumed, name)), name
     assert torch.equal(run.weight, resumed.weight)

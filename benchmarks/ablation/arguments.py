@@ -25,7 +25,8 @@ from benchmarks.ablation.shard import parse_shard
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.data.loaders import DATASETS
 from benchmarks.methods import list_methods
-from fly_modules import AGGREGATION_RULES
+from fly_modules import AGGREGATION_RULES, InvalidParameterError
+from fly_modules._validation import SHARED_PARAMETERS, Constraint, Integer
 
 DESCRIPTION = "Cross-ablation of the analytic router and the temporal ensemble: methods x variants x datasets x seeds."
 
@@ -84,15 +85,46 @@ def _real(low: float, high: float, *, open_low: bool = False) -> Callable[[str],
     return parse
 
 
-def _ridge(text: str) -> Union[float, str]:
-    return "auto" if text == "auto" else _real(0.0, math.inf, open_low=True)(text)
+def _number(text: str) -> Union[int, float]:
+    """An int if ``text`` spells one, else a float (``nan`` and ``inf`` included: the rules refuse them)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
-def _decays(text: str) -> Tuple[float, ...]:
-    values = tuple(_real(0.0, 1.0, open_low=True)(v) for v in text.split(","))
-    if any(v >= 1.0 for v in values) or len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"expected distinct decays in (0, 1), got {text!r}")
-    return values
+def _numbers(text: str) -> Tuple[Union[int, float], ...]:
+    return tuple(_number(item) for item in text.split(","))
+
+
+def _number_or_text(text: str) -> Union[int, float, str]:
+    """A number if ``text`` spells one, else the text itself (for rules that take words, e.g. ``"auto"``)."""
+    try:
+        return _number(text)
+    except argparse.ArgumentTypeError:
+        return text
+
+
+def _shared(name: str, parse: Callable[[str], Any], *, narrower: Optional[Constraint] = None) -> Callable[[str], Any]:
+    """The type of the flag of a parameter the library shares: ``parse``'s value, checked by the library's
+    rule (``SHARED_PARAMETERS[name]``), so the flag refuses what the library refuses, with its message;
+    then by ``narrower``, a rule of the benchmarks on top."""
+    rules = [SHARED_PARAMETERS[name], *([narrower] if narrower else [])]
+
+    def parse_shared(text: str) -> Any:
+        value = parse(text)
+        try:
+            for rule in rules:
+                value = rule.convert(value, name)
+        except InvalidParameterError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    return parse_shared
 
 
 def _json_object(text: str) -> Dict[str, Any]:
@@ -142,6 +174,7 @@ def parse_names(text: str) -> List[str]:
 
 
 #: Protocol field -> (argparse type or choices, help); a field missing here is parsed by its default's type.
+#: The parameters the library shares (``fly_modules._validation.SHARED_PARAMETERS``) are checked by its rules.
 PROTOCOL_FLAGS: Dict[str, Tuple[Any, str]] = {
     "model": (str, "timm model name of the backbone"),
     "model_kwargs": (_json_object, "JSON object of extra timm.create_model arguments"),
@@ -155,13 +188,15 @@ PROTOCOL_FLAGS: Dict[str, Tuple[Any, str]] = {
     "num_sessions": (_integer(1), "Si-Blurry sessions T"),
     "disjoint_ratio": (_real(0.0, 1.0), "r_D, fraction of disjoint classes"),
     "blurry_ratio": (_real(0.0, 1.0), "r_B, fraction of blurry-class samples moved between sessions"),
-    "num_experts": (_integer(1), "experts (steps/tasks/prompt groups) per method"),
+    "num_experts": (_shared("num_experts", _number, narrower=Integer(minimum=1)),
+                    "experts (steps/tasks/prompt groups) per method, at least 1"),
     "lr": (_real(0.0, math.inf, open_low=True), "Adam learning rate (default: the method's, 0.005; 0.003 for "
                                                "HiDe-Prompt/NoRGa)"),
-    "expansion_dim": (_integer(0), "router random-expansion width M (0: no expansion)"),
-    "ridge": (_ridge, "router ridge lambda > 0, or 'auto' (generalised cross-validation)"),
-    "decays": (_decays, "comma-separated EMA decays of the ensemble, in (0, 1)"),
-    "aggregate": (AGGREGATION_RULES, "ensemble aggregation rule"),
+    "expansion_dim": (_shared("expansion_dim", _number), "router random-expansion width M (0: no expansion, "
+                                                          "ridge regression on the query features)"),
+    "ridge": (_shared("ridge", _number_or_text), "router ridge lambda > 0, or 'auto' (generalised cross-validation)"),
+    "decays": (_shared("decays", _numbers), "comma-separated EMA decays of the ensemble, distinct, in (0, 1)"),
+    "aggregate": (_shared("aggregate", str), "ensemble aggregation rule, one of " + ", ".join(AGGREGATION_RULES)),
     "amp": (_bool, "mixed precision training on CUDA (true/false)"),
     "augment": (_bool, "reference training augmentation (true/false)"),
     "method_kwargs": (_json_object, "JSON object: method name -> constructor keyword arguments"),

@@ -13,7 +13,7 @@ fixed points (:class:`ScoredComponents` adds what the one-training evaluation re
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Protocol
+from typing import Any, Dict, Literal, Optional, Protocol, Union
 
 import torch
 from fly_modules.adapters import RetrofitOptions
@@ -74,7 +74,8 @@ class AddedComponents:
     """
 
     def __init__(
-        self, model: PromptMethod, *, expansion_dim: int, ridge: Any, seed: int, decays: Any, aggregate: str
+        self, model: PromptMethod, *, expansion_dim: int, ridge: Union[float, Literal["auto"]], seed: int, decays: Any,
+        aggregate: str
     ) -> None:
         self.model = model
         options = RetrofitOptions(
@@ -151,8 +152,8 @@ class RetrofitComponents:
     """
 
     def __init__(
-        self, model: PromptMethod, *, router: bool, ensemble: bool, expansion_dim: int, ridge: Any, seed: int,
-        decays: Any, aggregate: str, device: torch.device,
+        self, model: PromptMethod, *, router: bool, ensemble: bool, expansion_dim: int,
+        ridge: Union[float, Literal["auto"]], seed: int, decays: Any, aggregate: str, device: torch.device,
     ) -> None:
         self.model = model
         self.handle = reference_adapter.retrofit(

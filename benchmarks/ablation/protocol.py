@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Literal, Optional, Tuple, Union
 
 __all__ = ["PAPER_METHODS", "ROUTER_QUERIES", "Protocol", "RunSpec"]
 
@@ -35,7 +35,7 @@ class Protocol:
     num_experts: int = 5
     lr: Optional[float] = None  # None: the method's default (Adam 0.005; 0.003 for HiDe-Prompt/NoRGa)
     expansion_dim: int = 10_000
-    ridge: float = 1e4
+    ridge: Union[float, Literal["auto"]] = 1e4  # "auto": chosen by generalised cross-validation
     decays: Tuple[float, ...] = (0.9, 0.99)
     aggregate: str = "softmax_max"
     amp: bool = True  # used on CUDA only

@@ -5,7 +5,7 @@ method's own hooks (``builtin_components``). Decisions on the reference's quirks
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Literal, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -66,7 +66,7 @@ class FlyPrompt(ConcatPromptMethod):
         prompt_layers: Optional[Iterable[int]] = None,
         prompt_length: int = 20,
         router_expansion_dim: int = 10_000,
-        router_ridge: Union[float, str] = 1e4,
+        router_ridge: Union[float, Literal["auto"]] = 1e4,
         router_seed: int = 0,
         decays: Sequence[float] = (0.9, 0.99),
         aggregate: str = "softmax_max",

@@ -354,6 +354,8 @@ def bench_expansion_precision(args: argparse.Namespace, report: Report) -> None:
         batch, ids = features[start:start + chunk], expert_ids[start:start + chunk]
         exact.update(batch.double(), ids)
         fast.update(batch, ids)
+    exact.flush()
+    fast.flush()
     gram_error = max_relative_difference(torch.tril(fast.gram), torch.tril(exact.gram))
     cross_error = max_relative_difference(fast.cross, exact.cross)
     queries, _ = clustered_features(args.queries, args.dim, args.experts, seed=args.seed + 5, device=args.device)
