@@ -9,13 +9,51 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Tuple
 
 from torch import nn
 
-__all__ = ["BackboneLoadError", "build_backbone", "cached_weights", "check_backbone_available", "downloads_allowed"]
+__all__ = [
+    "BACKBONES", "BackbonePreset", "BackboneLoadError", "build_backbone", "cached_weights", "check_backbone_available",
+    "downloads_allowed",
+]
 
 _downloads = {"allowed": False}
+
+
+@dataclass(frozen=True)
+class BackbonePreset:
+    """One of the paper's pretrained ViT-B/16 backbones.
+
+    Attributes:
+        label: the paper's name.
+        model: the timm model (with the pretrained tag whose weights are these, where timm has them).
+        ridge: the paper's router ridge lambda for this backbone.
+        official_file: the checkpoint file the official code loads for it; where timm has no such
+            weights, pass it (converted to a plain state dict when it is wrapped) with ``--weights``.
+        wrapped: ``(key, prefix)`` of the backbone's tensors inside that file (``None``: a plain state dict).
+    """
+
+    label: str
+    model: str
+    ridge: float
+    official_file: str
+    wrapped: Optional[Tuple[str, str]] = None
+
+
+#: the paper's backbones by name (docs/benchmark.md, "Backbones"); ``--backbone NAME`` selects one
+BACKBONES = {
+    "sup21k": BackbonePreset("Sup-21K", "vit_base_patch16_224.orig_in21k", 1e4, "ViT-B_16.npz"),
+    "sup21k-1k": BackbonePreset("Sup-21K/1K", "vit_base_patch16_224.augreg_in21k_ft_in1k", 1e6,
+                                "vit_21k_1k_mepo_epoch_0.pth"),
+    "ibot21k": BackbonePreset("iBOT-21K", "vit_base_patch16_224", 1e7, "checkpoint.pth", ("teacher", "backbone.")),
+    "ibot1k": BackbonePreset("iBOT-1K", "vit_base_patch16_224", 1e7, "ibot_vitbase16_pretrain.pth",
+                             ("state_dict", "")),
+    "dino1k": BackbonePreset("DINO-1K", "vit_base_patch16_224.dino", 1e7, "dino_vitbase16_pretrain.pth"),
+    "mocov3-1k": BackbonePreset("MoCo v3-1K", "vit_base_patch16_224", 1e6, "mocov3-vit-base-300ep.pth",
+                                ("model", "")),
+}
 
 
 class BackboneLoadError(RuntimeError):
@@ -110,3 +148,57 @@ def build_backbone(model: str, model_kwargs: dict, *, pretrained: bool, weights:
             f"could not load pretrained weights for {model!r} ({type(error).__name__}: {_first_line(error)}); "
             f"pass --weights /path/to/file (.safetensors/.pth/.npz) or --pretrained false"
         ) from error
+
+
+def unwrap_checkpoint(path: str, wrapped: Tuple[str, str], model: nn.Module) -> dict:
+    """The backbone tensors of a wrapped checkpoint (``wrapped = (key, prefix)``), named as ``model``'s.
+
+    Loaded with ``weights_only=True``. Entries that are not the model's (a projection head, the
+    optimizer) are left out; a model tensor the file lacks, or has in another shape, raises.
+    """
+    import torch
+
+    root = torch.load(path, map_location="cpu", weights_only=True)
+    key, prefix = wrapped
+    tensors = root.get(key, root) if isinstance(root, dict) else None
+    if not isinstance(tensors, dict):
+        raise BackboneLoadError(f"{path}: expected a dict of tensors (under {key!r}), found {type(root).__name__}")
+    renamed = {name[len(prefix):]: value for name, value in tensors.items() if name.startswith(prefix)}
+    expected = {name: value.shape for name, value in model.state_dict().items()}
+    missing = [name for name in expected if name not in renamed]
+    wrong = [name for name in expected if name in renamed and renamed[name].shape != expected[name]]
+    if missing or wrong:
+        raise BackboneLoadError(f"{path}: {len(missing)} of the model's tensors missing (e.g. {missing[:2]}), "
+                                f"{len(wrong)} of another shape (e.g. {wrong[:2]}); expected a checkpoint of "
+                                f"this model under {key!r} with prefix {prefix!r}")
+    return {name: renamed[name].contiguous() for name in expected}
+
+
+def convert(preset: str, source: str, target: str) -> str:
+    """Write the backbone tensors of ``preset``'s official checkpoint ``source`` as a safetensors file
+    ``target``, loadable with ``--backbone preset --weights target``."""
+    import timm
+    from safetensors.torch import save_file
+
+    spec = BACKBONES[preset]
+    model = timm.create_model(spec.model.split(".")[0], pretrained=False, num_classes=0)
+    tensors = unwrap_checkpoint(source, spec.wrapped or ("", ""), model)
+    save_file(tensors, target)
+    return target
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m benchmarks.backbone PRESET SOURCE TARGET``: convert an official checkpoint."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.backbone", description=main.__doc__)
+    parser.add_argument("preset", choices=list(BACKBONES))
+    parser.add_argument("source", help="the official code's checkpoint file")
+    parser.add_argument("target", help="the safetensors file to write")
+    args = parser.parse_args(argv)
+    print(f"written: {convert(args.preset, args.source, args.target)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=_HelpFormatter)
     add_sweep_flags(parser)
     add_cost_flags(parser.add_argument_group("cost and several jobs (docs/benchmark.md)"))
+    add_study_flags(parser.add_argument_group("the paper's other studies (docs/benchmark.md, Studies)"))
     add_protocol_flags(parser.add_argument_group("protocol (each defaults to the preset's value)"))
     return parser
 
@@ -271,6 +272,27 @@ def add_cost_flags(group: Any) -> None:
                             "of a SLURM job array; --merge makes the tables once all parts have finished")
     group.add_argument("--merge", action="store_true",
                        help="train nothing: make the tables from the results in the output folder (all must exist)")
+
+
+def add_study_flags(group: Any) -> None:
+    """``--study``, ``--routers`` and ``--backbone``: the paper's studies beside the cross-ablation."""
+    from benchmarks.backbone import BACKBONES
+    from benchmarks.studies.command import STUDIES
+    from benchmarks.studies.router_set import ROUTERS
+
+    group.add_argument("--study", choices=list(STUDIES), default=None,
+                       help="run one of the paper's studies and write its table beside the paper's numbers: "
+                            + "; ".join(f"{name}: {text}" for name, text in STUDIES.items()))
+    group.add_argument("--router", dest="routers", type=parse_names, default=None,
+                       help="comma-separated routers scored in the routed variants on the same training, from "
+                            + ", ".join(ROUTERS) + " (default: none; --study routers: all)")
+    group.add_argument("--aggregations", type=parse_names, default=None,
+                       help="comma-separated TE2 aggregation rules scored in the ensemble variants on the same "
+                            "training, from " + ", ".join(AGGREGATION_RULES) + " (default: none; --study "
+                            "aggregations: all)")
+    group.add_argument("--backbone", choices=list(BACKBONES), default=None,
+                       help="one of the paper's backbones: its timm model and the paper's ridge (unless --ridge "
+                            "is given); weights from --weights or the local cache")
 
 
 def add_protocol_flags(group: Any) -> None:

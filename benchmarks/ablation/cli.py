@@ -42,6 +42,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line; returns the exit status (2 with one line on stderr for usage and environment errors)."""
     try:
         args = build_parser().parse_args(argv)
+        if args.study is not None:
+            from benchmarks.studies.command import run_cost_study, study_defaults
+
+            if args.study == "cost":
+                return run_cost_study(args)
+            study_defaults(args)
         sweep = resolve(args)
         if sum((args.plan, args.shard is not None, args.merge)) > 1:
             raise UsageError("--plan, --shard and --merge exclude each other (see --help)")

@@ -29,7 +29,8 @@ def run_plan(sweep: Sweep, *, data_root: str, download: bool, argv: Optional[Seq
     document = make_plan(specs, sweep.protocol, SweepData(sweep, data_root, download), device=_device(sweep),
                          protocol_record=run_setting(sweep, sweep.datasets[0])["protocol"],
                          command=list(sys.argv[1:] if argv is None else argv),
-                         log=lambda line: print(line, file=sys.stderr, flush=True))
+                         log=lambda line: print(line, file=sys.stderr, flush=True),
+                         studies={"routers": sweep.routers, "aggregations": sweep.aggregations})
     sweep.output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(sweep.output / PLAN_FILE, document)
     print(format_plan(document))

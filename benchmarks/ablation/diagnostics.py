@@ -85,16 +85,19 @@ def _mean(values: Sequence[float]) -> float:
 ROUTING_VERSIONS = ("modal", "any", "first")
 
 
-def routing_summary(entries: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Dict[str, float]]]:
+def routing_summary(
+    entries: Sequence[Dict[str, Any]], selections: Sequence[str] = ("own", "rear", "chance"),
+) -> Dict[str, Dict[str, Dict[str, float]]]:
     """Routing accuracies from the evaluator's per-evaluation hit counts.
 
     Returns ``{who: {version: {"last", "anytime_mean"}}}`` for ``who`` in ``own``, ``rear``, ``chance``
-    and ``version`` in ``modal``, ``any``, ``first``: fractions at the last evaluation (the end of the
-    stream) and the mean over the anytime evaluations (NaN for a version the entries do not count).
+    (and the routing study's routers, by name) and ``version`` in ``modal``, ``any``, ``first``: fractions
+    at the last evaluation (the end of the stream) and the mean over the anytime evaluations (NaN for a
+    version the entries do not count).
     """
     summary: Dict[str, Dict[str, Dict[str, float]]] = {}
     anytime = [e for e in entries if e["kind"] == "anytime"]
-    for who in ("own", "rear", "chance"):
+    for who in selections:
         summary[who] = {}
         for version in ROUTING_VERSIONS:
             key = f"{who}_{version}"

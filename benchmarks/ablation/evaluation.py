@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from fly_modules import seen_class_mask
+from fly_modules.ensemble import aggregate_logits
 
 from ..methods.base import MethodOutput, PromptMethod, QueryFeatures
 from ..parallel import DataParallel
@@ -148,13 +149,19 @@ class VariantEvaluator:
         reuse: reuse the frozen features of a batch the previous evaluation had and skip a pass whose
             selection was already made (``False``: every pass at every evaluation, the reference the
             reuse is tested and profiled against).
+        routers: the routing study's routers (``benchmarks.studies.router_set.ROUTERS``; ``components``
+            then has ``route_all``, :class:`benchmarks.studies.router_components.WithRouters`): each one
+            other than ``ridge`` replaces REAR in the routed variants (in ``full``, the method's own
+            router), scored as ``<variant>@<router>``, with its routing accuracy.
+        aggregations: TE2 aggregation rules (``fly_modules.ensemble.AGGREGATION_RULES``) each scored on
+            the ensemble variants' members as ``<variant>~<rule>`` (the aggregation study).
     """
 
     def __init__(
         self, model: PromptMethod, components: ScoredComponents, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
         exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
         member_names: Sequence[str], meta: Dict[str, Dict[str, Any]], timer: PartTimer = NO_TIMER,
-        reuse: bool = True,
+        reuse: bool = True, routers: Sequence[str] = (), aggregations: Sequence[str] = (),
     ) -> None:
         self.model, self.components, self.usage = model, components, usage
         self.variants = [VARIANTS[name] for name in variants]
@@ -177,6 +184,16 @@ class VariantEvaluator:
         self.per_class_counts = [v.name for v in self.variants] + [
             f"{name}/{member}" for name in self.member_logs for member in range(len(self.member_names))
         ]
+        self.study_routers = list(routers)
+        self.routable = [v for v in self.variants if v.selection == "routed" or v.name == "full"]
+        self.router_logs = {f"{v.name}@{r}": EvaluationLog() for v in self.routable for r in routers if r != "ridge"}
+        self.per_class_counts += list(self.router_logs)
+        self.aggregations = list(aggregations)
+        self.aggregation_logs = {f"{v.name}~{rule}": EvaluationLog() for v in self.variants if v.head == "ensemble"
+                                 for rule in self.aggregations}
+        self.per_class_counts += list(self.aggregation_logs)
+        alternatives = [r for r in routers if r != "ridge"]
+        self.routing_counts = _ROUTING_COUNTS + tuple(f"{r}_{version}" for r in alternatives for version in ROUTING_VERSIONS)
 
     # -------------------------------------------------------------------------- one evaluation
     @torch.no_grad()
@@ -186,7 +203,7 @@ class VariantEvaluator:
         first = self.usage.first_expert()
         if bool((modal[all_targets.to(modal.device)] < 0).any()):
             raise RuntimeError("an exposed test class has no training sample counted: the usage table is out of step")
-        tally = _Tally(self.per_class_counts, exposed, self.usage.num_experts, self.subset.device)
+        tally = _Tally(self.per_class_counts, exposed, self.usage.num_experts, self.subset.device, self.routing_counts)
         matrix_experts = torch.nonzero(trained).flatten().tolist() if final else []
         batches = iter(self.subset.batches(indices, targets, self.batch_size))
         while True:
@@ -205,7 +222,11 @@ class VariantEvaluator:
                 for member, log in enumerate(logs):
                     log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
                                correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
-            self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained))
+            for name, log in {**self.router_logs, **self.aggregation_logs}.items():
+                log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
+                           correct=counts[name].cpu(), total=counts["total"].cpu())
+            self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained,
+                                                    self.routing_counts))
         if final:
             self.expert_matrix = expert_matrix_summary(counts["matrix"], counts["group_sizes"], trained)
             self.true_experts = modal[:exposed].tolist()
@@ -256,10 +277,17 @@ class VariantEvaluator:
                     scores = self.components.ensemble.aggregate_members(members[variant.selection])
                     for member in range(len(self.member_names)):
                         tally.add_correct(f"{variant.name}/{member}", members[variant.selection][:, member], labels)
+                    for rule in self.aggregations:
+                        tally.add_correct(f"{variant.name}~{rule}", aggregate_logits(members[variant.selection], rule),
+                                          labels)
                 tally.add_correct(variant.name, scores, labels)
             tally.add_total(labels)
             tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
             tally.add_routing("rear", rear_experts, true_expert, first[labels], trained_any[labels])
+        if self.router_logs:
+            with timer("eval/study_routers"):
+                self._score_routers(images, query, labels, mask, (true_expert, first[labels], trained_any[labels]),
+                                    outputs["own"], own_experts, made, tally)
         if not matrix_experts:
             return
         with timer("eval/forced"):
@@ -267,6 +295,25 @@ class VariantEvaluator:
             for expert in matrix_experts:
                 forced = self._prompted(images, query, torch.full_like(labels, expert), made)
                 tally.add_forced(expert, forced.logits + mask, labels, true_expert)
+
+    def _score_routers(
+        self, images: Tensor, query: QueryFeatures, labels: Tensor, mask: Tensor, truth: Tuple[Tensor, Tensor, Tensor],
+        own: MethodOutput, own_experts: Tensor, made: List[MethodOutput], tally: "_Tally",
+    ) -> None:
+        """Each study router's selection in the routable variants; the method's own while it has no sample."""
+        routed = self.components.route_all(query.router)
+        for name in self.study_routers:
+            if name == "ridge":
+                continue
+            experts = routed.get(name)
+            output = own if experts is None else self._prompted(images, query, experts.to(own_experts.device), made)
+            tally.add_routing(name, own_experts if experts is None else experts.to(own_experts.device), *truth)
+            for variant in self.routable:
+                if variant.head == "online":
+                    scores = output.logits + mask
+                else:
+                    scores = self.components.ensemble.aggregate_members(self._member_scores(output, mask))
+                tally.add_correct(f"{variant.name}@{name}", scores, labels)
 
     def _member_scores(self, output: MethodOutput, mask: Tensor) -> Tensor:
         """``(B, members, C)`` masked logits of the online head and each EMA copy of the samples' banks."""
@@ -277,11 +324,12 @@ class VariantEvaluator:
 
     @staticmethod
     def _routing_entry(
-        kind: str, samples_seen: int, counts: Dict[str, Tensor], targets: Tensor, trained_any: Tensor, trained: Tensor
+        kind: str, samples_seen: int, counts: Dict[str, Tensor], targets: Tensor, trained_any: Tensor, trained: Tensor,
+        names: Sequence[str],
     ) -> Dict[str, Any]:
         experts = max(int(trained.sum()), 1)
         entry: Dict[str, Any] = {"kind": kind, "samples_seen": samples_seen, "samples": int(targets.numel())}
-        for name in _ROUTING_COUNTS:
+        for name in names:
             entry[name] = int(counts[name])
         # Expected hits of an expert drawn uniformly from the trained ones.
         entry["chance_modal"] = entry["chance_first"] = targets.numel() / experts
@@ -302,7 +350,27 @@ class VariantEvaluator:
         if variant in self.member_logs:
             names = [*self.member_names, "ensemble"]
             result["members"] = member_summary(names, [*self.member_logs[variant], self.logs[variant]])
+        if self.study_routers and any(v.name == variant for v in self.routable):
+            result["routers"] = self._router_summary(variant)
+        if self.aggregations and variant in self.member_logs:
+            logs = [self.aggregation_logs[f"{variant}~{rule}"] for rule in self.aggregations]
+            result["aggregations"] = member_summary(self.aggregations, logs)
         return result
+
+    def _router_summary(self, variant: str) -> Dict[str, Any]:
+        """``{router: {"A_auc", "A_last", "routing", seconds}}`` of ``variant`` (``ridge``: REAR itself)."""
+        alternatives = [name for name in self.study_routers if name != "ridge"]
+        routing = routing_summary(self.routing, ("rear", *alternatives))
+        seconds = getattr(self.components, "seconds", {})
+        summary = {}
+        for name in self.study_routers:
+            log = self.logs[variant] if name == "ridge" else self.router_logs[f"{variant}@{name}"]
+            summary[name] = {**member_summary([name], [log])[name], "routing": routing["rear" if name == "ridge" else name]}
+            if name in seconds:
+                timing = seconds[name]
+                summary[name]["seconds_per_update"] = timing["update"] / max(timing["updates"], 1)
+                summary[name]["seconds_per_routed_batch"] = timing["route"] / max(timing["routed_batches"], 1)
+        return summary
 
     def state_dict(self) -> Dict[str, Any]:
         return {
@@ -311,6 +379,9 @@ class VariantEvaluator:
             "routing": [dict(entry) for entry in self.routing],
             "expert_matrix": self.expert_matrix,
             "true_experts": self.true_experts,
+            **({"router_logs": {name: log.to_dict() for name, log in self.router_logs.items()}} if self.router_logs else {}),
+            **({"aggregation_logs": {name: log.to_dict() for name, log in self.aggregation_logs.items()}}
+               if self.aggregation_logs else {}),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -320,6 +391,11 @@ class VariantEvaluator:
         self.routing = [dict(entry) for entry in state["routing"]]
         self.expert_matrix = state["expert_matrix"]
         self.true_experts = state["true_experts"]
+        if self.router_logs:
+            self.router_logs = {name: EvaluationLog.from_dict(log) for name, log in state["router_logs"].items()}
+        if self.aggregation_logs:
+            self.aggregation_logs = {name: EvaluationLog.from_dict(log)
+                                     for name, log in state["aggregation_logs"].items()}
 
 
 _ROUTING_COUNTS = tuple(f"{who}_{version}" for who in ("own", "rear") for version in ROUTING_VERSIONS)
@@ -331,10 +407,11 @@ class _Tally:
     Every rank creates the same entries in the same order (also a rank without test samples).
     """
 
-    def __init__(self, per_class: Sequence[str], exposed: int, num_experts: int, device: torch.device) -> None:
+    def __init__(self, per_class: Sequence[str], exposed: int, num_experts: int, device: torch.device,
+                 routing: Sequence[str] = _ROUTING_COUNTS) -> None:
         self.exposed, self.num_experts = exposed, num_experts
         shapes: Dict[str, Tuple[int, ...]] = {name: (exposed,) for name in ("total", *per_class)}
-        shapes.update({name: () for name in _ROUTING_COUNTS})
+        shapes.update({name: () for name in routing})
         shapes.update(matrix=(num_experts, num_experts), group_sizes=(num_experts,))
         self.counts = {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in shapes.items()}
 

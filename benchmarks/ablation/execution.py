@@ -153,7 +153,8 @@ class SweepProcess:
         started = time.perf_counter()
         try:
             records = run_training(first.method, first.dataset, first.seed, variants, self.sweep.protocol, train,
-                                   test, device=self.device, progress=self.progress, checkpointing=checkpointing)
+                                   test, device=self.device, progress=self.progress, checkpointing=checkpointing,
+                                   routers=self.sweep.routers, aggregations=self.sweep.aggregations)
         except RunInterrupted:
             raise
         except Exception as error:  # one failed training must not lose the others' results
@@ -261,6 +262,11 @@ def _write_tables(sweep: Sweep, specs: List[RunSpec], settings: Dict[str, Dict[s
     markdown = write_tables(sweep.output, rows, caption=PRESETS[sweep.preset]["caption"])
     plot_curves(sweep.output, results)
     plot_paper_deltas(sweep.output, [row for row in rows if row["seeds"]])
+    for study in ("routers", "aggregations"):  # the studies' own tables (benchmarks.studies), when run
+        if getattr(sweep, study):
+            from benchmarks.studies.study_tables import write_study
+
+            markdown += f"\n\n{study} study (study_{study}.md):\n\n" + write_study(sweep.output, results, study)
     return markdown, failed
 
 

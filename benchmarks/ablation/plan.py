@@ -11,7 +11,7 @@ prompted pass, no oracle matrix. docs/benchmark.md ("Cost of a sweep") describes
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -23,7 +23,7 @@ from .results import trainings
 from .stream import build_si_blurry_stream
 from .variants import VARIANTS
 
-__all__ = ["PLAN_FORMAT", "TrainingWork", "count_work", "estimate", "format_plan", "make_plan", "training_key"]
+__all__ = ["PLAN_FORMAT", "PlanData", "TrainingWork", "count_work", "estimate", "format_plan", "make_plan", "training_key"]
 
 PLAN_FORMAT = 1
 
@@ -176,21 +176,75 @@ def make_plan(
     specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str], Any], *, device: torch.device,
     probe_batches: int = 4, eval_samples: int = 512, protocol_record: Optional[Dict[str, Any]] = None,
     command: Optional[Sequence[str]] = None, log: Callable[[str], None] = lambda line: None,
+    studies: Optional[Dict[str, Sequence[str]]] = None,
 ) -> Dict[str, Any]:
-    """Count every training of ``specs`` and probe each (dataset, method) once on ``device``; the plan document."""
-    from .probe import probe  # builds models: imported only when a plan is made
+    """Count every training of ``specs`` and probe each (dataset, method) once on ``device``; the plan document.
 
+    ``studies`` (``{"routers": [...], "aggregations": [...]}``) are probed with the trainings they join."""
+    data = PlanData(data, protocol.image_size, log)
     work = count_work(specs, protocol, data)
     units: Dict[tuple, Dict[str, Any]] = {}
     started = time.perf_counter()
+    prober = _Prober(protocol, device, probe_batches, eval_samples, log, studies or {})
     for item in work:
         pair = (item.dataset, item.method)
-        if pair in units:
-            continue
-        train, test = data(item.dataset)
-        log(f"probing {item.dataset}/{item.method} on {device} ...")
-        units[pair] = probe(item.method, item.dataset, item.variants, protocol, train, test, device=device,
-                            seed=item.seed, batches=probe_batches, eval_samples=eval_samples)
+        if pair not in units:
+            train, test = data(item.dataset)
+            units[pair] = prober(item, train, test)
     document = summarize(work, units, device=str(device), results=len(specs), probe_batches=probe_batches,
                          probe_seconds=time.perf_counter() - started, command=command)
-    return {**document, "protocol": protocol_record if protocol_record is not None else protocol.to_dict()}
+    priced_on = {"stand_in_datasets": sorted(data.stand_ins), "random_weights": prober.random_weights}
+    return {**document, **priced_on,
+            "protocol": protocol_record if protocol_record is not None else protocol.to_dict()}
+
+
+class PlanData:
+    """The sweep's datasets where they are found, and stand-ins of the paper's datasets' sizes where they
+    are not (``benchmarks.ablation.dataset_sizes``): a plan is made before anything is downloaded."""
+
+    def __init__(self, load: Callable[[str], Any], image_size: int, log: Callable[[str], None]) -> None:
+        self.load, self.image_size, self.log = load, int(image_size), log
+        self.stand_ins: set = set()
+
+    def __call__(self, name: str) -> Any:
+        from ..data.records import DatasetNotFoundError
+        from .dataset_sizes import DATASET_SIZES, stand_in
+
+        if name in self.stand_ins:
+            return stand_in(name, self.image_size)
+        try:
+            return self.load(name)
+        except DatasetNotFoundError as error:
+            if name not in DATASET_SIZES:
+                raise
+            self.log(f"{str(error).splitlines()[0].split(':')[0]}: the plan counts its work from its sizes and times "
+                     f"the probe on images of its shape")
+            self.stand_ins.add(name)
+            return stand_in(name, self.image_size)
+
+
+class _Prober:
+    """One probe per (dataset, method); on randomly initialised weights when the pretrained ones are not
+    on this machine (a pass costs the same whatever the weights)."""
+
+    def __init__(self, protocol: Protocol, device: torch.device, batches: int, eval_samples: int,
+                 log: Callable[[str], None], studies: Dict[str, Sequence[str]]) -> None:
+        self.protocol, self.device, self.batches, self.eval_samples, self.log = protocol, device, batches, eval_samples, log
+        self.studies = studies
+        self.random_weights = False
+
+    def __call__(self, item: TrainingWork, train: Any, test: Any) -> Dict[str, Any]:
+        from ..backbone import BackboneLoadError
+        from .probe import probe  # builds models: imported only when a plan is made
+
+        self.log(f"probing {item.dataset}/{item.method} on {self.device} ...")
+        try:
+            return probe(item.method, item.dataset, item.variants, self.protocol, train, test, device=self.device,
+                         seed=item.seed, batches=self.batches, eval_samples=self.eval_samples, **self.studies)
+        except BackboneLoadError as error:
+            if self.random_weights:
+                raise
+            self.log(f"{str(error).splitlines()[0]}; the probe times randomly initialised weights instead")
+            self.protocol = replace(self.protocol, pretrained=False, weights=None)
+            self.random_weights = True
+            return self(item, train, test)

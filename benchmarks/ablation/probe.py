@@ -10,7 +10,7 @@ these unit costs by the counted work of every training; docs/benchmark.md ("Cost
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -38,6 +38,7 @@ def _per(total: float, count: int) -> float:
 def probe(
     method: str, dataset: str, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
     device: torch.device, seed: int = 1, batches: int = 4, warmup: int = 1, eval_samples: int = 512,
+    routers: Sequence[str] = (), aggregations: Sequence[str] = (),
 ) -> Dict[str, Any]:
     """Unit costs of one training of ``method`` (the ``variants`` it scores) measured on ``device``.
 
@@ -47,6 +48,7 @@ def probe(
     query, whose query pass is then in ``eval_per_image``), ``prompted_per_image`` (one prompted pass of a
     test image), ``eval_per_image`` (everything else of scoring an image, all variants, query included
     where it is not cached) and ``eval_parts`` (per image), with the counts they were measured on.
+    ``routers`` and ``aggregations`` are the studies the training scores (``run_training``), timed with it.
     """
     if batches < 1 or warmup < 0 or eval_samples < 1:
         raise ValueError(f"probe needs batches >= 1, warmup >= 0, eval_samples >= 1; got {batches}, {warmup}, "
@@ -54,11 +56,34 @@ def probe(
     timer = PartTimer(device)
     started = time.perf_counter()
     sample = test_sample(test, eval_samples)
-    run = build_run(method, dataset, seed, variants, protocol, train, sample, device=device, timer=timer)
+    run = build_run(method, dataset, seed, variants, protocol, train, sample, device=device, timer=timer,
+                    routers=routers, aggregations=aggregations)
     build = time.perf_counter() - started
-    trainer, evaluator = run.trainer, run.evaluator
+    timed, per_batch, train_parts = _time_training(run, protocol, timer, dataset, warmup=warmup, batches=batches)
+    (cold, _), (warm, prompted_rows) = _time_evaluations(run, timer)
+    images = len(sample)
+    seconds = {part: value["seconds"] for part, value in warm.items()}
+    prompted = seconds.pop("eval/prompted", 0.0)
+    frozen = max(cold.get("eval/query", {}).get("seconds", 0.0) - seconds.get("eval/query", 0.0), 0.0)
+    return {
+        "method": method, "dataset": dataset, "variants": list(variants), "device": str(device),
+        "batches": timed, "warmup": warmup, "eval_images": images, "prompted_passes": _per(prompted_rows, images),
+        "build": build, "per_batch": per_batch, "train_parts": train_parts,
+        "frozen_per_image": _per(frozen, images) if run.evaluator.reuse_frozen else 0.0,
+        "prompted_per_image": _per(prompted, prompted_rows),
+        "eval_per_image": _per(sum(seconds.values()), images),
+        "eval_parts": {part: _per(value, images) for part, value in seconds.items()},
+        "splits_query": run.evaluator.reuse_frozen,
+    }
+
+
+def _time_training(
+    run: Any, protocol: Protocol, timer: PartTimer, dataset: str, *, warmup: int, batches: int,
+) -> Tuple[int, float, Dict[str, float]]:
+    """Train ``warmup`` stream batches, then time ``batches``: ``(timed, seconds per batch, parts per batch)``."""
+    trainer = run.trainer
     trainer.model.train()
-    timed = 0
+    timed, before = 0, 0.0
     for batch in run.stream.batches(protocol.batch_size, rank=None):
         if batch.index == warmup:
             timer.reset()
@@ -75,35 +100,26 @@ def probe(
                          f"than warmup={warmup}")
     per_batch = (trainer.position.train_seconds - before) / timed
     # (a session that ends inside the probe is evaluated by the loop: its parts are not training)
-    train_parts = {part: _per(value["seconds"], timed) for part, value in timer.summary().items()
-                   if part.startswith("train/")}
+    parts = {part: _per(value["seconds"], timed) for part, value in timer.summary().items() if part.startswith("train/")}
+    return timed, per_batch, parts
 
-    # Every class exposed; a class the few probe batches did not train is counted for the current expert,
-    # so that the evaluation scores every sampled image (the probe's state is thrown away).
+
+def _time_evaluations(run: Any, timer: PartTimer) -> List[Tuple[Dict[str, Any], int]]:
+    """Two evaluations of every class: ``[(parts, prompted rows)]``, cold (computes the frozen features)
+    then warm (reuses them, as every later evaluation)."""
+    # A class the few probe batches did not train is counted for the current expert, so that the
+    # evaluation scores every sampled image (the probe's state is thrown away).
+    trainer, evaluator = run.trainer, run.evaluator
     usage = evaluator.usage
     untrained = usage.counts.sum(dim=1) == 0
     usage.counts[untrained, int(trainer.model.current_expert)] = 1
     seen = len(run.stream)
     trainer.model.eval()
     timings = []
-    for _ in range(2):  # cold: computes the frozen features; warm: reuses them, as every later evaluation
+    for _ in range(2):
         timer.reset()
         rows = evaluator.prompted_rows
         evaluator("anytime", timestamp=seen, samples_seen=seen, session=run.stream.num_sessions - 1, final=False)
         timings.append((timer.summary(), evaluator.prompted_rows - rows))
     trainer.model.train()
-    (cold, _), (warm, prompted_rows) = timings
-    images = len(sample)
-    seconds = {part: value["seconds"] for part, value in warm.items()}
-    prompted = seconds.pop("eval/prompted", 0.0)
-    frozen = max(cold.get("eval/query", {}).get("seconds", 0.0) - seconds.get("eval/query", 0.0), 0.0)
-    return {
-        "method": method, "dataset": dataset, "variants": list(variants), "device": str(device),
-        "batches": timed, "warmup": warmup, "eval_images": images, "prompted_passes": _per(prompted_rows, images),
-        "build": build, "per_batch": per_batch, "train_parts": train_parts,
-        "frozen_per_image": _per(frozen, images) if evaluator.reuse_frozen else 0.0,
-        "prompted_per_image": _per(prompted, prompted_rows),
-        "eval_per_image": _per(sum(seconds.values()), images),
-        "eval_parts": {part: _per(value, images) for part, value in seconds.items()},
-        "splits_query": evaluator.reuse_frozen,
-    }
+    return timings

@@ -80,6 +80,8 @@ def run_training(
     progress: Optional[Callable[..., Any]] = None,
     process_group: Optional[Any] = None,
     checkpointing: Optional[Checkpointing] = None,
+    routers: Sequence[str] = (),
+    aggregations: Sequence[str] = (),
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
@@ -99,9 +101,12 @@ def run_training(
     (a checkpoint of these variants, which continues exactly as the uninterrupted run would), and stops
     with ``RunInterrupted`` after saving when a stop is requested; the records then say what was
     written and where the training resumed (``checkpoints``).
+
+    ``routers`` and ``aggregations`` add the studies (docs/benchmark.md, "Studies"): each router trained
+    beside REAR, scored in the routed variants; each TE2 rule scored in the ensemble variants.
     """
     built = build_run(method, dataset, seed, variants, protocol, train, test, device=device,
-                      process_group=process_group)
+                      process_group=process_group, routers=routers, aggregations=aggregations)
     cls, variants, parallel = method_class(method), built.variants, built.parallel
     trainer, evaluator, stream, exposure, specs = built.trainer, built.evaluator, built.stream, built.exposure, built.specs
     key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
@@ -139,7 +144,8 @@ class Run:
 
 def build_run(
     method: str, dataset: str, seed: int, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
-    device: torch.device, process_group: Optional[Any] = None, timer: PartTimer = NO_TIMER,
+    device: torch.device, process_group: Optional[Any] = None, timer: PartTimer = NO_TIMER, routers: Sequence[str] = (),
+    aggregations: Sequence[str] = (),
 ) -> Run:
     """The method, its components, the evaluator and the trainer of :func:`run_training` (``timer``
     times their parts: the profile and the plan's probe)."""
@@ -160,6 +166,12 @@ def build_run(
             model, expansion_dim=protocol.expansion_dim, ridge=protocol.ridge, seed=seed, decays=protocol.decays,
             aggregate=protocol.aggregate,
         )
+    if routers:
+        from ..studies.router_components import WithRouters
+        from ..studies.router_set import check_router_names
+
+        routers = check_router_names(routers)
+        components = WithRouters(components, model, routers, seed=seed)
     lr = _learning_rate(model, protocol)
     usage = ExpertUsage(len(train.classes), model.num_experts, device)
     members = ["online", *(f"ema_{decay:g}" for decay in components.ensemble.decays.tolist())]
@@ -167,11 +179,21 @@ def build_run(
     evaluator = VariantEvaluator(
         model, components, usage, variants, test=test, exposure=exposure, parallel=parallel, device=device,
         batch_size=protocol.test_batch_size, member_names=members,
-        meta={name: {"spec": asdict(spec), "lr": lr} for name, spec in specs.items()}, timer=timer,
+        meta={name: {"spec": asdict(spec), "lr": lr} for name, spec in specs.items()}, timer=timer, routers=routers,
+        aggregations=_check_aggregations(aggregations),
     )
     trainer = OnlineTrainer(model, components, evaluator, usage, protocol=protocol, train=train, stream=stream,
                             exposure=exposure, parallel=parallel, device=device, lr=lr, timer=timer)
     return Run(model, variants, specs, stream, exposure, evaluator, trainer, parallel)
+
+
+def _check_aggregations(rules: Sequence[str]) -> List[str]:
+    from fly_modules.ensemble import AGGREGATION_RULES
+
+    unknown = [rule for rule in rules if rule not in AGGREGATION_RULES]
+    if unknown:
+        raise ValueError(f"unknown aggregation rules {unknown}; expected some of {list(AGGREGATION_RULES)}")
+    return [rule for rule in AGGREGATION_RULES if rule in rules]
 
 
 def run_reference(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -38,6 +38,9 @@ class Sweep:
     output: Path
     device: Optional[str]
     data: Dict[str, Dict[str, Any]]  # dataset -> generated-data settings ({} for real datasets)
+    routers: List[str] = field(default_factory=list)  # the routing study's routers (benchmarks.studies)
+    study: Optional[str] = None
+    aggregations: List[str] = field(default_factory=list)  # the aggregation study's rules
 
 
 def resolve(args: argparse.Namespace) -> Sweep:
@@ -46,6 +49,10 @@ def resolve(args: argparse.Namespace) -> Sweep:
     preset = PRESETS[args.preset]
     changes = {item.name: getattr(args, item.name) for item in fields(Protocol) if getattr(args, item.name) is not None}
     protocol = replace(preset["protocol"], **changes)
+    if getattr(args, "backbone", None) is not None:
+        from benchmarks.studies.command import with_backbone
+
+        protocol = with_backbone(protocol, args)
     methods = args.methods or list(preset.get("methods", PAPER_METHODS))
     known = list_methods()
     _check_names("method", methods, known)
@@ -67,15 +74,35 @@ def resolve(args: argparse.Namespace) -> Sweep:
     if not timm_has_model(protocol.model):
         raise UsageError(f"--model {protocol.model!r} is not a timm model name")
     check_backbone_available(protocol.model, protocol.pretrained, protocol.weights)
-    for name in datasets:
-        if name != "synthetic":
+    for name in datasets:  # a plan prices a missing dataset by its sizes
+        if name != "synthetic" and not args.plan:
             check_dataset(name, args.data_root, download=args.download)
     data = {name: synthetic_settings(args, preset) if name == "synthetic" else {} for name in datasets}
     return Sweep(
         preset=args.preset, protocol=protocol, methods=methods, variants=variants, datasets=datasets,
         seeds=args.seeds or list(preset["seeds"]), threads=args.threads if args.threads is not None else
         preset["threads"], output=Path(args.output or Path("results") / args.preset), device=args.device, data=data,
+        routers=_routers(args), study=getattr(args, "study", None), aggregations=_aggregations(args),
     )
+
+
+def _aggregations(args: argparse.Namespace) -> List[str]:
+    """The aggregation study's rules: ``--aggregations``, or all of them for ``--study aggregations``."""
+    from fly_modules.ensemble import AGGREGATION_RULES
+
+    study = getattr(args, "study", None) == "aggregations"
+    names = getattr(args, "aggregations", None) or (list(AGGREGATION_RULES) if study else [])
+    _check_names("aggregation rule", names, list(AGGREGATION_RULES))
+    return names
+
+
+def _routers(args: argparse.Namespace) -> List[str]:
+    """The routing study's routers: ``--routers``, or all of them for ``--study routers``."""
+    from benchmarks.studies.router_set import ROUTERS
+
+    names = getattr(args, "routers", None) or (list(ROUTERS) if getattr(args, "study", None) == "routers" else [])
+    _check_names("router", names, list(ROUTERS))
+    return names
 
 
 def _check_names(kind: str, given: Sequence[str], known: Sequence[str]) -> None:
@@ -104,4 +131,8 @@ def run_setting(sweep: Sweep, dataset: str) -> Dict[str, Any]:
     """Everything besides the run's key that decides its numbers: a finished run is reused only when
     its stored setting equals this one (the world size is not part of it: it does not change results)."""
     # Through JSON, so that it compares equal to what a result file stores (tuples become lists).
-    return json.loads(json.dumps({"protocol": sweep.protocol.to_dict(), "data": sweep.data[dataset]}))
+    setting = {"protocol": sweep.protocol.to_dict(), "data": sweep.data[dataset]}
+    for study in ("routers", "aggregations"):  # only when asked: the cross-ablation's setting stays what it was
+        if getattr(sweep, study):
+            setting[study] = list(getattr(sweep, study))
+    return json.loads(json.dumps(setting))

@@ -1,0 +1,110 @@
+"""The cost table (the paper's ``method_cost_extended``): total and trainable parameters of every method
+at the paper's configuration (a randomly initialised ViT-B/16, 100 classes; nothing is downloaded), and,
+from a sweep's result files and plan, BWT and seconds per batch, each beside the paper's number.
+
+Parameters are counted as the official code counts them (``sum(p.numel() for p in model.parameters())``,
+and those with ``requires_grad``); buffers (the router's random matrix and statistics, the EMA copies
+of the heads in this implementation) are listed apart. docs/methods.md ("Parameter counts") explains
+each difference from the paper.
+
+    python -m benchmarks.studies.cost [--results DIR] [--output DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from .paper_numbers import COST
+
+__all__ = ["count_parameters", "cost_rows", "format_cost", "main"]
+
+METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt")
+
+
+def count_parameters(model: torch.nn.Module) -> Dict[str, float]:
+    """Millions of parameters (all, trainable) and of buffers (persistent or not) of ``model``."""
+    return {
+        "total": sum(p.numel() for p in model.parameters()) / 1e6,
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6,
+        "buffers": sum(b.numel() for b in model.buffers()) / 1e6,
+    }
+
+
+def method_parameters(method: str, num_classes: int = 100) -> Dict[str, float]:
+    """:func:`count_parameters` of ``method`` at the paper's configuration, random ViT-B/16 weights."""
+    from ..ablation.presets import PRESETS
+    from ..ablation.runner import build_backbone
+    from ..methods import method_class
+
+    protocol = replace(PRESETS["paper"]["protocol"], pretrained=False, weights=None)
+    torch.manual_seed(0)
+    model = method_class(method).from_protocol(build_backbone(protocol), num_classes, protocol, seed=0)
+    return count_parameters(model)
+
+
+def _measured(results: Optional[Path], method: str) -> Dict[str, Optional[float]]:
+    """BWT (percent, paper definition) and training seconds per batch, seed means of the method's
+    published variant (``baseline``; FlyPrompt: ``full``) in a sweep's result folder."""
+    variant = "full" if method == "flyprompt" else "baseline"
+    files = sorted(results.glob(f"runs/*/{method}/{variant}/seed*.json")) if results else []
+    records = [json.loads(path.read_text()) for path in files]
+    if not records:
+        return {"BWT": None, "train_s": None, "seeds": 0}
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    return {"BWT": 100 * mean([r["metrics_paper"]["BWT"] for r in records]),
+            "train_s": mean([r["seconds_per_batch"] for r in records]), "seeds": len(records)}
+
+
+def cost_rows(methods: Sequence[str] = METHODS, results: Optional[Path] = None) -> List[Dict[str, Any]]:
+    """One row per method: our counts and measurements beside the paper's."""
+    rows = []
+    for method in methods:
+        paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST[method]))
+        rows.append({"method": method, **method_parameters(method), **_measured(results, method),
+                     "paper": paper})
+    return rows
+
+
+def _cell(value: Optional[float], digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
+    """Markdown: ours / the paper's, per column."""
+    lines = ["| method | total params (M) | paper | trainable (M) | paper | buffers (M) | BWT (%) | paper "
+             "| train s/batch | paper | seeds |", "|" + "---|" * 11]
+    for row in rows:
+        paper = row["paper"]
+        lines.append(
+            f"| {row['method']} | {row['total']:.2f} | {paper['total']:.2f} | {row['trainable']:.2f} "
+            f"| {paper['trainable']:.2f} | {row['buffers']:.2f} | {_cell(row['BWT'])} | {paper['BWT']:.2f} "
+            f"| {_cell(row['train_s'], 3)} | {paper['train_s']:.2f} | {row['seeds']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.cost", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=None,
+                        help="a sweep's output folder: BWT and training seconds per batch from its result files")
+    parser.add_argument("--output", type=Path, default=Path("results/cost"), help="folder of cost.md / cost.json")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
+    args = parser.parse_args(argv)
+    rows = cost_rows([m for m in args.methods.split(",") if m], args.results)
+    text = format_cost(rows)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "cost.md").write_text(text + "\n")
+    (args.output / "cost.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(text)
+    print(f"written: {args.output / 'cost.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

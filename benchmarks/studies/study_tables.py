@@ -1,0 +1,77 @@
+"""The tables of the routing and aggregation studies, from a sweep's result files, beside the paper's numbers.
+
+Each row is a (dataset, method, variant, router or rule) mean over the seeds found; the paper's A_auc /
+A_last are those of its FlyPrompt rows (Sup-21K, five seeds), so they compare with a FlyPrompt row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+from .paper_numbers import AGGREGATIONS, ROUTING
+
+__all__ = ["study_rows", "format_study", "write_study"]
+
+
+def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+    finite = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
+
+
+def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, Any]]:
+    """One row per (dataset, method, variant, entry) of ``diagnostics[study]`` (``routers`` or ``aggregations``)."""
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for result in results:
+        spec, entries = result["spec"], (result.get("diagnostics") or {}).get(study) or {}
+        for name, entry in entries.items():
+            groups.setdefault((spec["dataset"], spec["method"], spec["variant"], name), []).append(entry)
+    rows = []
+    for (dataset, method, variant, name), entries in groups.items():
+        row = {"dataset": dataset, "method": method, "variant": variant, study[:-1]: name, "seeds": len(entries),
+               "A_auc": _mean([e["A_auc"] for e in entries]), "A_last": _mean([e["A_last"] for e in entries])}
+        if study == "routers":
+            row["routing_last"] = _mean([e["routing"]["modal"]["last"] for e in entries])
+            row["routing_anytime"] = _mean([e["routing"]["modal"]["anytime_mean"] for e in entries])
+            row["ms_per_update"] = _mean([1000 * e["seconds_per_update"] for e in entries if "seconds_per_update" in e])
+            row["ms_per_routed_batch"] = _mean([1000 * e["seconds_per_routed_batch"] for e in entries
+                                                if "seconds_per_routed_batch" in e])
+        paper = (ROUTING if study == "routers" else AGGREGATIONS)[name].get(dataset)
+        row["paper_A_auc"], row["paper_A_last"] = paper if paper else (None, None)
+        rows.append(row)
+    return rows
+
+
+def _cell(value: Optional[float], scale: float = 100.0, digits: int = 2) -> str:
+    return "-" if value is None else f"{scale * value:.{digits}f}"
+
+
+def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
+    """The rows as a markdown table (percent; the paper's columns are its CIFAR-100 / ImageNet-R / CUB-200 rows)."""
+    key = study[:-1]
+    head = ["dataset", "method", "variant", key, "seeds", "A_auc", "A_last"]
+    if study == "routers":
+        head += ["routing (last)", "routing (anytime)", "ms/update", "ms/routed batch"]
+    head += ["paper A_auc", "paper A_last"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["dataset"], row["method"], row["variant"], row[key], str(row["seeds"]), _cell(row["A_auc"]),
+                 _cell(row["A_last"])]
+        if study == "routers":
+            cells += [_cell(row["routing_last"]), _cell(row["routing_anytime"]), _cell(row["ms_per_update"], 1, 3),
+                      _cell(row["ms_per_routed_batch"], 1, 3)]
+        cells += [_cell(row["paper_A_auc"], 1), _cell(row["paper_A_last"], 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_study(output: Path, results: Iterable[Dict[str, Any]], study: str) -> str:
+    """Write ``study_<study>.md`` and ``.json`` into ``output``; returns the markdown."""
+    rows = study_rows(results, study)
+    text = format_study(rows, study)
+    (output / f"study_{study}.md").write_text(text + "\n")
+    (output / f"study_{study}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return text
