@@ -1,0 +1,73 @@
+"""Which official class each reference method is compared with, and how their states correspond: one
+row per method, read by the official side, our side and the comparison."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Tuple
+
+from torch import Tensor, nn
+
+__all__ = ["MethodPair", "PAIRS"]
+
+_HEAD = {"backbone.fc.weight": "head.weight", "backbone.fc.bias": "head.bias"}
+
+
+@dataclass(frozen=True)
+class MethodPair:
+    """One reference method and the official model and trainer it is compared with.
+
+    Attributes:
+        method: our registry name (``benchmarks.methods``).
+        official: the official model and trainer (a key of ``reference_checkout.CLASSES``).
+        weights: official parameter name -> ours, for every trainable tensor of either side.
+        ours_kwargs: our constructor options that select the official behaviour (``reference_quirks``).
+        official_kwargs: official constructor options beyond the backbone, classes and steps.
+        official_selection: reads the official model's prompt selection of its last forward.
+        selection_attributes: attributes of the official model set during that forward only, where the
+            model records its selection only when they are set.
+        buffers: official buffer -> ours, the untrained state the selection reads (copied with the
+            weights for the evaluation on identical state).
+        note: what differs on purpose or is not compared.
+    """
+
+    method: str
+    official: str
+    weights: Dict[str, str]
+    official_selection: Callable[[nn.Module], Tensor]
+    selection_attributes: Dict[str, Any] = field(default_factory=dict)
+    buffers: Dict[str, str] = field(default_factory=dict)
+    ours_kwargs: Dict[str, Any] = field(default_factory=dict)
+    official_kwargs: Dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+
+    def names(self) -> Tuple[Tuple[str, str], ...]:
+        return tuple(sorted(self.weights.items()))
+
+
+PAIRS: Dict[str, MethodPair] = {
+    "l2p": MethodPair(
+        "l2p", "l2p", {"prompt.key": "keys", "prompt.prompts": "prompts", **_HEAD},
+        official_selection=lambda model: model.prompt.last_selected_indices,
+        note="diversified selection: the official frequency is never updated, ours is off (same ranking)",
+    ),
+    "dualprompt": MethodPair(
+        "dualprompt", "dualprompt",
+        {"g_prompt.prompts": "g_prompts", "e_prompt.prompts": "e_prompts", "e_prompt.key": "e_keys", **_HEAD},
+        official_selection=lambda model: model.e_prompt.last_selected_indices[:, 0],
+        ours_kwargs={"reference_quirks": True},
+        note="reference_quirks=True (pool-wide match at inference, as the official code); off by default",
+    ),
+    "mvp": MethodPair(
+        "mvp", "mvp",
+        {"learnable_key": "keys", "learnable_mask": "logit_mask", "g_prompts": "g_prompts", "e_prompts": "e_prompts",
+         **_HEAD},
+        # The official MVP records its selection only with its EMA heads on (a flag its forward reads
+        # for that alone); the heads themselves are not built.
+        official_selection=lambda model: model.last_expert_ids,
+        selection_attributes={"use_ema_head": True, "num_ema": 1},
+        buffers={"count": "count"},
+        ours_kwargs={"reference_quirks": True},
+        note="reference_quirks=True (batch-global focal weight and contrastive broadcast, as the official code)",
+    ),
+}
