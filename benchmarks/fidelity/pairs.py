@@ -71,3 +71,14 @@ PAIRS: Dict[str, MethodPair] = {
         note="reference_quirks=True (batch-global focal weight and contrastive broadcast, as the official code)",
     ),
 }
+
+# MISA is the official DualPrompt with --load_pt: 10 G-prompt tokens per layer and initial prompts from
+# files. Both sides start here from our MISA's prompts (copied), so what is compared is the training.
+PAIRS["misa"] = MethodPair(
+    "misa", "dualprompt", PAIRS["dualprompt"].weights,
+    official_selection=PAIRS["dualprompt"].official_selection,
+    ours_kwargs={"reference_quirks": True},
+    official_kwargs={"len_g_prompt": 10},
+    note="the official DualPrompt with MISA's 10 G-prompt tokens; initial prompts copied from ours, not MISA's "
+         "shipped ones (ViT-B/16 width); reference_quirks=True",
+)
