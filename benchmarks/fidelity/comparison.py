@@ -68,9 +68,8 @@ def compare_method(checkout: ref.Checkout, pair: MethodPair, setting: Setting) -
     torch.manual_seed(setting.seed)
     train, test = setting.data()
     ours = OursSide(pair, setting, train, test)
-    lr = ours.trainer.optimizer.param_groups[0]["lr"]
     official = OfficialSide(checkout, pair, setting, ours.model.backbone, num_classes=len(train.classes),
-                            train_samples=len(train), lr=lr)
+                            train_samples=len(train), lr=pair.official_lr)
     check_pairing(pair, official, ours)
     copy_tensors(ours.state(), official.state(), {ours_name: name for name, ours_name in pair.weights.items()})
     initial = {name: tensor.detach().clone() for name, tensor in official.state().items() if name in pair.weights}

@@ -28,6 +28,7 @@ class MethodPair:
             model records its selection only when they are set.
         buffers: official buffer -> ours, the untrained state the selection reads (copied with the
             weights for the evaluation on identical state).
+        official_lr: the launch scripts' learning rate for the method (Adam, constant).
         note: what differs on purpose or is not compared.
     """
 
@@ -39,6 +40,7 @@ class MethodPair:
     buffers: Dict[str, str] = field(default_factory=dict)
     ours_kwargs: Dict[str, Any] = field(default_factory=dict)
     official_kwargs: Dict[str, Any] = field(default_factory=dict)
+    official_lr: float = 0.005
     note: str = ""
 
     def names(self) -> Tuple[Tuple[str, str], ...]:

@@ -4,7 +4,7 @@ the training settings of the official launch scripts that a CPU can afford (docs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from benchmarks.ablation.protocol import Protocol
 from benchmarks.data import make_synthetic_train_test
@@ -36,6 +36,7 @@ class Setting:
     num_experts: int = 3
     eval_period: int = 32
     seed: int = 1
+    lr: Optional[float] = None  # ours; None: the method's default (the official side's is the pair's)
     method_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -48,7 +49,7 @@ class Setting:
             model=TIMM_MODEL, model_kwargs=self.shape, pretrained=False, image_size=self.shape["img_size"],
             batch_size=self.batch_size, online_iter=self.online_iter, eval_period=self.eval_period,
             test_batch_size=64, num_sessions=self.num_sessions, num_experts=self.num_experts,
-            expansion_dim=64, ridge=1e2, amp=False, augment=False, method_kwargs=dict(self.method_kwargs),
+            expansion_dim=64, ridge=1e2, lr=self.lr, amp=False, augment=False, method_kwargs=dict(self.method_kwargs),
         )
 
     def data(self) -> Tuple[Any, Any]:
