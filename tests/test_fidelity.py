@@ -24,10 +24,10 @@ SMALL = Setting(classes=4, train_per_class=8, test_per_class=2, batch_size=8, on
 
 @pytest.fixture(scope="module")
 def checkout():
-    return ref.load_checkout(str(FAKE), ["l2p", "dualprompt", "mvp"])
+    return ref.load_checkout(str(FAKE), ["l2p", "dualprompt", "mvp", "flyprompt"])
 
 
-@pytest.mark.parametrize("method", ["l2p", "dualprompt", "mvp", "misa"])
+@pytest.mark.parametrize("method", ["l2p", "dualprompt", "mvp", "misa", "flyprompt"])
 def test_each_method_trains_and_decides_as_the_official_trainer(checkout, method):
     row = compare_method(checkout, PAIRS[method], SMALL)
     assert row.weights_moved > 1e-3  # both sides really trained
@@ -35,6 +35,7 @@ def test_each_method_trains_and_decides_as_the_official_trainer(checkout, method
     assert row.predictions_trained == row.predictions_identical == row.selection_identical == 1.0
     assert row.a_auc_ours == pytest.approx(row.a_auc_official, abs=1e-9)
     assert row.a_last_ours == pytest.approx(row.a_last_official, abs=1e-9)
+    assert all(difference < 1e-5 for difference in row.other.values()), row.other  # FlyPrompt's router, EMA heads
 
 
 def test_a_different_training_is_seen(checkout):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -33,6 +34,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    # The official trainers use torch.cuda.amp.autocast, which current torch flags on every call.
+    warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp")
     pairs = [PAIRS[name] for name in args.methods]
     try:
         checkout = ref.load_checkout(args.flygcl, sorted({pair.official for pair in pairs}))

@@ -72,6 +72,8 @@ def compare_method(checkout: ref.Checkout, pair: MethodPair, setting: Setting) -
                             train_samples=len(train), lr=pair.official_lr)
     check_pairing(pair, official, ours)
     copy_tensors(ours.state(), official.state(), {ours_name: name for name, ours_name in pair.weights.items()})
+    if pair.align is not None:
+        pair.align(official.model, ours.model)
     initial = {name: tensor.detach().clone() for name, tensor in official.state().items() if name in pair.weights}
     evaluations = OfficialEvaluations(official, ours.run.exposure, test, batch_size=64)
     ours.evaluations.listeners.append(evaluations)
@@ -79,17 +81,28 @@ def compare_method(checkout: ref.Checkout, pair: MethodPair, setting: Setting) -
     differences = tensor_differences(official.state(), ours.state(), pair.names())
     moved = tensor_differences(official.state(), initial, [(name, name) for name in pair.weights])
     images = exposed_test_images(ours, test)
+    other = _other_state(pair, official, ours, images)
     decisions = _decisions(ours, official, images, pair)
     (a_auc_ours, a_last_ours), (a_auc_official, a_last_official) = ours.metrics(), evaluations.metrics()
     largest = worst(differences)
     return FidelityRow(
         method=pair.method, official=f"{pair.official} ({ref.CLASSES[pair.official][1]})",
-        repository=str(checkout.path), commit=checkout_commit(checkout.path),
+        repository="AnAppleCore/FlyGCL", commit=checkout_commit(checkout.path),
         weights_max_abs=max(d.max_abs for d in differences), weights_relative=largest.relative,
         worst=largest.ours, tensors=len(differences), weights_moved=min(d.relative for d in moved), **decisions, a_auc_ours=a_auc_ours,
         a_auc_official=a_auc_official, a_last_ours=a_last_ours, a_last_official=a_last_official,
-        seconds=time.perf_counter() - started, note=pair.note,
+        other=other, seconds=time.perf_counter() - started, note=pair.note,
     )
+
+
+def _other_state(pair: MethodPair, official: OfficialSide, ours: OursSide, images: Tensor) -> Dict[str, float]:
+    """Relative differences of the pair's state beyond the trainable tensors (router, EMA heads)."""
+    if pair.other_state is None:
+        return {}
+    tensors = pair.other_state(official.model, ours.model, images)
+    differences = tensor_differences({k: a for k, (a, _) in tensors.items()}, {k: b for k, (_, b) in tensors.items()},
+                                     [(name, name) for name in tensors])
+    return {difference.official: difference.relative for difference in differences}
 
 
 def _decisions(ours: OursSide, official: OfficialSide, images: Tensor, pair: MethodPair) -> Dict[str, float]:
@@ -99,6 +112,8 @@ def _decisions(ours: OursSide, official: OfficialSide, images: Tensor, pair: Met
     our_scores, _ = ours.predict(images)
     trained = agreement(official_scores.argmax(1), our_scores.argmax(1))
     copy_tensors(official.state(), ours.state(), {**pair.weights, **pair.buffers})
+    if pair.load_official is not None:
+        pair.load_official(official.model, ours.model)
     our_scores, our_selection = ours.predict(images)
     identical = agreement(official_scores.argmax(1), our_scores.argmax(1))
     selected = agreement(official_selection, our_selection) if official_selection is not None else float("nan")

@@ -64,7 +64,8 @@ class OfficialSide:
         with ref.backbone_factory(checkout, _BACKBONE_NAME, factory):
             return checkout.models[pair.official](
                 backbone_name=_BACKBONE_NAME, pretrained=True, num_classes=num_classes,
-                task_num=setting.num_experts, **pair.official_kwargs,
+                task_num=setting.num_experts, rp_dim=setting.expansion_dim, rp_ridge=setting.ridge,
+                **pair.official_kwargs,
             )
 
     def trainable(self) -> Dict[str, nn.Parameter]:
@@ -81,6 +82,8 @@ class OfficialSide:
     def predict(self, images: Tensor) -> "tuple[Tensor, Optional[Tensor]]":
         """``(scores, selection)``: the official inference (online head + seen-class mask) and the
         selection of that forward."""
+        if self.pair.official_predict is not None:
+            return self.pair.official_predict(self.trainer, images)
         self.model.eval()
         saved = {name: getattr(self.model, name) for name in self.pair.selection_attributes}
         self.model.__dict__.update(self.pair.selection_attributes)

@@ -4,9 +4,11 @@ row per method, read by the official side, our side and the comparison."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
+
+from . import flyprompt_state
 
 __all__ = ["MethodPair", "PAIRS"]
 
@@ -29,6 +31,14 @@ class MethodPair:
         buffers: official buffer -> ours, the untrained state the selection reads (copied with the
             weights for the evaluation on identical state).
         official_lr: the launch scripts' learning rate for the method (Adam, constant).
+        align: ``(official model, our model)``, before the stream: the untrained state both must share
+            (random matrices, initial EMA heads), copied from one side to the other.
+        other_state: ``(official model, our model, images) -> {name: (official, ours)}``, after the
+            stream: the state beyond the trainable tensors to compare (router statistics, EMA heads).
+        load_official: ``(official model, our model)``: that state copied to ours for the evaluation on
+            identical state.
+        official_predict: ``(trainer, images) -> (scores, selection)`` where the official inference is
+            not the model's forward plus the seen-class mask.
         note: what differs on purpose or is not compared.
     """
 
@@ -41,6 +51,10 @@ class MethodPair:
     ours_kwargs: Dict[str, Any] = field(default_factory=dict)
     official_kwargs: Dict[str, Any] = field(default_factory=dict)
     official_lr: float = 0.005
+    align: Optional[Callable[[nn.Module, nn.Module], None]] = None
+    other_state: Optional[Callable[[nn.Module, nn.Module, Tensor], Dict[str, Tuple[Tensor, Tensor]]]] = None
+    load_official: Optional[Callable[[nn.Module, nn.Module], None]] = None
+    official_predict: Optional[Callable[[Any, Tensor], Tuple[Tensor, Tensor]]] = None
     note: str = ""
 
     def names(self) -> Tuple[Tuple[str, str], ...]:
@@ -83,4 +97,13 @@ PAIRS["misa"] = MethodPair(
     official_kwargs={"len_g_prompt": 10},
     note="the official DualPrompt with MISA's 10 G-prompt tokens; initial prompts copied from ours, not MISA's "
          "shipped ones (ViT-B/16 width); reference_quirks=True",
+)
+
+PAIRS["flyprompt"] = MethodPair(
+    "flyprompt", "flyprompt", {"experts.prompts": "prompts", **_HEAD},
+    official_selection=lambda model: None,  # official_predict returns the routed experts
+    align=flyprompt_state.align, other_state=flyprompt_state.other_state,
+    load_official=flyprompt_state.load_official, official_predict=flyprompt_state.official_predict,
+    note="the router's random expansion copied from the official side; our router solves in float64 (Cholesky), "
+         "the official one in float32 (LU)",
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Sequence
 
 __all__ = ["FidelityRow", "markdown_table"]
@@ -25,6 +25,8 @@ class FidelityRow:
             side's trained state (the inference code alone).
         a_auc_ours, a_auc_official, a_last_ours, a_last_official: the runner's metrics, and the official
             trainer's own evaluations at the same points.
+        other: relative differences of the state beyond the trainable tensors (FlyPrompt's router
+            statistics and scores, EMA heads), by name.
         note: what differs on purpose or was not compared.
     """
 
@@ -45,6 +47,7 @@ class FidelityRow:
     a_last_ours: float
     a_last_official: float
     seconds: float
+    other: Dict[str, float] = field(default_factory=dict)
     note: str = ""
 
     def to_dict(self) -> Dict[str, Any]:
@@ -59,13 +62,17 @@ def _points(ours: float, official: float) -> str:
     return "n/a" if math.isnan(ours) or math.isnan(official) else f"{100 * (ours - official):+.2f}"
 
 
+def _other(other: Dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.1e}" for name, value in other.items()) or "-"
+
+
 def markdown_table(rows: Sequence[FidelityRow]) -> str:
     """The table docs/verification.md shows: one line per method."""
     lines: List[str] = [
         "| method | official (commit) | trainable tensors: max abs / relative difference (worst) | least moved | predictions: "
         "trained / identical state | selection, identical state | A_auc ours - official (points) | "
-        "A_last ours - official | not compared, or differs on purpose |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "A_last ours - official | other state: relative difference | not compared, or differs on purpose |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
@@ -74,6 +81,6 @@ def markdown_table(rows: Sequence[FidelityRow]) -> str:
             f"{_percent(row.predictions_trained)} / "
             f"{_percent(row.predictions_identical)} | {_percent(row.selection_identical)} | "
             f"{_points(row.a_auc_ours, row.a_auc_official)} | {_points(row.a_last_ours, row.a_last_official)} | "
-            f"{row.note} |"
+            f"{_other(row.other)} | {row.note} |"
         )
     return "\n".join(lines) + "\n"

@@ -36,6 +36,8 @@ class Setting:
     num_experts: int = 3
     eval_period: int = 32
     seed: int = 1
+    expansion_dim: int = 64   # the router's M (FlyPrompt; both sides)
+    ridge: float = 1e2
     lr: Optional[float] = None  # ours; None: the method's default (the official side's is the pair's)
     method_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
@@ -49,7 +51,7 @@ class Setting:
             model=TIMM_MODEL, model_kwargs=self.shape, pretrained=False, image_size=self.shape["img_size"],
             batch_size=self.batch_size, online_iter=self.online_iter, eval_period=self.eval_period,
             test_batch_size=64, num_sessions=self.num_sessions, num_experts=self.num_experts,
-            expansion_dim=64, ridge=1e2, lr=self.lr, amp=False, augment=False, method_kwargs=dict(self.method_kwargs),
+            expansion_dim=self.expansion_dim, ridge=self.ridge, lr=self.lr, amp=False, augment=False, method_kwargs=dict(self.method_kwargs),
         )
 
     def data(self) -> Tuple[Any, Any]:

@@ -42,6 +42,7 @@ CLASSES: Dict[str, Tuple[str, str]] = {
     "l2p": ("l2p", "L2P"),
     "dualprompt": ("dualprompt", "DualPrompt"),
     "mvp": ("mvp", "MVP"),
+    "flyprompt": ("flyprompt", "FlyPrompt"),
 }
 # What every load imports, relative to the checkout; checked (with the methods' modules) before anything is imported.
 REQUIRED_FILES = (
