@@ -57,7 +57,7 @@ def test_a_folder_that_is_not_a_checkout_fails_with_one_line(tmp_path, capsys):
 
 
 def test_the_command_writes_its_table(tmp_path, monkeypatch):
-    monkeypatch.setattr("benchmarks.fidelity.cli.Setting", lambda: SMALL)
+    monkeypatch.setattr("benchmarks.fidelity.cli.Setting", lambda **options: dataclasses.replace(SMALL, **options))
     table, record = tmp_path / "table.md", tmp_path / "rows.json"
     assert main(["--flygcl", str(FAKE), "--methods", "dualprompt", "--json", str(record), "--markdown", str(table)]) == 0
     assert table.read_text().count("\n| dualprompt |") == 1

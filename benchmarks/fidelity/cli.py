@@ -28,6 +28,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--markdown", type=Path, help="write the table to this Markdown file")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--fused-attention", action="store_true",
+                        help="keep timm's fused attention kernel on our side (by default both sides' backbones "
+                             "compute attention the same way)")
     return parser.parse_args(argv)
 
 
@@ -42,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"python -m benchmarks.fidelity: {error}", file=sys.stderr)
         return 2
-    setting = Setting()
+    setting = Setting(explicit_attention=not args.fused_attention)
     rows: List[FidelityRow] = []
     for pair in pairs:
         rows.append(compare_method(checkout, pair, setting))

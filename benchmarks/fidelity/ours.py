@@ -48,6 +48,10 @@ class OursSide:
         self.variant = variant
         self.run = build_run(pair.method, "generated", setting.seed, [variant], protocol, train, test, device=CPU)
         self.model, self.trainer, self.setting = self.run.model, self.run.trainer, setting
+        if setting.explicit_attention:
+            for module in self.model.backbone.modules():
+                if hasattr(module, "fused_attn"):
+                    module.fused_attn = False
         self.evaluations = _Notifying(self.trainer.evaluate_at)
         self.trainer.evaluate_at = self.evaluations
 
