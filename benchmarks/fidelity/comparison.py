@@ -14,7 +14,7 @@ from torch import Tensor
 from benchmarks.speed import reference_checkout as ref
 
 from .evaluations import OfficialEvaluations
-from .measures import agreement, copy_tensors, tensor_differences, worst
+from .measures import agreement, base_name, copy_tensors, tensor_differences, worst
 from .official import OfficialSide
 from .ours import OursSide
 from .pairs import MethodPair
@@ -34,7 +34,8 @@ def check_pairing(pair: MethodPair, official: OfficialSide, ours: OursSide) -> N
     """Every trainable tensor of either side is in the pair's map (none left out of the comparison)."""
     official_trainable = set(official.trainable())
     our_trainable = {name for name, p in ours.model.named_parameters() if p.requires_grad}
-    left_out = sorted(official_trainable - set(pair.weights)) + sorted(our_trainable - set(pair.weights.values()))
+    mapped_ours = {base_name(name) for name in pair.weights.values()}
+    left_out = sorted(official_trainable - set(pair.weights)) + sorted(our_trainable - mapped_ours)
     if left_out:
         raise ValueError(
             f"{pair.method}: trainable tensors {left_out} are not in the method's weight map; "
@@ -86,7 +87,7 @@ def compare_method(checkout: ref.Checkout, pair: MethodPair, setting: Setting) -
     (a_auc_ours, a_last_ours), (a_auc_official, a_last_official) = ours.metrics(), evaluations.metrics()
     largest = worst(differences)
     return FidelityRow(
-        method=pair.method, official=f"{pair.official} ({ref.CLASSES[pair.official][1]})",
+        method=f"{pair.method} ({pair.variant})" if pair.variant else pair.method, official=ref.CLASSES[pair.official][1],
         repository="AnAppleCore/FlyGCL", commit=checkout_commit(checkout.path),
         weights_max_abs=max(d.max_abs for d in differences), weights_relative=largest.relative,
         worst=largest.ours, tensors=len(differences), weights_moved=min(d.relative for d in moved), **decisions, a_auc_ours=a_auc_ours,

@@ -8,7 +8,21 @@ from typing import Dict, Iterable, List, Mapping, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["TensorDifference", "agreement", "copy_tensors", "tensor_differences", "worst"]
+__all__ = ["TensorDifference", "agreement", "base_name", "copy_tensors", "tensor", "tensor_differences", "worst"]
+
+
+def base_name(name: str) -> str:
+    """The state entry a name reads: ``"e_prompt.prompt#1"`` reads ``e_prompt.prompt``."""
+    return name.split("#", 1)[0]
+
+
+def tensor(state: Mapping[str, Tensor], name: str) -> Tensor:
+    """``state[name]``, or for ``"entry#k"`` the view ``state[entry][:, k]`` (one tensor of ours holding
+    two of theirs along its second axis, HiDe-Prompt's prefix keys and values)."""
+    if "#" not in name:
+        return state[name]
+    entry, index = name.split("#", 1)
+    return state[entry][:, int(index)]
 
 
 @dataclass(frozen=True)
@@ -28,7 +42,7 @@ def tensor_differences(
     """One :class:`TensorDifference` per ``(official name, our name)`` pair."""
     differences = []
     for official_name, our_name in names:
-        a, b = official[official_name].detach().double(), ours[our_name].detach().double()
+        a, b = tensor(official, official_name).detach().double(), tensor(ours, our_name).detach().double()
         if a.shape != b.shape:
             raise ValueError(
                 f"official {official_name} has shape {tuple(a.shape)} but ours {our_name} {tuple(b.shape)}; "
@@ -48,7 +62,7 @@ def worst(differences: List[TensorDifference]) -> TensorDifference:
 def copy_tensors(source: Mapping[str, Tensor], target: Mapping[str, Tensor], names: Dict[str, str]) -> None:
     """``target[names[k]] = source[k]`` in place (dtype of the target)."""
     for source_name, target_name in names.items():
-        target[target_name].copy_(source[source_name])
+        tensor(target, target_name).copy_(tensor(source, source_name))
 
 
 def agreement(a: Tensor, b: Tensor) -> float:

@@ -43,6 +43,8 @@ class OfficialSide:
             exposed_classes=[], mask=torch.full((num_classes,), float("-inf")), online_iter=setting.online_iter,
             distributed=False,
         )
+        if pair.setup_trainer is not None:
+            pair.setup_trainer(trainer)
         self.trainer = trainer
 
     @staticmethod
@@ -76,6 +78,8 @@ class OfficialSide:
         self.trainer.online_step(images.clone(), labels.clone(), None)
 
     def session_end(self, session: int) -> None:
+        if self.pair.session_end_seed is not None:
+            torch.manual_seed(self.pair.session_end_seed + session)
         self.trainer.online_after_task(session)
 
     @torch.no_grad()

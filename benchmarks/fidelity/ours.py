@@ -37,6 +37,17 @@ class _Notifying:
             listener(kind, where["samples_seen"])
 
 
+class _Reseeded:
+    """A session-end hook preceded by ``torch.manual_seed(seed + session)``."""
+
+    def __init__(self, hook: Callable[[int], None], seed: int) -> None:
+        self.hook, self.seed = hook, seed
+
+    def __call__(self, session: int) -> None:
+        torch.manual_seed(self.seed + session)
+        self.hook(session)
+
+
 class OursSide:
     """The runner's objects for ``pair.method`` on ``setting``; ``evaluations.listeners`` are called after
     each of the runner's evaluations (the official side evaluates at the same points)."""
@@ -52,6 +63,8 @@ class OursSide:
             for module in self.model.backbone.modules():
                 if hasattr(module, "fused_attn"):
                     module.fused_attn = False
+        if pair.session_end_seed is not None:
+            self.model.on_session_end = _Reseeded(self.model.on_session_end, pair.session_end_seed)
         self.evaluations = _Notifying(self.trainer.evaluate_at)
         self.trainer.evaluate_at = self.evaluations
 

@@ -3,12 +3,13 @@ row per method, read by the official side, our side and the comparison."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
-from . import flyprompt_state
+from . import flyprompt_state, hide_state
 
 __all__ = ["MethodPair", "PAIRS"]
 
@@ -39,6 +40,11 @@ class MethodPair:
             identical state.
         official_predict: ``(trainer, images) -> (scores, selection)`` where the official inference is
             not the model's forward plus the seen-class mask.
+        setup_trainer: sets what the official run's configuration gives the trainer beyond
+            ``reference_checkout.make_trainer``.
+        variant: what sets this row apart from the method's main row ("" for the main row).
+        session_end_seed: both sides reseed the global generator with ``session_end_seed + session``
+            right before their session-end hook (for draws made there, HiDe-Prompt's alignment).
         note: what differs on purpose or is not compared.
     """
 
@@ -55,6 +61,9 @@ class MethodPair:
     other_state: Optional[Callable[[nn.Module, nn.Module, Tensor], Dict[str, Tuple[Tensor, Tensor]]]] = None
     load_official: Optional[Callable[[nn.Module, nn.Module], None]] = None
     official_predict: Optional[Callable[[Any, Tensor], Tuple[Tensor, Tensor]]] = None
+    setup_trainer: Optional[Callable[[Any], None]] = None
+    session_end_seed: Optional[int] = None
+    variant: str = ""
     note: str = ""
 
     def names(self) -> Tuple[Tuple[str, str], ...]:
@@ -107,3 +116,23 @@ PAIRS["flyprompt"] = MethodPair(
     note="the router's random expansion copied from the official side; our router solves in float64 (Cholesky), "
          "the official one in float32 (LU)",
 )
+
+_HIDE = {"backbone.prefix_k": "e_prompt.prompt#0", "backbone.prefix_v": "e_prompt.prompt#1",
+         "prompt_head.weight": "head.weight", "prompt_head.bias": "head.bias", "g_mlp.0.weight": "g_mlp.0.weight",
+         "g_mlp.0.bias": "g_mlp.0.bias", "g_head.weight": "g_head.weight", "g_head.bias": "g_head.bias"}
+for _name, _weights in (("hide", _HIDE), ("norga", {**_HIDE, "backbone.act_scale": "e_prompt.act_scale"})):
+    PAIRS[_name] = MethodPair(
+        _name, _name, _weights, official_selection=lambda model: None, official_lr=0.003,
+        official_predict=hide_state.official_predict, setup_trainer=hide_state.setup_trainer,
+        session_end_seed=1000,
+        note="the official orthogonality term picks its old classes by dataset class id in an exposure-ordered "
+             "table (docs/protocol.md 6.2.4), ours by exposure index: the two differ from the second session on; "
+             "classifier alignment: both sides reseeded before each session end",
+    )
+    # The same without the orthogonality terms (lam_orth 0 on both sides): what remains once 6.2.4 is out.
+    PAIRS[f"{_name}-no-orth"] = dataclasses.replace(
+        PAIRS[_name], ours_kwargs={"lam_orth": 0.0}, setup_trainer=hide_state.setup_trainer_without_orthogonality,
+        variant="lam_orth 0",
+        note="lam_orth 0 on both sides (the orthogonality terms, where 6.2.4 lies, left out); classifier "
+             "alignment: both sides reseeded before each session end",
+    )

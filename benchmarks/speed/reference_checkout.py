@@ -37,12 +37,14 @@ __all__ = [
 ]
 
 METHODS = ("dualprompt", "mvp")
-# method -> (module, class) of its model in ``models/`` and of its trainer in ``methods/``.
-CLASSES: Dict[str, Tuple[str, str]] = {
-    "l2p": ("l2p", "L2P"),
-    "dualprompt": ("dualprompt", "DualPrompt"),
-    "mvp": ("mvp", "MVP"),
-    "flyprompt": ("flyprompt", "FlyPrompt"),
+# method -> (module, class) of its model in ``models/``, and (module, class) of its trainer in ``methods/``.
+CLASSES: Dict[str, Tuple[str, str, str, str]] = {
+    "l2p": ("l2p", "L2P", "l2p", "L2P"),
+    "dualprompt": ("dualprompt", "DualPrompt", "dualprompt", "DualPrompt"),
+    "mvp": ("mvp", "MVP", "mvp", "MVP"),
+    "flyprompt": ("flyprompt", "FlyPrompt", "flyprompt", "FlyPrompt"),
+    "hide": ("hide_norga_prefix_vit", "HiDePrefixModel", "hide_norga_trainer", "HiDeGCLTrainer"),
+    "norga": ("hide_norga_prefix_vit", "NoRGaPrefixModel", "hide_norga_trainer", "NoRGaGCLTrainer"),
 }
 # What every load imports, relative to the checkout; checked (with the methods' modules) before anything is imported.
 REQUIRED_FILES = (
@@ -73,8 +75,9 @@ class Checkout:
 
 
 def required_files(methods: Sequence[str]) -> List[str]:
-    modules = [CLASSES[method][0] for method in methods]
-    return [*REQUIRED_FILES, *(f"{folder}/{module}.py" for folder in ("models", "methods") for module in modules)]
+    names = [f"models/{CLASSES[method][0]}.py" for method in methods]
+    names += [f"methods/{CLASSES[method][2]}.py" for method in methods]
+    return [*REQUIRED_FILES, *dict.fromkeys(names)]
 
 
 def missing_files(path: Path, methods: Sequence[str] = METHODS) -> List[str]:
@@ -106,7 +109,7 @@ def load_checkout(path: str, methods: Sequence[str] = METHODS) -> Checkout:
             warnings.simplefilter("ignore")
             vit = importlib.import_module("models.vit")
             models = {m: _class_of(f"models.{CLASSES[m][0]}", CLASSES[m][1]) for m in methods}
-            trainers = {m: _class_of(f"methods.{CLASSES[m][0]}", CLASSES[m][1]) for m in methods}
+            trainers = {m: _class_of(f"methods.{CLASSES[m][2]}", CLASSES[m][3]) for m in methods}
             base = importlib.import_module("methods._trainer")
         return Checkout(path=root, vit=vit, models=models, trainers=trainers, base_trainer=base._Trainer)
     finally:
