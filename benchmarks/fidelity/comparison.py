@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import torch
 from torch import Tensor
@@ -43,18 +43,19 @@ def check_pairing(pair: MethodPair, official: OfficialSide, ours: OursSide) -> N
         )
 
 
-def train_side_by_side(ours: OursSide, official: OfficialSide, train) -> None:
-    """The stream, batch by batch: our session ends (and their evaluations), the official step, ours."""
-    session = None
+def train_side_by_side(ours: OursSide, official: OfficialSide, train: Any) -> None:
+    """The stream, batch by batch: our session ends (and their evaluations), the official ones (empty
+    sessions included, as the official loop has them), the official step, ours."""
+    ended = 0
     for batch in ours.batches():
         ours.advance(batch)
-        if session is not None and batch.session != session:
+        for session in range(ended, batch.session):
             official.session_end(session)
+        ended = max(ended, batch.session)
         official.stream_batch(train.get_batch(batch.indices)[0], batch.targets)
         ours.train(batch)
-        session = batch.session
     ours.finish()
-    if session is not None:
+    for session in range(ended, ours.run.stream.num_sessions):
         official.session_end(session)
 
 
