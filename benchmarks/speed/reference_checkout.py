@@ -19,27 +19,36 @@ Nothing is copied from the checkout and nothing in it is written. In memory only
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import sys
 import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "METHODS", "VIT_PRESETS", "Checkout", "load_checkout", "build_models", "make_trainer", "clean_query",
-    "mvp_query", "ema_bank_weights",
+    "CLASSES", "METHODS", "VIT_PRESETS", "Checkout", "backbone_factory", "load_checkout", "build_models",
+    "make_trainer", "clean_query", "mvp_query", "ema_bank_weights",
 ]
 
 METHODS = ("dualprompt", "mvp")
-# What the benchmark imports, relative to the checkout; checked before anything is imported.
+# method -> (module, class) of its model in ``models/``, and (module, class) of its trainer in ``methods/``.
+CLASSES: Dict[str, Tuple[str, str, str, str]] = {
+    "l2p": ("l2p", "L2P", "l2p", "L2P"),
+    "dualprompt": ("dualprompt", "DualPrompt", "dualprompt", "DualPrompt"),
+    "mvp": ("mvp", "MVP", "mvp", "MVP"),
+    "flyprompt": ("flyprompt", "FlyPrompt", "flyprompt", "FlyPrompt"),
+    "hide": ("hide_norga_prefix_vit", "HiDePrefixModel", "hide_norga_trainer", "HiDeGCLTrainer"),
+    "norga": ("hide_norga_prefix_vit", "NoRGaPrefixModel", "hide_norga_trainer", "NoRGaGCLTrainer"),
+}
+# What every load imports, relative to the checkout; checked (with the methods' modules) before anything is imported.
 REQUIRED_FILES = (
-    "models/__init__.py", "models/vit.py", "models/flyprompt.py", "models/dualprompt.py", "models/mvp.py",
-    "methods/_trainer.py", "methods/dualprompt.py", "methods/mvp.py", "utils/__init__.py",
+    "models/__init__.py", "models/vit.py", "models/flyprompt.py", "methods/_trainer.py", "utils/__init__.py",
 )
 _TOP_LEVEL = ("models", "methods", "utils", "datasets", "optim", "configuration")
 
@@ -65,14 +74,23 @@ class Checkout:
     base_trainer: type                     # methods._trainer._Trainer
 
 
-def missing_files(path: Path) -> List[str]:
-    return [name for name in REQUIRED_FILES if not (path / name).is_file()]
+def required_files(methods: Sequence[str]) -> List[str]:
+    names = [f"models/{CLASSES[method][0]}.py" for method in methods]
+    names += [f"methods/{CLASSES[method][2]}.py" for method in methods]
+    return [*REQUIRED_FILES, *dict.fromkeys(names)]
 
 
-def load_checkout(path: str) -> Checkout:
-    """Import the official models and trainers from ``path`` (see the module docstring)."""
+def missing_files(path: Path, methods: Sequence[str] = METHODS) -> List[str]:
+    return [name for name in required_files(methods) if not (path / name).is_file()]
+
+
+def load_checkout(path: str, methods: Sequence[str] = METHODS) -> Checkout:
+    """Import the official models and trainers of ``methods`` from ``path`` (see the module docstring)."""
+    unknown = sorted(set(methods) - set(CLASSES))
+    if unknown:
+        raise ValueError(f"no official classes known for {', '.join(unknown)}; known: {', '.join(CLASSES)}")
     root = Path(path).resolve()
-    missing = missing_files(root)
+    missing = missing_files(root, methods)
     if missing:
         raise FileNotFoundError(
             f"--reference-repo {path}: expected a checkout of AnAppleCore/FlyGCL, missing {', '.join(missing)}"
@@ -80,30 +98,50 @@ def load_checkout(path: str) -> Checkout:
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".")[0] in _TOP_LEVEL}
     sys.path.insert(0, str(root))
     try:
-        methods = types.ModuleType("methods")
-        methods.__path__ = [str(root / "methods")]
-        sys.modules["methods"] = methods
+        package = types.ModuleType("methods")
+        package.__path__ = [str(root / "methods")]
+        sys.modules["methods"] = package
         sys.modules["datasets"] = _stand_in("datasets", {"__all__": []})
         importlib.import_module("utils")
         sys.modules["utils.data_loader"] = _stand_in("utils.data_loader", {"get_statistics": _no_data})
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _timm_registry_kept():
             # models.vit re-registers timm model names (timm warns about each overwrite).
             warnings.simplefilter("ignore")
             vit = importlib.import_module("models.vit")
-            model_modules = {m: importlib.import_module(f"models.{m}") for m in METHODS}
-            trainer_modules = {m: importlib.import_module(f"methods.{m}") for m in METHODS}
+            models = {m: _class_of(f"models.{CLASSES[m][0]}", CLASSES[m][1]) for m in methods}
+            trainers = {m: _class_of(f"methods.{CLASSES[m][2]}", CLASSES[m][3]) for m in methods}
             base = importlib.import_module("methods._trainer")
-        return Checkout(
-            path=root, vit=vit,
-            models={"dualprompt": model_modules["dualprompt"].DualPrompt, "mvp": model_modules["mvp"].MVP},
-            trainers={"dualprompt": trainer_modules["dualprompt"].DualPrompt, "mvp": trainer_modules["mvp"].MVP},
-            base_trainer=base._Trainer,
-        )
+        return Checkout(path=root, vit=vit, models=models, trainers=trainers, base_trainer=base._Trainer)
     finally:
         sys.path.remove(str(root))
         for name in [n for n in sys.modules if n.split(".")[0] in _TOP_LEVEL]:
             del sys.modules[name]
         sys.modules.update(saved)
+
+
+@contextlib.contextmanager
+def _timm_registry_kept() -> Iterator[None]:
+    """timm's model registry as it was before: the checkout's ``models.vit`` registers its own factories
+    under timm's names (``vit_tiny_patch16_224``, ...), which ``timm.create_model`` would otherwise
+    build from then on, in this process."""
+    try:
+        from timm.models import _registry as registry
+    except ImportError:  # no timm: nothing to keep
+        yield
+        return
+    tables = {name: value for name, value in vars(registry).items()
+              if name.startswith(("_model", "_module")) and isinstance(value, (dict, set))}
+    saved = {name: copy.copy(value) for name, value in tables.items()}
+    try:
+        yield
+    finally:
+        for name, table in tables.items():
+            table.clear()
+            table.update(saved[name])
+
+
+def _class_of(module: str, name: str) -> type:
+    return getattr(importlib.import_module(module), name)
 
 
 def _stand_in(name: str, attributes: Dict[str, Any]) -> types.ModuleType:
@@ -120,17 +158,23 @@ def _no_data(*args: Any, **kwargs: Any) -> Any:
 @contextlib.contextmanager
 def _random_backbone(checkout: Checkout, preset: str) -> Iterator[str]:
     """Make ``models.vit.<name>`` build the checkout's VisionTransformer in ``preset``'s shape, unweighted."""
-    name, shape = _BACKBONE_NAMES[preset], VIT_PRESETS[preset]
-    vision_transformer = checkout.vit.VisionTransformer
+    vision_transformer, shape = checkout.vit.VisionTransformer, VIT_PRESETS[preset]
 
     def factory(pretrained: bool = False, **kwargs: Any) -> nn.Module:
         return vision_transformer(**shape, **kwargs)
 
+    with backbone_factory(checkout, _BACKBONE_NAMES[preset], factory):
+        yield _BACKBONE_NAMES[preset]
+
+
+@contextlib.contextmanager
+def backbone_factory(checkout: Checkout, name: str, factory: Callable[..., nn.Module]) -> Iterator[None]:
+    """While open, ``models.vit.<name>`` (what a model's ``backbone_name`` asks for) is ``factory``."""
     missing = object()
     original = getattr(checkout.vit, name, missing)
     setattr(checkout.vit, name, factory)
     try:
-        yield name
+        yield
     finally:
         if original is missing:
             delattr(checkout.vit, name)
