@@ -166,3 +166,29 @@ def test_parameter_counts_at_the_papers_configuration(name):
         method = create_method(name, backbone, 100, num_tasks=5)
     total, trainable = _counts(method)
     assert (round((total + UNUSED_CLASSIFIER[name]) / 1e6, 2), round(trainable / 1e6, 2)) == PAPER_COST[name]
+
+
+def test_every_variant_of_one_training_equals_its_own_run():
+    # The runner's plumbing for the new methods: each variant scored on the shared training has the log
+    # of a run through the reference adapter (SD-LoRA: no routed variant to run).
+    import json
+
+    from benchmarks.ablation.protocol import Protocol, RunSpec
+    from benchmarks.ablation.runner import run_reference, run_training
+    from benchmarks.data import make_synthetic_train_test
+
+    protocol = Protocol(
+        model="vit_tiny_patch16_224", model_kwargs=dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2),
+        pretrained=False, image_size=32, batch_size=12, online_iter=1, eval_period=40, test_batch_size=16,
+        num_experts=3, expansion_dim=64, ridge=1e2, amp=False,
+        method_kwargs={name: {"ca_steps": 4, "ca_samples_per_class": 4} for name in ROUTED},
+    )
+    data = make_synthetic_train_test(6, train_per_class=8, test_per_class=4, seed=0, image_size=32)
+    cpu = torch.device("cpu")
+    for method in ("hide-lora", "sd-lora"):
+        variants = variants_for(method_class(method), ["baseline", "router", "ensemble", "both"])
+        together = run_training(method, "synthetic", 1, variants, protocol, *data, device=cpu)
+        assert list(together) == variants
+        for variant in variants:
+            alone = run_reference(RunSpec(method, variant, "synthetic", 1), protocol, *data, device=cpu)
+            assert json.dumps(together[variant]["log"]["records"]) == json.dumps(alone["log"]["records"]), variant
