@@ -99,7 +99,7 @@ def test_sdlora_combines_every_task_so_far_for_every_sample():
             norm = 1.0 if task == 2 else float(bank.down[slot, j].norm() * bank.up[slot, j].norm()) + 1e-6
             expected[:, :, j] += bank.magnitude[slot, j] * direction / norm
     with torch.no_grad():
-        delta = method.qkv_deltas()(slot)(h)
+        delta = method.combined_directions().qkv_delta(slot, h)
         dim = h.shape[-1]
         torch.testing.assert_close(delta[..., :dim], expected[:, :, 0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(delta[..., dim:2 * dim], torch.zeros_like(h))

@@ -6,16 +6,17 @@ and value projections, or per-task adapters beside the MLP, in the first blocks 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, ClassVar, Dict, Sequence, Union
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from fly_modules._validation import check_int
 
 from .base import register_method
 from .hide import HiDeMethod
 from .prefix_attention import check_prefixable_backbone, expert_block, resolve_prefix_layers
-from .task_experts import TaskAdapter, TaskLoRA, Tasks
+from .task_experts import GatheredAdapters, GatheredLoRA, TaskAdapter, TaskLoRA, Tasks
 
 __all__ = ["HiDeLoRA", "HiDeAdapter"]
 
@@ -35,15 +36,19 @@ class _BlockExperts(HiDeMethod):
     def forward_features(self, x: Tensor, selection: Union[Tensor, int]) -> Tensor:
         """Pass with task ``selection`` (one int for the batch, or ``(B,)`` long) -> final-norm CLS ``(B, D)``."""
         b = self.backbone
-        experts = self.block_experts(self._tasks(selection, x.shape[0], x.device))
+        experts = self.gathered_experts(self._tasks(selection, x.shape[0], x.device))
         tokens = b.norm_pre(b.patch_drop(b._pos_embed(b.patch_embed(x))))
         for i, block in enumerate(b.blocks):
             slot = self._slot_of_layer.get(i)
-            tokens = block(tokens) if slot is None else experts(slot, block, tokens)
+            tokens = block(tokens) if slot is None else self.expert_block(experts, slot, block, tokens)
         return b.norm(tokens)[:, 0]
 
-    def block_experts(self, tasks: Tasks) -> Any:
-        """``run(slot, block, tokens)``: the ``slot``-th expert block's forward for ``tasks``."""
+    def gathered_experts(self, tasks: Tasks) -> Any:
+        """The experts' weights of ``tasks`` for one pass."""
+        raise NotImplementedError
+
+    def expert_block(self, experts: Any, slot: int, block: nn.Module, tokens: Tensor) -> Tensor:
+        """The ``slot``-th expert block's forward with ``experts`` (:meth:`gathered_experts`)."""
         raise NotImplementedError
 
 
@@ -74,9 +79,11 @@ class HiDeLoRA(_BlockExperts):
     def experts_repr(self) -> str:
         return f"lora_layers={self.expert_layers}, lora_rank={self.lora.rank}, lora_alpha={self.lora.alpha}"
 
-    def block_experts(self, tasks: Tasks) -> Any:
-        deltas = self.lora.qkv_deltas(tasks)
-        return lambda slot, block, tokens: expert_block(block, tokens, qkv_delta=lambda h: deltas(slot, h))
+    def gathered_experts(self, tasks: Tasks) -> GatheredLoRA:
+        return self.lora.gathered(tasks)
+
+    def expert_block(self, experts: GatheredLoRA, slot: int, block: nn.Module, tokens: Tensor) -> Tensor:
+        return expert_block(block, tokens, qkv_delta=partial(experts.qkv_delta, slot))
 
 
 @register_method
@@ -104,6 +111,8 @@ class HiDeAdapter(_BlockExperts):
     def experts_repr(self) -> str:
         return f"adapter_layers={self.expert_layers}, adapter_width={self.adapter.width}"
 
-    def block_experts(self, tasks: Tasks) -> Any:
-        adapters = self.adapter.adapters(tasks)
-        return lambda slot, block, tokens: expert_block(block, tokens, beside_mlp=lambda x: adapters(slot, x))
+    def gathered_experts(self, tasks: Tasks) -> GatheredAdapters:
+        return self.adapter.gathered(tasks)
+
+    def expert_block(self, experts: GatheredAdapters, slot: int, block: nn.Module, tokens: Tensor) -> Tensor:
+        return expert_block(block, tokens, beside_mlp=partial(experts.output, slot))

@@ -6,7 +6,8 @@ direction per task and a learned magnitude per task, every task so far combined 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Union
+from functools import partial
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -17,7 +18,7 @@ from ..parallel import WHOLE_BATCH, BatchShare
 from .base import PromptMethod, QueryFeatures, frozen_cls, register_method
 from .prefix_attention import check_prefixable_backbone, expert_block, resolve_prefix_layers
 
-__all__ = ["SDLoRA", "sdlora_parameter_count"]
+__all__ = ["SDLoRA", "CombinedDirections", "sdlora_parameter_count"]
 
 #: Added to the product of the Frobenius norms that normalises a finished task's direction.
 _NORM_EPS = 1e-6
@@ -34,6 +35,20 @@ class _DirectionBank(nn.Module):
         self.down = nn.Parameter(torch.empty(layers, 2, rank, dim, **dd).uniform_(-bound, bound))
         self.up = nn.Parameter(torch.zeros(layers, 2, dim, rank, **dd))
         self.magnitude = nn.Parameter(torch.full((layers, 2), float(alpha), **dd))
+
+
+class CombinedDirections:
+    """SD-LoRA's update for one pass: ``down`` ``(L, 2, t r, D)`` and coefficient-scaled ``up`` ``(L, 2, D, t r)``
+    of the ``t`` tasks so far (index 0 query, 1 value)."""
+
+    def __init__(self, down: Tensor, scaled_up: Tensor) -> None:
+        self.down, self.scaled_up = down, scaled_up
+
+    def qkv_delta(self, slot: int, h: Tensor) -> Tensor:
+        """The ``(B, N, 3 * D)`` addition to the ``qkv`` output of the ``slot``-th LoRA block (``h``: ``norm1``'s)."""
+        query = (h @ self.down[slot, 0].t()) @ self.scaled_up[slot, 0].t()
+        value = (h @ self.down[slot, 1].t()) @ self.scaled_up[slot, 1].t()
+        return torch.cat([query, torch.zeros_like(query), value], dim=-1)
 
 
 @register_method
@@ -132,19 +147,20 @@ class SDLoRA(PromptMethod):
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         """Every task so far combined, whatever ``selection``: final-norm CLS ``(B, D)``."""
         b = self.backbone
-        deltas = self.qkv_deltas()
+        directions = self.combined_directions()
         tokens = b.norm_pre(b.patch_drop(b._pos_embed(b.patch_embed(x))))
         for i, block in enumerate(b.blocks):
             slot = self._slot_of_layer.get(i)
-            tokens = block(tokens) if slot is None else expert_block(block, tokens, qkv_delta=deltas(slot))
+            if slot is None:
+                tokens = block(tokens)
+            else:
+                tokens = expert_block(block, tokens, qkv_delta=partial(directions.qkv_delta, slot))
         return b.norm(tokens)[:, 0]
 
-    def qkv_deltas(self) -> Callable[[int], Callable[[Tensor], Tensor]]:
-        """``deltas(slot)(h)``: the ``(B, N, 3 * D)`` addition to the ``slot``-th LoRA block's ``qkv`` output.
-
-        The tasks' directions are concatenated along the rank, each task's ``up`` scaled by its
-        coefficient: one ``h down^T`` and one ``up^T`` product per projection, whatever the number of tasks.
-        """
+    def combined_directions(self) -> "CombinedDirections":
+        """Every task so far, each ``up`` scaled by its coefficient (a finished task's ``m_t`` over its norms,
+        the current task's ``m_c``), concatenated along the rank: whatever the number of tasks, a block
+        costs one ``h down^T`` and one ``up^T`` product per projection."""
         tasks = self.banks[: self.current_expert + 1]
         down = torch.stack([bank.down for bank in tasks])  # (t, L, 2, r, D)
         up = torch.stack([bank.up for bank in tasks])  # (t, L, 2, D, r)
@@ -154,17 +170,8 @@ class SDLoRA(PromptMethod):
             coefficient = torch.cat([coefficient[:-1] / norms, coefficient[-1:]])
         scaled_up = up * coefficient[..., None, None]
         t, layers, _, rank, dim = down.shape
-        down = down.permute(1, 2, 0, 3, 4).reshape(layers, 2, t * rank, dim)
-        scaled_up = scaled_up.permute(1, 2, 3, 0, 4).reshape(layers, 2, dim, t * rank)
-
-        def deltas(slot: int) -> Callable[[Tensor], Tensor]:
-            def delta(h: Tensor) -> Tensor:
-                query = (h @ down[slot, 0].t()) @ scaled_up[slot, 0].t()
-                value = (h @ down[slot, 1].t()) @ scaled_up[slot, 1].t()
-                return torch.cat([query, torch.zeros_like(query), value], dim=-1)
-            return delta
-
-        return deltas
+        return CombinedDirections(down.permute(1, 2, 0, 3, 4).reshape(layers, 2, t * rank, dim),
+                                  scaled_up.permute(1, 2, 3, 0, 4).reshape(layers, 2, dim, t * rank))
 
     def auxiliary_loss(
         self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH

@@ -10,12 +10,15 @@ are gathered from the stacked banks and applied with batched matrix products, no
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence, Tuple, Union
+from typing import Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["TaskLoRA", "TaskAdapter", "Tasks", "bank_weight", "lora_parameter_count", "adapter_parameter_count"]
+__all__ = [
+    "TaskLoRA", "TaskAdapter", "GatheredLoRA", "GatheredAdapters", "Tasks", "bank_weight", "lora_parameter_count",
+    "adapter_parameter_count",
+]
 
 #: One task for the whole batch, or a ``(B,)`` long tensor of each sample's task.
 Tasks = Union[int, Tensor]
@@ -68,17 +71,9 @@ class TaskLoRA(nn.Module):
         self.rank, self.alpha, self.scale = int(rank), float(alpha), float(alpha) / int(rank)
         self.banks = nn.ModuleList(_LoRABank(len(self.layers), dim, self.rank, dd) for _ in range(num_tasks))
 
-    def qkv_deltas(self, tasks: Tasks) -> Callable[[int, Tensor], Tensor]:
-        """``delta(slot, h)``: the ``(B, N, 3 * D)`` addition to the ``qkv`` output of the ``slot``-th LoRA block."""
-        down, up = bank_weight(self.banks, "down", tasks), bank_weight(self.banks, "up", tasks)
-
-        def delta(slot: int, h: Tensor) -> Tensor:
-            d, u = down[slot], up[slot]  # (2, r, D) / (2, D, r), or (B, 2, ...) per sample
-            key = (h @ d.select(-3, 0).transpose(-1, -2)) @ u.select(-3, 0).transpose(-1, -2) * self.scale
-            value = (h @ d.select(-3, 1).transpose(-1, -2)) @ u.select(-3, 1).transpose(-1, -2) * self.scale
-            return torch.cat([torch.zeros_like(key), key, value], dim=-1)
-
-        return delta
+    def gathered(self, tasks: Tasks) -> "GatheredLoRA":
+        """The weights of ``tasks`` (one for the batch, or each sample's), ready for the blocks."""
+        return GatheredLoRA(bank_weight(self.banks, "down", tasks), bank_weight(self.banks, "up", tasks), self.scale)
 
     def extra_repr(self) -> str:
         return f"layers={self.layers}, tasks={len(self.banks)}, rank={self.rank}, alpha={self.alpha}"
@@ -119,18 +114,42 @@ class TaskAdapter(nn.Module):
         self.width = int(width)
         self.banks = nn.ModuleList(_AdapterBank(len(self.layers), dim, self.width, dd) for _ in range(num_tasks))
 
-    def adapters(self, tasks: Tasks) -> Callable[[int, Tensor], Tensor]:
-        """``adapter(slot, x)``: the ``(B, N, D)`` output of the ``slot``-th adapter block's adapter."""
-        down_w, down_b, up_w, up_b, scale = (bank_weight(self.banks, name, tasks) for name in self._NAMES)
-
-        def adapter(slot: int, x: Tensor) -> Tensor:
-            hidden = torch.relu(x @ down_w[slot].transpose(-1, -2) + _row_vector(down_b[slot]))
-            return (hidden @ up_w[slot].transpose(-1, -2) + _row_vector(up_b[slot])) * _per_sample_scalar(scale[slot])
-
-        return adapter
+    def gathered(self, tasks: Tasks) -> "GatheredAdapters":
+        """The weights of ``tasks`` (one for the batch, or each sample's), ready for the blocks."""
+        return GatheredAdapters(*(bank_weight(self.banks, name, tasks) for name in self._NAMES))
 
     def extra_repr(self) -> str:
         return f"layers={self.layers}, tasks={len(self.banks)}, width={self.width}"
+
+
+class GatheredLoRA:
+    """``TaskLoRA``'s weights for one pass: ``down`` ``(L, 2, r, D)`` and ``up`` ``(L, 2, D, r)``, or with a
+    sample axis after ``L`` (one task per sample)."""
+
+    def __init__(self, down: Tensor, up: Tensor, scale: float) -> None:
+        self.down, self.up, self.scale = down, up, scale
+
+    def qkv_delta(self, slot: int, h: Tensor) -> Tensor:
+        """The ``(B, N, 3 * D)`` addition to the ``qkv`` output of the ``slot``-th LoRA block (``h``: ``norm1``'s)."""
+        down, up = self.down[slot], self.up[slot]  # (2, r, D) / (2, D, r), or (B, 2, ...) per sample
+        key = (h @ down.select(-3, 0).transpose(-1, -2)) @ up.select(-3, 0).transpose(-1, -2) * self.scale
+        value = (h @ down.select(-3, 1).transpose(-1, -2)) @ up.select(-3, 1).transpose(-1, -2) * self.scale
+        return torch.cat([torch.zeros_like(key), key, value], dim=-1)
+
+
+class GatheredAdapters:
+    """``TaskAdapter``'s weights for one pass, each ``(L, ...)`` or with a sample axis after ``L``."""
+
+    def __init__(self, down_weight: Tensor, down_bias: Tensor, up_weight: Tensor, up_bias: Tensor,
+                 scale: Tensor) -> None:
+        self.down_weight, self.down_bias, self.up_weight, self.up_bias = down_weight, down_bias, up_weight, up_bias
+        self.scale = scale
+
+    def output(self, slot: int, x: Tensor) -> Tensor:
+        """The ``(B, N, D)`` output of the ``slot``-th adapter block's adapter."""
+        hidden = torch.relu(x @ self.down_weight[slot].transpose(-1, -2) + _row_vector(self.down_bias[slot]))
+        up = hidden @ self.up_weight[slot].transpose(-1, -2) + _row_vector(self.up_bias[slot])
+        return up * _per_sample_scalar(self.scale[slot])
 
 
 def lora_parameter_count(layers: int, tasks: int, dim: int, rank: int) -> int:
