@@ -4,6 +4,8 @@ the parameter counts follow their formulas and equal the paper's cost table at i
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -192,3 +194,34 @@ def test_every_variant_of_one_training_equals_its_own_run():
         for variant in variants:
             alone = run_reference(RunSpec(method, variant, "synthetic", 1), protocol, *data, device=cpu)
             assert json.dumps(together[variant]["log"]["records"]) == json.dumps(alone["log"]["records"]), variant
+
+
+@pytest.mark.parametrize("name", sorted(KWARGS))
+def test_training_resumed_from_a_state_dict_continues_exactly(name):
+    # Mid-stream: the method and its optimizer saved in task 1, loaded into fresh objects, trained on.
+    x, y = images(8), torch.arange(8) % 2
+
+    def run(method, optimizer, task, steps):
+        if method.current_expert != task:
+            method.on_expert_start(task)
+        for _ in range(steps):
+            train_step(method, optimizer, x, y + 2 * task)
+
+    method = make(name, randomise=False)
+    optimizer = torch.optim.Adam(method.trainable_parameters(), lr=1e-2)
+    run(method, optimizer, 0, 2)
+    method.on_session_end(0)
+    run(method, optimizer, 1, 2)
+    saved = {"model": copy.deepcopy(method.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict())}
+    rng = torch.get_rng_state()
+    run(method, optimizer, 1, 2)
+
+    resumed = make(name, seed=3, randomise=False)
+    resumed.load_state_dict(saved["model"])
+    resumed_optimizer = torch.optim.Adam(resumed.trainable_parameters(), lr=1e-2)
+    resumed_optimizer.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(rng)
+    run(resumed, resumed_optimizer, 1, 2)
+    for (key, a), b in zip(method.state_dict().items(), resumed.state_dict().values()):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), key
