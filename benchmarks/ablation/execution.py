@@ -39,6 +39,7 @@ from benchmarks.ablation.results import (
 from benchmarks.ablation.runner import Checkpointing, run_training
 from benchmarks.ablation.sweep import Sweep, run_setting
 from benchmarks.ablation.sweep_data import SweepData
+from benchmarks.ablation.variants import skipped_variants
 from benchmarks.methods import method_class
 from benchmarks.parallel import DataParallel
 
@@ -240,6 +241,10 @@ def _announce(sweep: Sweep, specs: List[RunSpec], todo: List[RunSpec], groups: L
         note = method_class(method).protocol_notes(sweep.protocol)
         if note:
             print(f"warning: the {method!r} rows: {note}", file=sys.stderr, flush=True)
+        skipped = skipped_variants(method_class(method), sweep.variants)
+        for reason in dict.fromkeys(skipped.values()):
+            names = ", ".join(name for name, why in skipped.items() if why == reason)
+            print(f"{method}: variants {names} skipped: {reason}", flush=True)
 
 
 def _shard_finished(output: Path, todo: List[RunSpec], shard: Tuple[int, int], argv: Optional[Sequence[str]]) -> int:
