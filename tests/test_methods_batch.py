@@ -31,6 +31,9 @@ KWARGS = {
     "hide": dict(num_tasks=2, prefix_length=2, ca_steps=0),
     "norga": dict(num_tasks=2, prefix_length=2, ca_steps=0),
     "flyprompt": dict(num_experts=2, prompt_length=3, router_expansion_dim=64, router_ridge=1.0),
+    "hide-lora": dict(num_tasks=2, lora_rank=2, ca_steps=0),
+    "hide-adapter": dict(num_tasks=2, adapter_width=3, ca_steps=0),
+    "sd-lora": dict(num_tasks=2, lora_rank=2),
 }
 
 
@@ -41,6 +44,10 @@ def _method(name: str, mixed_assembly: bool = False):
     torch.manual_seed(100)
     kwargs = dict(KWARGS[name], **({"mixed_assembly": True} if mixed_assembly else {}))
     method = create_method(name, backbone, CLASSES, **kwargs)
+    with torch.no_grad():  # LoRA and adapter experts start as the identity: make the tasks differ
+        for pname, parameter in method.named_parameters():
+            if pname.startswith(("lora.", "adapter.", "banks.")):
+                parameter.normal_(0.0, 0.2)
     for expert in range(method.num_experts):  # every expert started: the inference selection spans them
         method.on_expert_start(expert)
     if name == "flyprompt":  # its predict routes: fit the router on a few samples of each expert

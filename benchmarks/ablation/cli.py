@@ -51,7 +51,7 @@ from benchmarks.ablation.results import (
 )
 from benchmarks.ablation.runner import Checkpointing, run_training
 from benchmarks.ablation.shard import PLAN_FILE, parse_shard, plan_costs, split, work_costs
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
+from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, skipped_variants
 from benchmarks.backbone import BackboneLoadError, check_backbone_available, downloads_allowed
 from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
 from benchmarks.data.records import DatasetNotFoundError
@@ -450,6 +450,10 @@ def execute(
             note = method_class(method).protocol_notes(sweep.protocol)
             if note:
                 print(f"warning: the {method!r} rows: {note}", file=sys.stderr, flush=True)
+            skipped = skipped_variants(method_class(method), sweep.variants)
+            for reason in dict.fromkeys(skipped.values()):
+                names = ", ".join(name for name, why in skipped.items() if why == reason)
+                print(f"{method}: variants {names} skipped: {reason}", flush=True)
     progress = _progress(not show_progress or not lead)
     data_cache: Dict[str, Any] = {}
     outer = progress(total=len(todo), desc="runs") if progress else None

@@ -8,7 +8,10 @@ from typing import Any, Dict
 
 from .protocol import PAPER_METHODS, Protocol
 
-__all__ = ["PRESETS"]
+__all__ = ["PRESETS", "EXPERT_METHODS"]
+
+#: The LoRA and adapter methods of the paper's cost table (docs/methods.md): in the proxy and paper presets.
+EXPERT_METHODS = ("hide-lora", "hide-adapter", "sd-lora")
 
 _PROXY_WEIGHTS = str(Path(__file__).resolve().parents[1] / "proxy" / "weights" / "proxy_vit.safetensors")
 def _reference_baselines() -> Dict[str, Dict[str, Any]]:
@@ -39,7 +42,8 @@ _PROXY_DATA = dict(num_classes=10, class_offset=400, difficulty="hard", train_pe
 
 #: Presets: the protocol, the datasets and seeds, how the data are built, and the default methods.
 PRESETS: Dict[str, Dict[str, Any]] = {
-    # The CPU proxy benchmark: all six methods in all four variants plus FlyPrompt, three seeds.
+    # The CPU proxy benchmark: all six methods in all four variants, the LoRA and adapter methods, and
+    # FlyPrompt, three seeds.
     "proxy": {
         "description": "the CPU proxy benchmark: a small pretrained ViT on generated data, every method, 3 seeds",
         "caption": "CPU proxy benchmark (docs/proxy.md): a small pretrained ViT on generated images, not the "
@@ -49,7 +53,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "seeds": [1, 2, 3],
         "synthetic": dict(_PROXY_DATA),
         "threads": 1,
-        "methods": [*PAPER_METHODS, "flyprompt"],
+        "methods": [*PAPER_METHODS, *EXPERT_METHODS, "flyprompt"],
     },
     # The default (no arguments): the proxy shortened to one seed, 300 stream and 20 test images per class.
     "proxy-short": {
@@ -95,5 +99,6 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "seeds": [1, 2, 3, 4, 5],
         "synthetic": dict(num_classes=100, train_per_class=500, test_per_class=100, image_size=224),
         "threads": None,
+        "methods": [*PAPER_METHODS, *EXPERT_METHODS],
     },
 }

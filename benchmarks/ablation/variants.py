@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
-__all__ = ["Variant", "VARIANTS", "ABLATION_VARIANTS", "ORACLE_VARIANTS", "SELECTIONS", "variants_for"]
+__all__ = [
+    "Variant", "VARIANTS", "ABLATION_VARIANTS", "ORACLE_VARIANTS", "SELECTIONS", "skipped_variants", "variants_for",
+]
 
 SELECTIONS = ("own", "routed", "oracle")
 
@@ -44,11 +46,14 @@ def variants_for(method_class: type, requested: Sequence[str]) -> List[str]:
     """The variants a method runs for ``requested``, in that order.
 
     A method with the router and the ensemble built in (``builtin_components``) is one variant for all
-    four ablation variants, ``full``; the oracle variants apply to every method.
+    four ablation variants, ``full``; the oracle variants apply to every method. A method whose experts
+    a router cannot choose (``router_refusal``) runs no routed variant (:func:`skipped_variants`).
     """
     unknown = [name for name in requested if name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; expected some of {list(VARIANTS)}")
+    skipped = skipped_variants(method_class, requested)
+    requested = [name for name in requested if name not in skipped]
     if not method_class.builtin_components:
         if "full" in requested:
             raise ValueError(f"variant 'full' is a method with the router and the ensemble built in; "
@@ -60,3 +65,12 @@ def variants_for(method_class: type, requested: Sequence[str]) -> List[str]:
         if name not in chosen:
             chosen.append(name)
     return chosen
+
+
+def skipped_variants(method_class: type, requested: Sequence[str]) -> Dict[str, str]:
+    """The requested variants ``method_class`` does not run, each with the reason: the routed ones of a
+    method with a ``router_refusal``."""
+    reason = getattr(method_class, "router_refusal", "")
+    if not reason:
+        return {}
+    return {name: reason for name in requested if name in VARIANTS and VARIANTS[name].selection == "routed"}

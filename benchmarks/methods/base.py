@@ -86,6 +86,9 @@ class PromptMethod(nn.Module, SeamContract):
     #: trains its own analytic router and temporal ensemble (its ``router`` and ``ensemble``, FlyPrompt):
     #: a benchmark adds neither and runs it as one variant, ``full``
     builtin_components: ClassVar[bool] = False
+    #: why a router cannot choose this method's experts per sample (every sample uses every expert,
+    #: SD-LoRA); empty when it can. A benchmark skips the routed variants with this reason.
+    router_refusal: ClassVar[str] = ""
 
     backbone: nn.Module
     head: nn.Linear

@@ -1,7 +1,8 @@
-"""HiDe-Prompt and NoRGa on a frozen timm ViT (docs/protocol.md §4.7, §4.8): per-task prefixes chosen
-by a gate head, orthogonality to old classes' prototypes, and classifier alignment at session ends;
-NoRGa gates the prefix attention scores. The training batch, the inference and the decisions on the
-reference's quirks are in docs/methods.md, "HiDe-Prompt and NoRGa".
+"""HiDe on a frozen timm ViT (docs/protocol.md §4.7, §4.8): per-task experts chosen by a gate head,
+orthogonality to old classes' prototypes, and classifier alignment at session ends. ``HiDeMethod`` is
+that training for any kind of per-task expert; HiDe-Prompt's experts are prefixes, and NoRGa gates the
+prefix attention scores (the LoRA and adapter experts are in ``hide_experts``). The training batch, the
+inference and the decisions on the reference's quirks are in docs/methods.md, "HiDe-Prompt and NoRGa".
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, PromptMethod, QueryFeatures, frozen_cls, register_method
 from .prefix_attention import check_prefixable_backbone, prefixed_block, resolve_prefix_layers
 
-__all__ = ["HiDeOutput", "PrefixPrompt", "HiDePrompt", "NoRGa"]
+__all__ = ["HiDeOutput", "HiDeMethod", "PrefixPrompt", "HiDePrompt", "NoRGa"]
 
 _ROUTER_FEATURES = ("cls", "g_mlp")
 
@@ -108,18 +109,20 @@ class HiDeOutput(MethodOutput):
 
 
 # ------------------------------------------------------------------------------------ methods
-@register_method
-class HiDePrompt(PromptMethod):
-    """HiDe-Prompt (prefix tuning, gate branch, orthogonality, CA), online, on a frozen timm ViT.
+class HiDeMethod(PromptMethod):
+    """HiDe's online training for per-task experts of any kind, on a frozen timm ViT: the gate branch,
+    the orthogonality terms, classifier alignment, the task identification of its inference.
+
+    A subclass builds the experts (:meth:`build_experts`, which receives the constructor's other keyword
+    arguments) and applies them (:meth:`forward_features`: one task for the whole batch, an ``int``, in
+    training, or one task per sample, a ``(B,)`` long tensor).
 
     Args:
         backbone: a timm ``VisionTransformer`` with a class token; frozen here (``requires_grad`` off).
             Its own classifier (``head``, ``fc``, ...) is never used.
         num_classes: C, outputs of both heads (exposure-order labels).
-        num_tasks: T, benchmark sessions = experts; all prefixes are allocated up front.
+        num_tasks: T, benchmark sessions = experts; all experts are allocated up front.
         num_experts: alias of ``num_tasks`` (give one of them).
-        prefix_length: P prefix keys/values per layer (5; 0 gives the prompt-free backbone).
-        prefix_layers: the first n blocks (5, clamped to the depth) or explicit block indices.
         lam_orth: weight of the orthogonality terms (1.0).
         ca_samples_per_class: Gaussian draws per class for classifier alignment (200).
         ca_steps: SGD steps of classifier alignment per head (200; 0 disables CA).
@@ -130,14 +133,11 @@ class HiDePrompt(PromptMethod):
         router_features: ``"cls"`` (frozen prompt-free final-norm CLS, default) or ``"g_mlp"`` (the
             reference's drifting gate features) as ``QueryFeatures.router``.
         stats_dtype: dtype of the running class statistics (float64).
-        mixed_assembly: the official code's batch assembly of the prefixes, which mixes the samples of
-            a batch (``PrefixPrompt``); for measuring its effect only.
+        **expert_options: the subclass's :meth:`build_experts` arguments.
 
     Attributes:
-        e_prompt: ``PrefixPrompt`` holding every task's prefixes.
         head: the prompt head ``nn.Linear(D, C)`` (also ``prompt_head``); ``get_classifier()`` returns it.
         g_mlp: ``Sequential(Linear(D, D), ReLU)``; g_head: ``nn.Linear(D, C)``.
-        prefix_layers: tuple of the prefixed block indices.
         embed_dim, router_dim: D, the width of the features and of ``QueryFeatures.router``.
         class_first_session: ``(C,)`` long buffer, session in which each class was first trained, -1 if
             never (the exposed classes are those >= 0).
@@ -146,10 +146,8 @@ class HiDePrompt(PromptMethod):
         sessions_completed: long scalar buffer, the number of ``on_session_end`` calls.
     """
 
-    name: ClassVar[str] = "hide"
     session_aware: ClassVar[bool] = True
     default_lr: ClassVar[float] = 0.003
-    gated: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -158,8 +156,6 @@ class HiDePrompt(PromptMethod):
         *,
         num_tasks: Optional[int] = None,
         num_experts: Optional[int] = None,
-        prefix_length: int = 5,
-        prefix_layers: Union[int, Sequence[int]] = 5,
         lam_orth: float = 1.0,
         ca_samples_per_class: int = 200,
         ca_steps: int = 200,
@@ -169,67 +165,59 @@ class HiDePrompt(PromptMethod):
         ca_min_var: float = 1e-5,
         router_features: str = "cls",
         stats_dtype: torch.dtype = torch.float64,
-        mixed_assembly: bool = False,
+        **expert_options: Any,
     ) -> None:
         super().__init__()
         if num_tasks is not None and num_experts is not None and num_tasks != num_experts:
             raise ValueError(f"num_tasks ({num_tasks}) and its alias num_experts ({num_experts}) disagree")
         num_tasks = num_tasks if num_tasks is not None else (num_experts if num_experts is not None else 5)
         owner = type(self).__name__
-        num_classes = check_int(num_classes, "num_classes", owner=owner, minimum=1)
-        num_tasks = check_int(num_tasks, "num_tasks", owner=owner, minimum=1)
-        prefix_length = check_int(prefix_length, "prefix_length", owner=owner, minimum=0)
-        ca_samples_per_class = check_int(ca_samples_per_class, "ca_samples_per_class", owner=owner, minimum=1)
-        ca_steps = check_int(ca_steps, "ca_steps", owner=owner, minimum=0)
-        ca_batch_size = check_int(ca_batch_size, "ca_batch_size", owner=owner, minimum=1)
+        self.num_classes = check_int(num_classes, "num_classes", owner=owner, minimum=1)
+        self.num_tasks = self.num_experts = check_int(num_tasks, "num_tasks", owner=owner, minimum=1)
+        self.ca_samples_per_class = check_int(ca_samples_per_class, "ca_samples_per_class", owner=owner, minimum=1)
+        self.ca_steps = check_int(ca_steps, "ca_steps", owner=owner, minimum=0)
+        self.ca_batch_size = check_int(ca_batch_size, "ca_batch_size", owner=owner, minimum=1)
         nonnegative = (("lam_orth", lam_orth), ("ca_min_var", ca_min_var), ("ca_momentum", ca_momentum))
         for pname, value in nonnegative:
             if not value >= 0:
                 raise ValueError(f"{type(self).__name__}: {pname} must be >= 0, found {value!r}")
         if router_features not in _ROUTER_FEATURES:
             raise ValueError(f"router_features must be one of {_ROUTER_FEATURES}, found {router_features!r}")
+        self.lam_orth, self.ca_min_var, self.ca_momentum = float(lam_orth), float(ca_min_var), float(ca_momentum)
+        self.ca_lr = float(self.default_lr if ca_lr is None else ca_lr)
+        self.router_features = router_features
+        self.current_expert = 0
 
         self.backbone = backbone
         backbone.requires_grad_(False)
         backbone.eval()
-        self.prefix_layers = resolve_prefix_layers(prefix_layers, len(backbone.blocks))
-        num_heads, head_dim = check_prefixable_backbone(backbone, self.prefix_layers)
-        self._slot_of_layer: Dict[int, int] = {layer: s for s, layer in enumerate(self.prefix_layers)}
         ref = next(backbone.parameters())
         dd = {"device": ref.device, "dtype": ref.dtype}
         dim = int(getattr(backbone, "embed_dim", None) or backbone.num_features)
-
-        self.num_classes = int(num_classes)
-        self.num_tasks = self.num_experts = int(num_tasks)
-        self.current_expert = 0
         self.embed_dim = self.router_dim = dim
-        self.prefix_length = int(prefix_length)
-        self.lam_orth = float(lam_orth)
-        self.ca_samples_per_class = int(ca_samples_per_class)
-        self.ca_steps = int(ca_steps)
-        self.ca_batch_size = int(ca_batch_size)
-        self.ca_lr = float(self.default_lr if ca_lr is None else ca_lr)
-        self.ca_momentum = float(ca_momentum)
-        self.ca_min_var = float(ca_min_var)
-        self.router_features = router_features
-
-        self.e_prompt = PrefixPrompt(
-            len(self.prefix_layers), self.num_tasks, self.prefix_length, num_heads, head_dim,
-            gated=self.gated, mixed_assembly=mixed_assembly, **dd,
-        )
+        # The experts are initialised before the heads: the reference's order of random draws.
+        self.build_experts(dd, **expert_options)
         self.head = nn.Linear(dim, self.num_classes, **dd)
         self.g_mlp = nn.Sequential(nn.Linear(dim, dim, **dd), nn.ReLU())
         self.g_head = nn.Linear(dim, self.num_classes, **dd)
+        self._register_statistics(ref.device, stats_dtype)
 
-        sd = {"device": ref.device, "dtype": stats_dtype}
-        self.register_buffer(
-            "class_first_session", torch.full((self.num_classes,), -1, dtype=torch.long, device=ref.device)
-        )
+    def _register_statistics(self, device: torch.device, stats_dtype: torch.dtype) -> None:
+        sd = {"device": device, "dtype": stats_dtype}
+        self.register_buffer("class_first_session", torch.full((self.num_classes,), -1, dtype=torch.long, device=device))
         self.register_buffer("class_count", torch.zeros(self.num_classes, **sd))
         for branch in ("prompt", "gate"):
-            self.register_buffer(f"{branch}_sum", torch.zeros(self.num_classes, dim, **sd))
-            self.register_buffer(f"{branch}_sqsum", torch.zeros(self.num_classes, dim, **sd))
-        self.register_buffer("sessions_completed", torch.zeros((), dtype=torch.long, device=ref.device))
+            self.register_buffer(f"{branch}_sum", torch.zeros(self.num_classes, self.embed_dim, **sd))
+            self.register_buffer(f"{branch}_sqsum", torch.zeros(self.num_classes, self.embed_dim, **sd))
+        self.register_buffer("sessions_completed", torch.zeros((), dtype=torch.long, device=device))
+
+    def build_experts(self, dd: Dict[str, Any], **options: Any) -> None:
+        """Create every task's experts (``dd``: the backbone's device and dtype)."""
+        raise NotImplementedError
+
+    def forward_features(self, x: Tensor, selection: Union[Tensor, int]) -> Tensor:
+        """Pass with task ``selection`` (one int, or ``(B,)`` long) -> final-norm CLS ``(B, D)``."""
+        raise NotImplementedError
 
     @classmethod
     def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
@@ -248,10 +236,13 @@ class HiDePrompt(PromptMethod):
 
     def extra_repr(self) -> str:
         return (
-            f"num_classes={self.num_classes}, num_tasks={self.num_tasks}, "
-            f"prefix_length={self.prefix_length}, prefix_layers={self.prefix_layers}, "
+            f"num_classes={self.num_classes}, num_tasks={self.num_tasks}, {self.experts_repr()}, "
             f"lam_orth={self.lam_orth}, router_features={self.router_features!r}"
         )
+
+    def experts_repr(self) -> str:
+        """The experts' settings, for ``extra_repr``."""
+        return ""
 
     def get_extra_state(self) -> Any:
         return {"current_expert": int(self.current_expert)}
@@ -283,21 +274,6 @@ class HiDePrompt(PromptMethod):
     def expert_of(self, selection: Tensor) -> Tensor:
         return selection
 
-    def forward_features(self, x: Tensor, selection: Union[Tensor, int]) -> Tensor:
-        """Prefixed pass with task ``selection`` (``(B,)`` long or one int) -> final-norm CLS ``(B, D)``."""
-        b = self.backbone
-        task_ids = self._task_ids(selection, x.shape[0], x.device)
-        prefix = self.e_prompt(task_ids)  # (L, 2, B, H, P, head_dim)
-        tokens = b.norm_pre(b.patch_drop(b._pos_embed(b.patch_embed(x))))
-        for i, block in enumerate(b.blocks):
-            slot = self._slot_of_layer.get(i)
-            if slot is None:
-                tokens = block(tokens)
-            else:
-                key, value = prefix[slot, 0], prefix[slot, 1]
-                tokens = prefixed_block(block, tokens, key, value, gate=self._gate(slot))
-        return b.norm(tokens)[:, 0]
-
     def forward(
         self,
         x: Tensor,
@@ -307,9 +283,11 @@ class HiDePrompt(PromptMethod):
         task_id: Optional[Union[Tensor, int]] = None,
         parallel: BatchShare = WHOLE_BATCH,
     ) -> HiDeOutput:
-        """Query pass -> gate branch -> task selection -> prefixed pass -> prompt head.
+        """Query pass -> gate branch -> task selection -> the experts' pass -> prompt head.
 
         ``task_id`` (the official code's override; one int or ``(B,)``) is an alias of ``expert``.
+        Training without ``expert`` applies the current task to the whole batch (an int to
+        :meth:`forward_features`: only that task's experts enter the graph).
         """
         if task_id is not None:
             if expert is not None:
@@ -320,7 +298,7 @@ class HiDePrompt(PromptMethod):
         gate_features = self.g_mlp(query.query.detach())
         gate_logits = self.g_head(gate_features)
         selection = self.select(query.query, train=self.training, expert=expert)
-        features = self.forward_features(x, selection)
+        features = self.forward_features(x, self.current_expert if self.training and expert is None else selection)
         logits = self.transform_logits(self.head(features), selection)
         return HiDeOutput(
             logits, features, query, selection, self.expert_of(selection), features.new_zeros(()),
@@ -457,9 +435,6 @@ class HiDePrompt(PromptMethod):
         self.sessions_completed += 1
 
     # ------------------------------------------------------------------------------ helpers
-    def _gate(self, slot: int) -> Optional[Tensor]:
-        return None
-
     def _task_ids(self, ids: Union[Tensor, int], batch: int, device: torch.device) -> Tensor:
         if isinstance(ids, Tensor):
             if ids.dim() == 0:
@@ -471,6 +446,59 @@ class HiDePrompt(PromptMethod):
         if not 0 <= ids < self.num_tasks:
             raise ValueError(f"task id {ids} out of range [0, {self.num_tasks})")
         return torch.full((batch,), ids, dtype=torch.long, device=device)
+
+
+@register_method
+class HiDePrompt(HiDeMethod):
+    """HiDe-Prompt: ``HiDeMethod`` whose experts are per-task prefixes of the first blocks' attention.
+
+    Args (besides ``HiDeMethod``'s):
+        prefix_length: P prefix keys/values per layer (5; 0 gives the prompt-free backbone).
+        prefix_layers: the first n blocks (5, clamped to the depth) or explicit block indices.
+        mixed_assembly: the official code's batch assembly of the prefixes, which mixes the samples of
+            a batch (``PrefixPrompt``); for measuring its effect only.
+
+    Attributes:
+        e_prompt: ``PrefixPrompt`` holding every task's prefixes.
+        prefix_layers: tuple of the prefixed block indices.
+    """
+
+    name: ClassVar[str] = "hide"
+    gated: ClassVar[bool] = False
+
+    def build_experts(
+        self, dd: Dict[str, Any], *, prefix_length: int = 5, prefix_layers: Union[int, Sequence[int]] = 5,
+        mixed_assembly: bool = False,
+    ) -> None:
+        self.prefix_length = check_int(prefix_length, "prefix_length", owner=type(self).__name__, minimum=0)
+        self.prefix_layers = resolve_prefix_layers(prefix_layers, len(self.backbone.blocks))
+        num_heads, head_dim = check_prefixable_backbone(self.backbone, self.prefix_layers)
+        self._slot_of_layer: Dict[int, int] = {layer: s for s, layer in enumerate(self.prefix_layers)}
+        self.e_prompt = PrefixPrompt(
+            len(self.prefix_layers), self.num_tasks, self.prefix_length, num_heads, head_dim,
+            gated=self.gated, mixed_assembly=mixed_assembly, **dd,
+        )
+
+    def experts_repr(self) -> str:
+        return f"prefix_length={self.prefix_length}, prefix_layers={self.prefix_layers}"
+
+    def forward_features(self, x: Tensor, selection: Union[Tensor, int]) -> Tensor:
+        """Prefixed pass with task ``selection`` (``(B,)`` long or one int) -> final-norm CLS ``(B, D)``."""
+        b = self.backbone
+        task_ids = self._task_ids(selection, x.shape[0], x.device)
+        prefix = self.e_prompt(task_ids)  # (L, 2, B, H, P, head_dim)
+        tokens = b.norm_pre(b.patch_drop(b._pos_embed(b.patch_embed(x))))
+        for i, block in enumerate(b.blocks):
+            slot = self._slot_of_layer.get(i)
+            if slot is None:
+                tokens = block(tokens)
+            else:
+                key, value = prefix[slot, 0], prefix[slot, 1]
+                tokens = prefixed_block(block, tokens, key, value, gate=self._gate(slot))
+        return b.norm(tokens)[:, 0]
+
+    def _gate(self, slot: int) -> Optional[Tensor]:
+        return None
 
 
 def _sync_gate_freeze_hook(module: "NoRGa", incompatible_keys: Any) -> None:

@@ -1,11 +1,12 @@
 """Prefix attention on a frozen timm ViT: per-sample prefix keys and values prepended to a block's
-attention (HiDe-Prompt), optionally with NoRGa's gate on the prefix scores. Reads the block's weights,
-never modifies timm's classes."""
+attention (HiDe-Prompt), optionally with NoRGa's gate on the prefix scores; and the block forward of
+experts that add to the attention's fused ``qkv`` (LoRA) or beside the MLP (adapters). Reads the
+block's weights, never modifies timm's classes."""
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,9 @@ from torch import Tensor, nn
 
 from fly_modules._validation import check_int
 
-__all__ = ["prefix_attention", "prefixed_block", "check_prefixable_backbone", "resolve_prefix_layers"]
+__all__ = [
+    "prefix_attention", "prefixed_block", "expert_block", "check_prefixable_backbone", "resolve_prefix_layers",
+]
 
 
 def _head_dims(attn: nn.Module) -> Tuple[int, int]:
@@ -31,6 +34,7 @@ def prefix_attention(
     prefix_value: Optional[Tensor] = None,
     *,
     gate: Optional[Tensor] = None,
+    qkv_delta: Optional[Tensor] = None,
 ) -> Tensor:
     """Forward of a timm ``Attention`` with per-sample prefix keys and values prepended.
 
@@ -42,6 +46,8 @@ def prefix_attention(
             ``P = 0`` gives timm's attention.
         gate: NoRGa's ``(a, b)`` (a tensor of 2 elements): the scaled prefix scores ``s`` become
             ``s + sigmoid(a * s) * b``; ``None`` for plain prefix tuning (``scaled_dot_product_attention``).
+        qkv_delta: ``(B, N, 3 * D)`` added to the output of ``qkv`` (query, key, value thirds), before
+            the head split and ``q_norm`` / ``k_norm``: the update of a LoRA expert.
 
     Returns:
         ``(B, N, D_out)``, the output of ``attn.proj`` (and ``attn.proj_drop``).
@@ -49,7 +55,10 @@ def prefix_attention(
     B, N, _ = x.shape
     num_heads, head_dim = _head_dims(attn)
     out_gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
-    qkv = attn.qkv(x).reshape(B, N, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+    qkv = attn.qkv(x)
+    if qkv_delta is not None:
+        qkv = qkv + qkv_delta
+    qkv = qkv.reshape(B, N, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     if q_norm is not None:
@@ -116,6 +125,29 @@ def prefixed_block(
     dp2 = getattr(block, "drop_path2", _identity)
     x = x + dp1(ls1(prefix_attention(block.attn, block.norm1(x), prefix_key, prefix_value, gate=gate)))
     return x + dp2(ls2(block.mlp(block.norm2(x))))
+
+
+def expert_block(
+    block: nn.Module,
+    x: Tensor,
+    *,
+    qkv_delta: Optional[Callable[[Tensor], Tensor]] = None,
+    beside_mlp: Optional[Callable[[Tensor], Tensor]] = None,
+) -> Tensor:
+    """A timm pre-norm ``Block`` forward with experts: ``qkv_delta(norm1(x))`` ``(B, N, 3 * D)`` is added to
+    the attention's ``qkv`` output (``prefix_attention``), and ``beside_mlp(x)`` (the tokens after the
+    attention's residual) is added to the residual stream beside the MLP's output:
+    ``x + beside_mlp(x) + mlp branch``. With neither it equals ``block(x)`` up to float rounding.
+    """
+    ls1 = getattr(block, "ls1", _identity)
+    ls2 = getattr(block, "ls2", _identity)
+    dp1 = getattr(block, "drop_path1", _identity)
+    dp2 = getattr(block, "drop_path2", _identity)
+    normed = block.norm1(x)
+    delta = None if qkv_delta is None else qkv_delta(normed)
+    x = x + dp1(ls1(prefix_attention(block.attn, normed, qkv_delta=delta)))
+    mlp = dp2(ls2(block.mlp(block.norm2(x))))
+    return x + mlp if beside_mlp is None else x + beside_mlp(x) + mlp
 
 
 def check_prefixable_backbone(backbone: nn.Module, layers: Sequence[int]) -> Tuple[int, int]:
