@@ -24,7 +24,7 @@ from upstream_standins import (  # noqa: E402
 from benchmarks.upstream.observe import forced_route  # noqa: E402
 from fly_modules import InvalidParameterError, SampleBudgetSchedule  # noqa: E402
 
-NAMES = ["flygcl-sprompt", "flygcl-hide", "flygcl-norga"]
+NAMES = ["flygcl-sprompt", "flygcl-hide", "flygcl-norga", "flygcl-hide-lora", "flygcl-hide-adapter"]
 MIXED = torch.tensor([0, 1, 0, 1])
 
 
