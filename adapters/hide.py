@@ -72,15 +72,15 @@ class HiDe(AdapterFamily):
         router_dim: Optional[int] = None,
     ) -> Plan:
         if _is_prefix_model(self.model) and not hasattr(self.model, "e_prompt"):
+            expert_model = any(isinstance(getattr(self.model, name, None), nn.Module) for name in _EXPERT_MODULES)
             given = [name for name, value in (("original_model", original_model), ("query_module", query_module),
                                               ("query_from_output", query_from_output)) if value is not None]
             if given:
                 raise InvalidParameterError(
-                    f"{_CALLER}: {type(self.model).__name__} (FlyGCL's layout) routes on its own features "
-                    f"(forward_gate's h, or the class token for LoRA/adapter experts); {given} are options of the "
-                    "official HiDe-Prompt/NoRGa layout"
+                    f"{_CALLER}: {type(self.model).__name__} (FlyGCL's layout) routes on "
+                    f"{'the prompt-free class token' if expert_model else 'its own gate features (forward_gate h)'}; "
+                    f"{given} are options of the official HiDe-Prompt/NoRGa layout"
                 )
-            expert_model = any(isinstance(getattr(self.model, name, None), nn.Module) for name in _EXPERT_MODULES)
             self.layout = _ExpertModel(self, run_query_module) if expert_model else _PrefixModel(self, run_query_module)
             plan = self.layout.plan(num_experts)
         else:
