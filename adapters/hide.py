@@ -48,7 +48,8 @@ class HiDe(AdapterFamily):
         num_experts: tasks (default ``model.e_prompt.pool_size``, one prompt per task; FlyGCL's prefix
             layout: ``model.task_num``).
         original_model: the frozen/TII model whose output ``["pre_logits"]`` are the router features
-            (the official layout; FlyGCL's prefix layout routes on its gate features ``h``).
+            (the official layout; FlyGCL's prefix layout routes on its gate features ``h``, its LoRA and adapter
+            models on the prompt-free class token).
         query_module, query_from_output: any other module (and output mapping) giving the router features.
         run_query_module: run that module on the model's input (once per stream batch, under ``no_grad``)
             when the loop did not run it first: NoRGa's training loop never runs ``original_model``.
