@@ -28,7 +28,7 @@ from ._verify import VerifyReport as VerifyReport
 from .contract import SeamContract as SeamContract
 
 # The families register themselves on import.
-from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sprompt  # noqa: E402, F401  isort: skip
+from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sdlora, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
     "AdapterFamily", "EnsembleLinear", "Observation", "Plan", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
@@ -57,7 +57,7 @@ def retrofit(
     Args:
         model: the user's model (its ``training`` flag tells training from inference).
         method: a name of :func:`list_families` (``"l2p"``, ``"dualprompt"``, ``"misa"``, ``"mvp"``,
-            ``"hide"``, ``"norga"``, ``"sprompt"``, ``"coda_prompt"``, ``"generic"``, ``"reference"``). A model
+            ``"hide"``, ``"norga"``, ``"sprompt"``, ``"coda_prompt"``, ``"sdlora"``, ``"generic"``, ``"reference"``). A model
             implementing :class:`SeamContract` goes to ``"reference"``: the families that recognise upstream code
             refuse it.
         router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate,

@@ -8,7 +8,12 @@ Minhchuyentoancbn/MoE_PromptCL) and FlyGCL's port. The routed task replaces the 
   no ``forward``: the trainer calls ``forward_gate(x)`` (the task-identification branch, ``g_mlp`` on the
   prompt-free class token) and ``forward_prompt(x, task_id, ...)`` (per-task prefixes, the prompt head).
   At inference the routed task replaces the ``task_id`` the trainer derived from the gate; the router
-  features are the gate features ``h`` (what FlyGCL's ``--use_rp_gate`` collects).
+  features are the gate features ``h`` (what FlyGCL's ``--use_rp_gate`` collects);
+* FlyGCL's expert models (``models.hide_lora_vit.HiDeLoRAModel``, ``models.hide_adapter_vit.HiDeAdapterModel``):
+  the same two branches, with per-task LoRA (``lora_expert``) or adapters (``adapter_expert``) in place of
+  the prefixes, which split the batch by task and put it back in order (batch independent). The routed task
+  replaces ``forward_prompt``'s ``task_id`` as above; the router features are the prompt-free final-norm
+  class token of ``backbone.forward_features``, computed by the retrofit (FlyGCL gives these models no RP gate).
 """
 
 from __future__ import annotations
@@ -22,15 +27,16 @@ from fly_modules._validation import InvalidParameterError
 
 from ._assembly import check_assembly
 from ._family import AdapterFamily, Plan
-from ._query import default_query
+from ._query import ClassToken, default_query
 from ._registry import register_family
-from ._seams import SeamError, count_experts, find_head, named_parameters
+from ._seams import SeamError, backbone_of, count_experts, find_head, named_parameters
 
 __all__ = ["HiDe", "retrofit"]
 
 _WHAT = "the official HiDe-Prompt/NoRGa `EPrompt`, called with prompt_idx=..."
 _WHAT_PREFIX = "FlyGCL's HiDePrefixModel / NoRGaPrefixModel: forward_gate(x) -> (logits, h), forward_prompt(x, task_id)"
 _CALLER = "fly_modules.adapters.hide"
+_EXPERT_MODULES = ("lora_expert", "adapter_expert")  # HiDeLoRAModel, HiDeAdapterModel
 
 
 class HiDe(AdapterFamily):
@@ -42,7 +48,8 @@ class HiDe(AdapterFamily):
         num_experts: tasks (default ``model.e_prompt.pool_size``, one prompt per task; FlyGCL's prefix
             layout: ``model.task_num``).
         original_model: the frozen/TII model whose output ``["pre_logits"]`` are the router features
-            (the official layout; FlyGCL's prefix layout routes on its gate features ``h``).
+            (the official layout; FlyGCL's prefix layout routes on its gate features ``h``, its LoRA and adapter
+            models on the prompt-free class token).
         query_module, query_from_output: any other module (and output mapping) giving the router features.
         run_query_module: run that module on the model's input (once per stream batch, under ``no_grad``)
             when the loop did not run it first: NoRGa's training loop never runs ``original_model``.
@@ -66,14 +73,16 @@ class HiDe(AdapterFamily):
         router_dim: Optional[int] = None,
     ) -> Plan:
         if _is_prefix_model(self.model) and not hasattr(self.model, "e_prompt"):
+            expert_model = any(isinstance(getattr(self.model, name, None), nn.Module) for name in _EXPERT_MODULES)
             given = [name for name, value in (("original_model", original_model), ("query_module", query_module),
                                               ("query_from_output", query_from_output)) if value is not None]
             if given:
                 raise InvalidParameterError(
-                    f"{_CALLER}: {type(self.model).__name__} (FlyGCL's prefix layout) routes on its own gate features "
-                    f"(forward_gate's h); {given} are options of the official HiDe-Prompt/NoRGa layout"
+                    f"{_CALLER}: {type(self.model).__name__} (FlyGCL's layout) routes on "
+                    f"{'the prompt-free class token' if expert_model else 'its own gate features (forward_gate h)'}; "
+                    f"{given} are options of the official HiDe-Prompt/NoRGa layout"
                 )
-            self.layout = _PrefixModel(self, run_query_module)
+            self.layout = _ExpertModel(self, run_query_module) if expert_model else _PrefixModel(self, run_query_module)
             plan = self.layout.plan(num_experts)
         else:
             if query_module is not None and original_model is not None:
@@ -270,6 +279,62 @@ class _PrefixModel:
         elif experts is not None and handle.wants_observation:
             handle.note_routed(experts, used, self.callee)
         return output
+
+
+# --------------------------------------------------------------------- FlyGCL's expert models
+class _ExpertModel(_PrefixModel):
+    """FlyGCL's ``HiDeLoRAModel`` / ``HiDeAdapterModel``: ``forward_prompt`` wrapped as in the prefix
+    layout, the router features the prompt-free class token (computed once per stream batch in training,
+    once per routed inference call, under ``no_grad``), the task used read from the expert module's call."""
+
+    def __init__(self, family: HiDe, run_query_module: bool) -> None:
+        if not run_query_module:
+            raise InvalidParameterError(
+                f"{_CALLER}: {type(family.model).__name__} has no call the router features can be read from (its "
+                "gate runs g_mlp on them), so the retrofit computes them; leave run_query_module=True"
+            )
+        super().__init__(family, run_query_module)
+        self.experts: nn.Module = None  # type: ignore[assignment]  (set by plan)
+        self.token: ClassToken = None  # type: ignore[assignment]  (set by plan)
+
+    def plan(self, num_experts: Optional[int]) -> Plan:
+        model = self.family.model
+        self.experts = next(getattr(model, name) for name in _EXPERT_MODULES if isinstance(getattr(model, name, None),
+                                                                                         nn.Module))
+        backbone = backbone_of(model, "the frozen ViT the experts run in", family=self.family.family,
+                               forward_features=True)
+        self.token = ClassToken(backbone)
+        return super().plan(num_experts)
+
+    def install(self) -> None:
+        family = self.family
+        if family.options.router:
+            family.handle.query_source = "the prompt-free class token of model.backbone.forward_features (run by " \
+                "the retrofit)"
+        family.install.forward_pre_hook(self.experts, self.experts_called, with_kwargs=True)
+        family.install.set_attribute(family.model, "forward_prompt", self.forward_prompt)
+
+    def experts_called(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """``experts(backbone, inputs, expert_ids)``: the tasks the running call really uses."""
+        ids = kwargs.get("expert_ids", args[2] if len(args) > 2 else None)
+        if self.family.active and self.in_prompt and isinstance(ids, Tensor):
+            self.prefix_task = ids.detach().reshape(-1).long()
+
+    def query(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            return self.token(x).detach()
+
+    def routed(self, x: Tensor) -> Optional[Tensor]:
+        family, handle = self.family, self.family.handle
+        if not family.options.router or handle.training or not handle.routing_active():
+            return None
+        return family.route(self.query(x))
+
+    def forward_prompt(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        family, handle = self.family, self.family.handle
+        if family.active and family.options.router and handle.training and handle.batch.query is None:
+            family.query_seen(self.query(x))  # the stream batch's first training forward
+        return super().forward_prompt(x, *args, **kwargs)
 
 
 retrofit = register_family(HiDe)

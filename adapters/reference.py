@@ -20,6 +20,7 @@ from ._family import AdapterFamily, Plan
 from ._handle import Retrofit
 from ._options import RetrofitOptions
 from ._registry import register_family
+from ._seams import SeamError
 from .contract import SEAM_MEMBERS, SeamContract, missing_seams
 
 __all__ = ["Reference", "build_handle", "retrofit", "REQUIRED"]
@@ -42,6 +43,17 @@ class Reference(AdapterFamily):
 
     names = ("reference",)
     seam_contract = False
+
+    @classmethod
+    def retrofit(cls, model: nn.Module, options: RetrofitOptions, **family_options: Any) -> Retrofit:
+        """As every family's, but ``router=True`` is refused for a method stating a ``router_refusal`` (its
+        experts cannot be chosen per sample). :func:`build_handle` sizes the router all the same: a
+        benchmark trains it beside every method and skips the routed variants itself."""
+        refusal = getattr(model, "router_refusal", "")
+        if options.router and refusal:
+            raise SeamError(f"fly_modules.adapters.reference: router=True refused for {type(model).__name__}: "
+                            f"{refusal}; retrofit it with router=False (the ensemble works)")
+        return super().retrofit(model, options, **family_options)
 
     def recognise(self) -> Plan:
         model = self.model

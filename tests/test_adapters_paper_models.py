@@ -13,7 +13,9 @@ from upstream_cases import CASES, ROUTER, batch, trainable  # noqa: E402
 from upstream_standins import (  # noqa: E402
     C,
     FlyGCLCodaPrompt,
+    FlyGCLExpertModel,
     FlyGCLPrefixModel,
+    FlyGCLSDLoRA,
     FlyGCLSPrompt,
     Original,
     prefix_alignment_step,
@@ -24,7 +26,7 @@ from upstream_standins import (  # noqa: E402
 from benchmarks.upstream.observe import forced_route  # noqa: E402
 from fly_modules import InvalidParameterError, SampleBudgetSchedule  # noqa: E402
 
-NAMES = ["flygcl-sprompt", "flygcl-hide", "flygcl-norga"]
+NAMES = ["flygcl-sprompt", "flygcl-hide", "flygcl-norga", "flygcl-hide-lora", "flygcl-hide-adapter"]
 MIXED = torch.tensor([0, 1, 0, 1])
 
 
@@ -230,7 +232,7 @@ def test_coda_refuses_the_separate_prompt_module_layout_with_its_reason():
         retrofit(Net(), "coda_prompt")
 
 
-@pytest.mark.parametrize("name", ["flygcl-hide", "flygcl-norga"])
+@pytest.mark.parametrize("name", ["flygcl-hide", "flygcl-norga", "flygcl-hide-lora", "flygcl-hide-adapter"])
 def test_prefix_layout_ensembles_each_call_with_its_own_routed_banks(name):
     """The ensemble head answers inside ``forward_prompt``: its banks are those of that call. Banks recorded
     after the call reached the next call of the same size instead (the first sample's banks went to the
@@ -246,3 +248,70 @@ def test_prefix_layout_ensembles_each_call_with_its_own_routed_banks(name):
     torch.testing.assert_close(forwards, backwards, rtol=0, atol=1e-5)
     torch.testing.assert_close(together, forwards, rtol=0, atol=1e-5)
     torch.testing.assert_close(again, together, rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------- HiDe-LoRA / HiDe-Adapter, SD-LoRA
+@pytest.mark.parametrize("adapter", [False, True])
+def test_expert_models_route_on_the_class_token_without_a_gate_call(adapter):
+    with pytest.raises(InvalidParameterError, match="class token"):
+        retrofit(FlyGCLExpertModel(adapter), "hide", original_model=Original())
+    with pytest.raises(InvalidParameterError, match="run_query_module=True"):
+        retrofit(FlyGCLExpertModel(adapter), "hide", run_query_module=False)
+    model = FlyGCLExpertModel(adapter)
+    handle = retrofit(model, "hide", **{**ROUTER, "ridge": 1e-6})
+    x, _ = batch(n=4)
+    with torch.no_grad():
+        features = model.backbone.forward_features(x)[:, 0]
+    handle.router.update(features, MIXED)
+    model.eval()
+    with torch.no_grad():
+        model.forward_prompt(x, task_id=0)  # no gate call: the retrofit computes the class token
+    assert model.experts.last_expert_ids.tolist() == MIXED.tolist() == handle.observed.routed.tolist()
+    handle.remove()
+    assert "forward_prompt" not in vars(model)
+    model.forward_prompt(x, task_id=0)
+    assert model.experts.last_expert_ids.tolist() == [0] * 4
+
+
+def sdlora_step(model, optimizer, x, y):
+    model.train()
+    optimizer.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+
+def test_sdlora_refuses_the_router_with_its_reason():
+    with pytest.raises(SeamError, match="combines every task's LoRA directions for every sample.*router=False"):
+        retrofit(FlyGCLSDLoRA(), "sdlora")
+    with pytest.raises(SeamError, match="process_task_count"):
+        retrofit(torch.nn.Sequential(torch.nn.Linear(3, 3)), "sdlora", router=False)
+
+
+def test_sdlora_ensemble_trains_the_current_tasks_bank_and_verifies():
+    model, reference = FlyGCLSDLoRA(), FlyGCLSDLoRA()
+    optimizer = torch.optim.SGD(trainable(model), lr=0.5)
+    handle = retrofit(model, "sdlora", router=False, optimizer=optimizer, schedule=SampleBudgetSchedule(8, 2))
+    ensemble = handle.ensemble
+    assert isinstance(model.backbone.fc, EnsembleLinear) and ensemble.num_experts == 2
+    x, y = batch()
+    model.train(), reference.train()
+    assert torch.equal(model(x), reference(x))
+    untouched = ensemble.ema_weight[1].clone()
+    sdlora_step(model, optimizer, x, y)
+    assert torch.equal(ensemble.ema_weight[1], untouched)  # only task 0's bank moved
+    assert not torch.equal(ensemble.ema_weight[0], untouched)
+    handle.end_batch()  # the schedule starts task 1: process_task_count() moved task_count
+    assert model.task_count == 1 and handle.current_expert == 1 and ensemble.active_expert == 1
+    moved = ensemble.ema_weight[0].clone()
+    sdlora_step(model, optimizer, x, y)
+    assert torch.equal(ensemble.ema_weight[0], moved) and not torch.equal(ensemble.ema_weight[1], untouched)
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    assert handle.observed.banks.tolist() == [1] * 8
+    report = handle.verify(x)
+    assert report.ok, str(report)
+    keys = set(model.state_dict())
+    handle.remove()
+    assert set(model.state_dict()) == keys and not isinstance(model.backbone.fc, EnsembleLinear)
+    assert not model._forward_pre_hooks

@@ -253,3 +253,19 @@ def test_online_run_in_every_variant(name, tmp_path):
     for variant, (router, ensemble) in VARIANTS.items():
         scores = online_run(name, tmp_path, router, ensemble)
         assert scores.shape == (8, CLASSES), variant
+
+
+def test_a_method_with_a_router_refusal_refuses_the_router_with_its_reason():
+    from fly_modules.adapters.sdlora import ROUTER_REFUSAL
+
+    method = create_method("sd-lora", make_vit(), CLASSES, num_experts=2)
+    assert method.router_refusal == ROUTER_REFUSAL
+    hooks = hook_counts(method)
+    with pytest.raises(SeamError, match=r"reference: router=True refused for SDLoRA: SD-LoRA combines every task"):
+        retrofit(method, "reference", router=True, ensemble=True)
+    assert hook_counts(method) == hooks
+    handle = retrofit(method, "reference", router=False, ensemble=True)
+    assert handle.router is None and handle.ensemble.num_experts == 2
+    handle.remove()
+    routed = create_method("hide-lora", make_vit(), CLASSES, num_experts=2)
+    assert retrofit(routed, "reference", router=True).router is not None  # no refusal: routed as before

@@ -57,7 +57,8 @@ def _result(case, model, original, handle) -> List[Tensor]:
     return [logits, selection.float(), *(v for v in _flat(handle.state_dict()).values() if isinstance(v, Tensor))]
 
 
-@pytest.mark.parametrize("name", ["flygcl-dualprompt", "misa-patched-gather", "norga", "jhlee-l2p", "siblurry-mvp"])
+@pytest.mark.parametrize("name", ["flygcl-dualprompt", "misa-patched-gather", "norga", "jhlee-l2p", "siblurry-mvp",
+                                  "flygcl-hide-lora"])
 @pytest.mark.parametrize("mid_batch", [False, True])
 def test_resume_mid_stream_is_bit_identical(name, mid_batch, tmp_path):
     case, model, original, optimizer, handle = _build(name)

@@ -15,6 +15,7 @@ from upstream_standins import (
     TASK_OF_CLASS,
     E,
     FlyGCLDualPrompt,
+    FlyGCLExpertModel,
     FlyGCLL2P,
     FlyGCLMVP,
     FlyGCLPrefixModel,
@@ -344,6 +345,24 @@ class PrefixCase(Case):
             return model.g_mlp(model.backbone.forward_features(x, use_prefix=False))
 
 
+class ExpertModelCase(PrefixCase):
+    """FlyGCL's HiDe-LoRA / HiDe-Adapter: the two branches of the prefix port, per-task LoRA or adapter
+    experts in place of the prefixes; the router reads the prompt-free class token."""
+
+    def __init__(self, adapter: bool) -> None:
+        super().__init__("hide")
+        self.adapter = adapter
+
+    def build(self):
+        return FlyGCLExpertModel(self.adapter), None
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        logits = prefix_train_forward(model, x, task) if model.training else prefix_eval_forward(model, x)
+        return logits, model.experts.last_expert_ids
+
+    router_features = Case.router_features
+
+
 CASES: Dict[str, Case] = {
     "jhlee-l2p": JLL2PCase(),
     "jhlee-l2p-query-module": JLL2PCase(query_module=True),
@@ -360,6 +379,8 @@ CASES: Dict[str, Case] = {
     "flygcl-sprompt": SPromptCase(),
     "flygcl-hide": PrefixCase("hide"),
     "flygcl-norga": PrefixCase("norga"),
+    "flygcl-hide-lora": ExpertModelCase(adapter=False),
+    "flygcl-hide-adapter": ExpertModelCase(adapter=True),
 }
 
 

@@ -762,3 +762,139 @@ class FlyGCLCodaPrompt(nn.Module):
         self.task_count += 1
         for name in [n for n, _ in self.named_parameters() if n.startswith("e_")]:
             setattr(self, name, nn.Parameter(getattr(self, name).detach().clone()))
+
+
+# -------------------------------------------------------------- FlyGCL HiDe-LoRA / HiDe-Adapter / SD-LoRA
+class TaskExperts(nn.Module):
+    """FlyGCL ``models.experts.LoRAExpert`` / ``models.hide_adapter_vit.AdapterExpert``: per-task low-rank
+    experts in the first ``layers`` blocks; ``forward(backbone, inputs, expert_ids) -> (B, D)`` final-norm
+    class token. The batch is split by ``expert_ids.unique()`` and scattered back, as upstream. Here the
+    LoRA expert adds a low-rank path beside the attention, the adapter one beside the MLP."""
+
+    def __init__(self, adapter: bool, layers: int = 2, rank: int = 2, seed: int = 12) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.adapter, self.num_experts, self.layers = adapter, E, layers
+        self.down = nn.Parameter(0.5 * torch.randn(layers, E, D, rank))
+        self.up = nn.Parameter(0.5 * torch.randn(layers, E, rank, D))
+        self.last_expert_ids: Optional[Tensor] = None
+
+    def forward(self, backbone: nn.Module, inputs: Tensor, expert_ids: Tensor) -> Tensor:
+        self.last_expert_ids = expert_ids.clone()
+        tokens = embed(backbone, inputs)
+        output = tokens.new_zeros(tokens.shape[0], tokens.shape[2])
+        for expert in expert_ids.unique().tolist():
+            rows = (expert_ids == expert).nonzero(as_tuple=True)[0]
+            output[rows] = self.one_expert(backbone, tokens[rows], int(expert))
+        return output
+
+    def one_expert(self, backbone: nn.Module, tokens: Tensor, expert: int) -> Tensor:
+        for i, block in enumerate(backbone.blocks):
+            if i >= self.layers:
+                tokens = block(tokens)
+                continue
+            down, up = self.down[i, expert], self.up[i, expert]
+            hidden = block.norm1(tokens)
+            lora = 0 if self.adapter else hidden @ down @ up
+            tokens = tokens + block.attn(hidden) + lora
+            adapter = F.relu(tokens @ down) @ up if self.adapter else 0
+            tokens = tokens + block.mlp(block.norm2(tokens)) + adapter
+        return backbone.norm(tokens)[:, 0]
+
+
+class FlyGCLExpertModel(nn.Module):
+    """FlyGCL ``HiDeLoRAModel`` (``lora_expert``) / ``HiDeAdapterModel`` (``adapter_expert``): no ``forward``;
+    ``forward_prompt(x, task_id, labels=None, update_stats=False) -> (logits, feat)`` with ``task_id`` an
+    int, a 0-d or a ``(B,)`` tensor clamped to ``[0, task_num - 1]``; ``forward_gate(x, detach_backbone=True,
+    labels=None, update_stats=False) -> (logits, h)`` on the frozen ``backbone.forward_features(x)[:, 0]``;
+    ``prompt_head``, ``g_mlp``, ``g_head``, ``task_num``."""
+
+    def __init__(self, adapter: bool = False) -> None:
+        super().__init__()
+        self.task_num = E
+        self.backbone = vit()
+        setattr(self, "adapter_expert" if adapter else "lora_expert", TaskExperts(adapter))
+        self.experts = self.adapter_expert if adapter else self.lora_expert
+        torch.manual_seed(13)
+        self.prompt_head = nn.Linear(D, C)
+        self.g_mlp = nn.Sequential(nn.Linear(D, D), nn.ReLU(inplace=True))
+        self.g_head = nn.Linear(D, C)
+
+    def _build_task_ids(self, batch: int, task_id: Any, device: torch.device) -> Tensor:
+        if isinstance(task_id, int):
+            ids = torch.full((batch,), task_id, device=device, dtype=torch.long)
+        elif isinstance(task_id, Tensor):
+            ids = task_id.reshape(1).expand(batch) if task_id.dim() == 0 else task_id
+            ids = ids.to(device).long()
+        else:
+            raise TypeError("task_id must be int or 1D/0D tensor")
+        return ids.clamp(0, self.task_num - 1)
+
+    def forward_prompt(self, x: Tensor, task_id: Any, labels: Optional[Tensor] = None,
+                       update_stats: bool = False) -> Tuple[Tensor, Tensor]:
+        features = self.experts(self.backbone, x, self._build_task_ids(x.shape[0], task_id, x.device))
+        return self.prompt_head(features), features
+
+    def forward_gate(self, x: Tensor, detach_backbone: bool = True, labels: Optional[Tensor] = None,
+                     update_stats: bool = False) -> Tuple[Tensor, Tensor]:
+        features = self.backbone.forward_features(x)[:, 0]
+        h = self.g_mlp(features.detach() if detach_backbone else features)
+        return self.g_head(h), h
+
+
+class SDLoRAQKV(nn.Module):
+    """FlyGCL ``models.sdlora.LoRAQKVAdapter``: the frozen ``qkv`` plus, for the query and the value, every
+    task's LoRA direction up to ``current_task`` scaled by its learned magnitude (``alpha_q``, ``alpha_v``),
+    the earlier tasks' directions frozen. Every sample uses every direction."""
+
+    def __init__(self, qkv: nn.Linear, rank: int = 2) -> None:
+        super().__init__()
+        self.base_qkv, self.current_task = qkv, 0
+        self.A_q = nn.ModuleList([nn.Linear(D, rank, bias=False) for _ in range(E)])
+        self.B_q = nn.ModuleList([nn.Linear(rank, D, bias=False) for _ in range(E)])
+        self.A_v = nn.ModuleList([nn.Linear(D, rank, bias=False) for _ in range(E)])
+        self.B_v = nn.ModuleList([nn.Linear(rank, D, bias=False) for _ in range(E)])
+        self.alpha_q = nn.ParameterList([nn.Parameter(torch.ones(1)) for _ in range(E)])
+        self.alpha_v = nn.ParameterList([nn.Parameter(torch.ones(1)) for _ in range(E)])
+
+    def set_task_trainable(self, task: int) -> None:
+        for name in ("A_q", "B_q", "A_v", "B_v", "alpha_q", "alpha_v"):
+            for t, part in enumerate(getattr(self, name)):
+                part.requires_grad_(t == task)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = self.base_qkv(x).chunk(3, dim=-1)
+        for t in range(self.current_task + 1):
+            q = q + self.alpha_q[t] * self.B_q[t](self.A_q[t](x))
+            v = v + self.alpha_v[t] * self.B_v[t](self.A_v[t](x))
+        return torch.cat([q, k, v], dim=-1)
+
+
+class FlyGCLSDLoRA(nn.Module):
+    """FlyGCL ``models.sdlora.SDLoRAModel``: ``forward(inputs, **kwargs)`` (keywords ignored) runs the
+    backbone with every task's directions up to ``task_count``; classifier ``backbone.fc``;
+    ``process_task_count()`` advances ``task_count`` (capped at ``task_num - 1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.task_num, self.task_count = E, 0
+        self.backbone = classifier_backbone(fc=True)
+        torch.manual_seed(14)
+        self.lora_layers = []
+        for block in self.backbone.blocks[:2]:
+            block.attn.qkv = SDLoRAQKV(block.attn.qkv)
+            self.lora_layers.append(block.attn.qkv)
+        self._set_active_task()
+
+    def _set_active_task(self) -> None:
+        for layer in self.lora_layers:
+            layer.current_task = self.task_count
+            layer.set_task_trainable(self.task_count)
+
+    def forward(self, inputs: Tensor, **kwargs: Any) -> Tensor:
+        self._set_active_task()
+        return self.backbone.fc(self.backbone.forward_features(inputs)[:, 0])
+
+    def process_task_count(self) -> None:
+        if self.task_count + 1 < self.task_num:
+            self.task_count += 1

@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Union
 
 import torch
+from fly_modules.adapters.sdlora import ROUTER_REFUSAL
 from torch import Tensor, nn
 
 from fly_modules._validation import check_int
@@ -77,9 +78,7 @@ class SDLoRA(PromptMethod):
     name: ClassVar[str] = "sd-lora"
     session_aware: ClassVar[bool] = True
     default_lr: ClassVar[float] = 0.005
-    router_refusal: ClassVar[str] = (
-        "SD-LoRA combines every task's LoRA directions for every sample: there is no per-sample choice of "
-        "experts for a router to make")
+    router_refusal: ClassVar[str] = ROUTER_REFUSAL
 
     def __init__(
         self, backbone: nn.Module, num_classes: int, *, num_tasks: Optional[int] = None,

@@ -38,6 +38,7 @@ HARNESSES: Dict[str, str] = {
     "misa_dualprompt": "MISA", "flygcl_mvp": "FlyGCL", "siblurry_mvp": "Si-Blurry", "misa_mvp": "MISA",
     "hide_prompt_hide": "HiDe-Prompt", "moe_promptcl_hide": "MoE_PromptCL", "moe_promptcl_norga": "MoE_PromptCL",
     "flygcl_sprompt": "FlyGCL", "flygcl_hide": "FlyGCL", "flygcl_norga": "FlyGCL", "flygcl_coda_prompt": "FlyGCL",
+    "flygcl_hide_lora": "FlyGCL", "flygcl_hide_adapter": "FlyGCL", "flygcl_sdlora": "FlyGCL",
     "mammoth_coda_prompt": "mammoth", "pilot_coda_prompt": "LAMDA-PILOT",
 }
 
@@ -87,6 +88,14 @@ ROWS: Tuple[Row, ...] = (
         "gate class → first-task mapping → the routed task (`forward_prompt`'s `task_id`)", ("flygcl_hide",)),
     Row("`norga`", "AnAppleCore/FlyGCL (`NoRGaPrefixModel`)", "`model`",
         "gate class → first-task mapping → the routed task (`forward_prompt`'s `task_id`)", ("flygcl_norga",)),
+    Row("`hide`", "AnAppleCore/FlyGCL (`HiDeLoRAModel`)", "`model`",
+        "gate class → first-task mapping → the routed task's LoRA experts (`forward_prompt`'s `task_id`)",
+        ("flygcl_hide_lora",)),
+    Row("`hide`", "AnAppleCore/FlyGCL (`HiDeAdapterModel`)", "`model`",
+        "gate class → first-task mapping → the routed task's adapters (`forward_prompt`'s `task_id`)",
+        ("flygcl_hide_adapter",)),
+    Row("`sdlora`", "AnAppleCore/FlyGCL (`SDLoRAModel`)", "`model`",
+        "nothing: `router=True` refused (every task's directions serve every sample)", ("flygcl_sdlora",)),
     Row("`coda_prompt`", "AnAppleCore/FlyGCL (`CodaPrompt`)", "`model`",
         "the current task's component window → the routed task's window ([how]({adapters}#coda-prompt))",
         ("flygcl_coda_prompt",)),
