@@ -23,8 +23,11 @@ from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.protocol import ROUTER_QUERIES, Protocol
 from benchmarks.ablation.shard import parse_shard
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
+from benchmarks.backbone import BACKBONES
 from benchmarks.data.loaders import DATASETS
 from benchmarks.methods import list_methods
+from benchmarks.studies.command import STUDIES
+from benchmarks.studies.router_set import ROUTERS
 from fly_modules import AGGREGATION_RULES, InvalidParameterError
 from fly_modules._validation import SHARED_PARAMETERS, Constraint, Integer
 
@@ -276,10 +279,6 @@ def add_cost_flags(group: Any) -> None:
 
 def add_study_flags(group: Any) -> None:
     """``--study``, ``--routers`` and ``--backbone``: the paper's studies beside the cross-ablation."""
-    from benchmarks.backbone import BACKBONES
-    from benchmarks.studies.command import STUDIES
-    from benchmarks.studies.router_set import ROUTERS
-
     group.add_argument("--study", choices=list(STUDIES), default=None,
                        help="run one of the paper's studies and write its table beside the paper's numbers: "
                             + "; ".join(f"{name}: {text}" for name, text in STUDIES.items()))

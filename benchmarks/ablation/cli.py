@@ -31,6 +31,7 @@ from benchmarks.ablation.execution import execute
 from benchmarks.ablation.results import ProtocolMismatchError, WriteError
 from benchmarks.ablation.sweep import resolve
 from benchmarks.backbone import BackboneLoadError, downloads_allowed
+from benchmarks.studies.command import run_cost_study, study_defaults
 from benchmarks.data.records import DatasetNotFoundError
 
 #: what a user's values or environment provoke: one line on stderr and exit status 2, no traceback
@@ -43,8 +44,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.study is not None:
-            from benchmarks.studies.command import run_cost_study, study_defaults
-
             if args.study == "cost":
                 return run_cost_study(args)
             study_defaults(args)

@@ -19,9 +19,10 @@ from benchmarks.ablation.arguments import UsageError
 from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.protocol import PAPER_METHODS, Protocol
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
-from benchmarks.backbone import check_backbone_available
+from benchmarks.backbone import BACKBONES, check_backbone_available
 from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
 from benchmarks.methods import list_methods
+from benchmarks.studies.command import with_backbone
 
 
 @dataclass
@@ -50,8 +51,9 @@ def resolve(args: argparse.Namespace) -> Sweep:
     changes = {item.name: getattr(args, item.name) for item in fields(Protocol) if getattr(args, item.name) is not None}
     protocol = replace(preset["protocol"], **changes)
     if getattr(args, "backbone", None) is not None:
-        from benchmarks.studies.command import with_backbone
-
+        if getattr(args, "model", None) is not None:
+            raise UsageError(f"--backbone {args.backbone} names the model ({BACKBONES[args.backbone].model}); "
+                             "drop --model")
         protocol = with_backbone(protocol, args)
     methods = args.methods or list(preset.get("methods", PAPER_METHODS))
     known = list_methods()

@@ -24,10 +24,6 @@ def with_backbone(protocol: Any, args: argparse.Namespace) -> Any:
     """``protocol`` on the backbone ``args.backbone``: its timm model at 224 pixels, weights from ``--weights``
     or the cache, the paper's ridge unless ``--ridge`` is given."""
     preset = BACKBONES[args.backbone]
-    if getattr(args, "model", None) is not None:
-        from ..ablation.arguments import UsageError
-
-        raise UsageError(f"--backbone {args.backbone} names the model ({preset.model}); drop --model")
     return replace(
         protocol, model=preset.model, model_kwargs=args.model_kwargs or {}, weights=args.weights,
         image_size=args.image_size or 224, ridge=args.ridge if args.ridge is not None else preset.ridge,
