@@ -31,8 +31,8 @@ from benchmarks.ablation.execution import execute
 from benchmarks.ablation.results import ProtocolMismatchError, WriteError
 from benchmarks.ablation.sweep import resolve
 from benchmarks.backbone import BackboneLoadError, downloads_allowed
-from benchmarks.studies.command import run_cost_study, study_defaults
 from benchmarks.data.records import DatasetNotFoundError
+from benchmarks.studies.command import run_cost_study, study_defaults
 
 #: what a user's values or environment provoke: one line on stderr and exit status 2, no traceback
 USAGE_ERRORS = (UsageError, preflight.PreflightError, DatasetNotFoundError, BackboneLoadError, ProtocolMismatchError,
