@@ -49,7 +49,7 @@ from benchmarks.ablation.results import (
     trainings,
     write_json_atomic,
 )
-from benchmarks.ablation.runner import Checkpointing, run_training
+from benchmarks.ablation.runner import CheckpointPolicy, run_training
 from benchmarks.ablation.shard import PLAN_FILE, parse_shard, plan_costs, split, work_costs
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.backbone import BackboneLoadError, check_backbone_available, downloads_allowed
@@ -468,7 +468,7 @@ def execute(
                 data_cache = {first.dataset: load_data(first.dataset, sweep, data_root, download)}
             train, test = data_cache[first.dataset]
             store = checkpoints_of(sweep.output, group)
-            checkpointing = Checkpointing(store, checkpoint_every, settings[first.dataset],
+            checkpointing = CheckpointPolicy(store, checkpoint_every, settings[first.dataset],
                                           stop_requested=lambda: stop.requested, lead=lead,
                                           resume=store.latest_agreed(parallel, device) if resume else None)
             if checkpointing.resume is None and lead:
