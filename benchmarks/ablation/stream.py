@@ -212,7 +212,30 @@ class Exposure:
 
 
 @dataclass(frozen=True, eq=False)
-class SiBlurryStream:
+class _StreamSetting:
+    """What a Si-Blurry stream is built from (the checked arguments of :func:`build_si_blurry_stream`)."""
+
+    targets: Tensor
+    num_classes: int
+    num_sessions: int
+    seed: int
+    disjoint_ratio: Fraction
+    blurry_ratio: Fraction
+    split: SplitKind
+
+    @property
+    def disjoint_num(self) -> int:
+        """``floor(floor(C * r_D) / T) * T``: the number of disjoint classes, a multiple of ``T``."""
+        return _floor_times(self.num_classes, self.disjoint_ratio) // self.num_sessions * self.num_sessions
+
+    @property
+    def blurry_num(self) -> int:
+        """The number of blurry classes: every class that is not disjoint."""
+        return self.num_classes - self.disjoint_num
+
+
+@dataclass(frozen=True, eq=False)
+class SiBlurryStream(_StreamSetting):
     """A built Si-Blurry stream (see :func:`build_si_blurry_stream`, which is the only constructor to use).
 
     Attributes:
@@ -236,13 +259,6 @@ class SiBlurryStream:
             under the paper protocol (e.g. 2,236 of 2,500 for seed 1 on a CIFAR-sized label vector).
     """
 
-    targets: Tensor
-    num_classes: int
-    num_sessions: int
-    seed: int
-    disjoint_ratio: Fraction
-    blurry_ratio: Fraction
-    split: str
     class_order: Tensor
     disjoint_classes: Tuple[Tensor, ...]
     blurry_classes: Tuple[Tensor, ...]
@@ -501,50 +517,29 @@ def _equal_cuts(count: int, num_sessions: int) -> Tensor:
 _BUILD = "build_si_blurry_stream"
 
 
-@dataclass(frozen=True)
-class _StreamSpec:
-    """The checked arguments of :func:`build_si_blurry_stream` and the class counts they give."""
-
-    targets: Tensor
-    num_classes: int
-    num_sessions: int
-    seed: int
-    disjoint_ratio: Fraction
-    blurry_ratio: Fraction
-    split: SplitKind
-
-    @property
-    def disjoint_num(self) -> int:
-        """``floor(floor(C * r_D) / T) * T``: the disjoint classes, a multiple of ``T``."""
-        return _floor_times(self.num_classes, self.disjoint_ratio) // self.num_sessions * self.num_sessions
-
-    @property
-    def blurry_num(self) -> int:
-        return self.num_classes - self.disjoint_num
-
-    @classmethod
-    def checked(cls, labels: LabelVector, num_sessions: object, disjoint_ratio: object, blurry_ratio: object,
-                seed: object, split: object, num_classes: object) -> "_StreamSpec":
-        num_sessions = check_int(num_sessions, "num_sessions", owner=_BUILD, minimum=1)
-        r_disjoint = _check_ratio(disjoint_ratio, "disjoint_ratio")
-        r_blurry = _check_ratio(blurry_ratio, "blurry_ratio")
-        seed = check_int(seed, "seed", owner=_BUILD)
-        if split not in ("random", "equal"):
-            raise ValueError(f"split must be 'random' (the paper's protocol) or 'equal', got {split!r}")
-        if num_classes is not None:
-            num_classes = check_int(num_classes, "num_classes", owner=_BUILD, minimum=1)
-        targets = check_label_vector(labels, num_classes)
-        if num_classes is None:
-            num_classes = int(targets.max()) + 1
-        spec = cls(targets, num_classes, num_sessions, int(seed), r_disjoint, r_blurry, split)
-        if split == "equal" and spec.blurry_num % num_sessions:
-            raise ValueError(
-                f"split='equal' gives every session the same number of blurry classes, so the number of "
-                f"blurry classes must be a multiple of num_sessions; found {spec.blurry_num} blurry classes "
-                f"({num_classes} classes - {spec.disjoint_num} disjoint) for {num_sessions} sessions. Use "
-                f"split='random' (the paper's protocol) or change num_classes / disjoint_ratio"
-            )
-        return spec
+def _checked_setting(labels: LabelVector, num_sessions: object, disjoint_ratio: object, blurry_ratio: object,
+                     seed: object, split: object, num_classes: object) -> _StreamSetting:
+    """The arguments of :func:`build_si_blurry_stream`, checked."""
+    num_sessions = check_int(num_sessions, "num_sessions", owner=_BUILD, minimum=1)
+    r_disjoint = _check_ratio(disjoint_ratio, "disjoint_ratio")
+    r_blurry = _check_ratio(blurry_ratio, "blurry_ratio")
+    seed = check_int(seed, "seed", owner=_BUILD)
+    if split not in ("random", "equal"):
+        raise ValueError(f"split must be 'random' (the paper's protocol) or 'equal', got {split!r}")
+    if num_classes is not None:
+        num_classes = check_int(num_classes, "num_classes", owner=_BUILD, minimum=1)
+    targets = check_label_vector(labels, num_classes)
+    if num_classes is None:
+        num_classes = int(targets.max()) + 1
+    setting = _StreamSetting(targets, num_classes, num_sessions, int(seed), r_disjoint, r_blurry, split)
+    if split == "equal" and setting.blurry_num % num_sessions:
+        raise ValueError(
+            f"split='equal' gives every session the same number of blurry classes, so the number of "
+            f"blurry classes must be a multiple of num_sessions; found {setting.blurry_num} blurry classes "
+            f"({num_classes} classes - {setting.disjoint_num} disjoint) for {num_sessions} sessions. Use "
+            f"split='random' (the paper's protocol) or change num_classes / disjoint_ratio"
+        )
+    return setting
 
 
 @dataclass(frozen=True)
@@ -557,16 +552,16 @@ class _ClassSplit:
     disjoint_num: int
 
     @classmethod
-    def draw(cls, spec: _StreamSpec, generator: torch.Generator) -> "_ClassSplit":
+    def draw(cls, setting: _StreamSetting, generator: torch.Generator) -> "_ClassSplit":
         """Draw 1: the class order; draws 2-3 (random split only): the cuts of the disjoint, then the blurry list."""
-        class_order = torch.randperm(spec.num_classes, generator=generator)
-        if spec.split == "random":
-            disjoint_cuts = _random_cuts(spec.disjoint_num, spec.num_sessions, generator)
-            blurry_cuts = _random_cuts(spec.blurry_num, spec.num_sessions, generator)
+        class_order = torch.randperm(setting.num_classes, generator=generator)
+        if setting.split == "random":
+            disjoint_cuts = _random_cuts(setting.disjoint_num, setting.num_sessions, generator)
+            blurry_cuts = _random_cuts(setting.blurry_num, setting.num_sessions, generator)
         else:
-            disjoint_cuts = _equal_cuts(spec.disjoint_num, spec.num_sessions)
-            blurry_cuts = _equal_cuts(spec.blurry_num, spec.num_sessions)
-        return cls(class_order, disjoint_cuts, blurry_cuts, spec.disjoint_num)
+            disjoint_cuts = _equal_cuts(setting.disjoint_num, setting.num_sessions)
+            blurry_cuts = _equal_cuts(setting.blurry_num, setting.num_sessions)
+        return cls(class_order, disjoint_cuts, blurry_cuts, setting.disjoint_num)
 
     @property
     def blurry_part(self) -> Tensor:
@@ -582,13 +577,13 @@ class _ClassSplit:
         cuts = self.blurry_cuts.tolist()
         return tuple(self.blurry_part[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
 
-    def bucket_samples(self, spec: _StreamSpec) -> Tuple[List[Tensor], List[Tensor]]:
+    def bucket_samples(self, setting: _StreamSetting) -> Tuple[List[Tensor], List[Tensor]]:
         """(disjoint, blurry): per home session, its samples of disjoint and of blurry classes, in dataset order.
 
         One stable sort by (home session, disjoint/blurry) instead of the reference's per-sample membership
         tests; stability keeps dataset order inside every bucket, as there.
         """
-        targets, num_classes, num_sessions = spec.targets, spec.num_classes, spec.num_sessions
+        targets, num_classes, num_sessions = setting.targets, setting.num_classes, setting.num_sessions
         sessions = torch.arange(num_sessions)
         home = torch.empty(num_classes, dtype=torch.long)
         home[self.class_order[: self.disjoint_num]] = torch.repeat_interleave(sessions, torch.diff(self.disjoint_cuts))
@@ -611,24 +606,24 @@ class _BlurryMoves:
     quotas: Tuple[int, ...]
 
     @classmethod
-    def draw(cls, spec: _StreamSpec, blurry_samples: List[Tensor], generator: torch.Generator) -> "_BlurryMoves":
+    def draw(cls, setting: _StreamSetting, blurry_samples: List[Tensor], generator: torch.Generator) -> "_BlurryMoves":
         """Session s gives away its first ``quotas[s]`` blurry samples (dataset order); the pool is shuffled
         once (draw 5) and dealt back out in session order. Draw 4 (random split only): the quotas."""
-        if spec.split == "random":
-            quota_total = _floor_times(sum(int(b.numel()) for b in blurry_samples), spec.blurry_ratio)
+        if setting.split == "random":
+            quota_total = _floor_times(sum(int(b.numel()) for b in blurry_samples), setting.blurry_ratio)
             if not quota_total:  # the reference makes neither the quota draw nor the pool draw when nothing moves
-                return cls(blurry_samples, 0, (0,) * spec.num_sessions)
-            quotas = torch.diff(_random_cuts(quota_total, spec.num_sessions, generator)).tolist()
+                return cls(blurry_samples, 0, (0,) * setting.num_sessions)
+            quotas = torch.diff(_random_cuts(quota_total, setting.num_sessions, generator)).tolist()
         else:
-            quotas = [_floor_times(int(b.numel()), spec.blurry_ratio) for b in blurry_samples]
+            quotas = [_floor_times(int(b.numel()), setting.blurry_ratio) for b in blurry_samples]
         kept = [b[q:] for b, q in zip(blurry_samples, quotas)]
         pool = torch.cat([b[:q] for b, q in zip(blurry_samples, quotas)])  # a short donor gives what it has
         pool = pool[torch.randperm(int(pool.numel()), generator=generator)]
         num_moved = int(pool.numel())
-        if spec.split == "random":
+        if setting.split == "random":
             received_counts = quotas
         else:  # equal shares; the len(pool) mod T remainder is dropped, as in the reference
-            received_counts = [num_moved // spec.num_sessions] * spec.num_sessions
+            received_counts = [num_moved // setting.num_sessions] * setting.num_sessions
         # Slicing clips at the pool end, so a shortfall falls on the last sessions.
         ends = torch.cumsum(torch.tensor(received_counts, dtype=torch.long), 0).tolist()
         starts = [0] + ends[:-1]
@@ -679,15 +674,13 @@ def build_si_blurry_stream(
             ``num_sessions < 1``; an equal split whose blurry class count is not a multiple of
             ``num_sessions`` (this includes fewer classes than sessions).
     """
-    spec = _StreamSpec.checked(labels, num_sessions, disjoint_ratio, blurry_ratio, seed, split, num_classes)
-    generator = torch.Generator().manual_seed(spec.seed)
-    classes = _ClassSplit.draw(spec, generator)
-    disjoint_samples, blurry_samples = classes.bucket_samples(spec)
-    moves = _BlurryMoves.draw(spec, blurry_samples, generator)
+    setting = _checked_setting(labels, num_sessions, disjoint_ratio, blurry_ratio, seed, split, num_classes)
+    generator = torch.Generator().manual_seed(setting.seed)
+    classes = _ClassSplit.draw(setting, generator)
+    disjoint_samples, blurry_samples = classes.bucket_samples(setting)
+    moves = _BlurryMoves.draw(setting, blurry_samples, generator)
     return SiBlurryStream(
-        targets=spec.targets, num_classes=spec.num_classes, num_sessions=spec.num_sessions, seed=spec.seed,
-        disjoint_ratio=spec.disjoint_ratio, blurry_ratio=spec.blurry_ratio, split=spec.split,
-        class_order=classes.class_order, disjoint_classes=classes.disjoint_classes,
+        **vars(setting), class_order=classes.class_order, disjoint_classes=classes.disjoint_classes,
         blurry_classes=classes.blurry_classes,
         session_orders=_shuffle_sessions(disjoint_samples, moves.blurry_samples, generator),
         num_moved=moves.num_moved, move_quotas=moves.quotas,
