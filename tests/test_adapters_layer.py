@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import pytest
 import torch
@@ -209,22 +208,6 @@ def test_the_family_example_of_the_docs_installs_and_passes_verify():
             retrofit(nn.Sequential(nn.Linear(2, 2)), "task-prompts")
     finally:
         _registry._FAMILIES.pop("task-prompts", None)
-
-
-# ----------------------------------------------------------------------------- functions on a screen
-def long_functions(source: str, where: str, limit: int = 60) -> List[str]:
-    """``where:line name (n lines)`` of every function of ``source`` longer than ``limit`` lines."""
-    return [f"{where}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= limit]
-
-
-def test_every_function_of_the_adapters_fits_on_a_screen():
-    found = [text for path in sorted((ROOT / "adapters").glob("*.py"))
-             for text in long_functions(path.read_text(), path.relative_to(ROOT).as_posix())]
-    assert not found, "; ".join(found)
-    assert long_functions("def f():\n" + "    x = 1\n" * 60, "f.py") == ["f.py:1 f (61 lines)"]
-    assert not long_functions("def f():\n" + "    x = 1\n" * 59, "f.py")
 
 
 def test_forcing_routes_the_given_experts_inside_the_block_only():

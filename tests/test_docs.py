@@ -4,7 +4,10 @@ points outside the repository."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("fly_modules", "adapters", "benchmarks")
@@ -51,6 +54,23 @@ def test_the_readme_layout_names_every_module_and_nothing_else():
                 assert f"{relative}/" in named, f"{relative}/ is missing from the README layout"
             elif path.suffix == ".py" and path.name not in ("__init__.py", "__main__.py"):
                 assert relative in named, f"{relative} is missing from the README layout"
+
+
+def layout_top_level_files() -> set:
+    """The files the README's layout block names at its top level (lines without indent)."""
+    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
+    block = re.search(r"```\n(.*?)```", block, re.S).group(1)
+    return {word for line in block.splitlines() if line and not line[0].isspace()
+            for word in line.split("   ")[0].split() if not word.endswith("/")}
+
+
+def test_the_readme_layout_names_every_top_level_file():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    files = {name for name in tracked.stdout.splitlines() if "/" not in name and not name.startswith(".")}
+    assert files, "git ls-files listed no top-level file"
+    assert files == layout_top_level_files(), "the README layout's top-level files differ from the tree's"
 
 
 def documents():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -48,6 +49,9 @@ def test_wheel_contents(tmp_path):
     top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top_level == {"fly_modules"}
     assert "fly_modules/adapters/__init__.py" in names
+    licences = [n for n in names if n.endswith(("dist-info/LICENSE", "dist-info/licenses/LICENSE"))]
+    assert licences, f"the wheel ships no LICENSE: {names}"
+    assert zipfile.ZipFile(wheel).read(licences[0]).decode() == (ROOT / "LICENSE").read_text()
     metadata = next(n for n in names if n.endswith("METADATA"))
     requires = [line for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines() if line.startswith("Requires-Dist")]
     core = [line for line in requires if "extra ==" not in line]
@@ -71,3 +75,36 @@ def test_readme_quick_start_runs(tmp_path):
     out = run_python(code, tmp_path)
     routing, accuracy = map(float, re.findall(r"accuracy (\d\.\d+)", out))
     assert routing >= 0.9 and accuracy >= 0.8, out
+
+
+def test_the_licence_and_the_citation_name_what_the_readme_names():
+    """LICENSE is the MIT licence setup.cfg declares; CITATION.cff cites the paper the README cites."""
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License\n")
+    assert re.search(r"^license = MIT$", (ROOT / "setup.cfg").read_text(), re.M)
+    citation = (ROOT / "CITATION.cff").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert citation.startswith("cff-version: 1.2.0\n")
+    paper = re.search(r'^  title: "(.*)"$', citation.split("preferred-citation:", 1)[1], re.M).group(1)
+    assert paper.replace(" ", "") in readme.replace("\n> ", "").replace(" ", ""), paper
+    arxiv = re.search(r"arXiv:(\d{4}\.\d{5})", citation).group(1)
+    assert f"arxiv.org/abs/{arxiv}" in readme
+
+
+def module_level_nodes(tree: ast.AST):
+    """Every node of a module outside its functions (what runs on import)."""
+    for node in ast.iter_child_nodes(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node
+            yield from module_level_nodes(node)
+
+
+def test_the_checkout_is_made_importable_in_one_place():
+    """``benchmarks/`` runs with ``python -m`` from the checkout; only the main job's entry, which also runs
+    as a file, puts the checkout on ``sys.path`` when imported (the upstream harnesses add checkouts of
+    other repositories inside functions)."""
+    bootstraps = []
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+        for node in module_level_nodes(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("sys.path.insert", "sys.path.append"):
+                bootstraps.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert [b.split(":")[0] for b in bootstraps] == ["benchmarks/cross_ablation.py"], bootstraps

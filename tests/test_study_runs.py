@@ -110,17 +110,17 @@ def test_wrapped_official_checkpoints_convert_to_the_model_tensors(tmp_path):
 def test_a_study_run_stopped_and_resumed_from_its_checkpoint_equals_the_uninterrupted_run(data, tmp_path):
     from benchmarks.ablation.checkpointing import CheckpointStore
     from benchmarks.ablation.preemption import RunInterrupted
-    from benchmarks.ablation.runner import Checkpointing
+    from benchmarks.ablation.runner import CheckpointPolicy
 
     studies = dict(routers=list(ROUTERS), aggregations=["mean", "softmax_max"])
     args = ("dualprompt", "synthetic", 1, ["router", "both"], PROTOCOL, *data)
     whole = run_training(*args, device=CPU, **studies)
     store = CheckpointStore(tmp_path / "checkpoints")
     calls = iter(range(1000))
-    stop_at_fifth_batch = Checkpointing(store, period=0, stop_requested=lambda: next(calls) == 4)
+    stop_at_fifth_batch = CheckpointPolicy(store, period=0, stop_requested=lambda: next(calls) == 4)
     with pytest.raises(RunInterrupted):
         run_training(*args, device=CPU, checkpointing=stop_at_fifth_batch, **studies)
-    resumed = run_training(*args, device=CPU, checkpointing=Checkpointing(store, period=0, resume=store.latest()[1]),
+    resumed = run_training(*args, device=CPU, checkpointing=CheckpointPolicy(store, period=0, resume=store.latest()[1]),
                            **studies)
     for variant in ("router", "both"):
         for key in ("metrics", "log", "diagnostics"):

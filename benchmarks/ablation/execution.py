@@ -36,7 +36,7 @@ from benchmarks.ablation.results import (
     trainings,
     write_json_atomic,
 )
-from benchmarks.ablation.runner import Checkpointing, run_training
+from benchmarks.ablation.runner import CheckpointPolicy, run_training
 from benchmarks.ablation.sweep import Sweep, run_setting
 from benchmarks.ablation.sweep_data import SweepData
 from benchmarks.ablation.variants import skipped_variants
@@ -142,7 +142,7 @@ class SweepProcess:
         first = group[0]
         train, test = data(first.dataset)
         store = checkpoints_of(self.sweep.output, group)
-        checkpointing = Checkpointing(store, self.checkpoint_every, self.settings[first.dataset],
+        checkpointing = CheckpointPolicy(store, self.checkpoint_every, self.settings[first.dataset],
                                       stop_requested=lambda: stop.requested, lead=self.lead,
                                       resume=store.latest_agreed(self.parallel, self.device) if self.resume else None)
         if checkpointing.resume is None and self.lead:

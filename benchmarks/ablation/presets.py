@@ -67,8 +67,8 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "threads": 1,
         "methods": [*PAPER_METHODS, "flyprompt"],
     },
-    # Runs in a few minutes on 2 CPU cores: a tiny random ViT on generated images. The numbers test
-    # the pipeline, not the method (a random backbone gives prompts nothing to build on).
+    # A tiny random ViT on generated images, to check the pipeline quickly. The numbers test the
+    # pipeline, not the method (a random backbone gives prompts nothing to build on).
     "cpu": {
         "description": "pipeline check: a tiny random ViT on easy generated data (a few minutes)",
         "caption": "pipeline check on a random backbone: the numbers test the code, not the methods",

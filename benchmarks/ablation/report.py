@@ -138,7 +138,7 @@ def _diagnostics_means(diagnostics: Sequence[Optional[Dict[str, Any]]]) -> Dict[
     out: Dict[str, Optional[float]] = {}
     for column in ROUTING_COLUMNS:
         _, who, version, when = column.split("_", 3)
-        # Records written before a version was counted lack it: the mean is over those that have it.
+        # A record may lack a version: the mean is over those that have it.
         values = [d["routing"][who].get(version, {}).get(when) for d in found]
         out[column] = _mean_or_none([100 * v for v in values if v is not None])
     out["expert_matrix_contrast"] = _mean_or_none(

@@ -59,14 +59,14 @@ def load_results(output: Path, specs: Optional[Sequence[RunSpec]] = None) -> Lis
 
 
 def setting_differences(stored: Dict[str, Any], wanted: Dict[str, Any]) -> List[str]:
-    """``name: stored -> wanted`` for each differing entry (results written before settings were
-    recorded carry their protocol only; only that is compared then)."""
+    """``name: stored -> wanted`` for each differing entry (a result that records its protocol only, no
+    data setting, is compared on its protocol)."""
     differences = []
     for part in ("protocol", "data"):
         if part not in stored:
             continue
         old, new = stored[part], wanted[part]
-        if part == "protocol":  # fields added later: what older results did
+        if part == "protocol":  # a field a stored result lacks: the value it was run with
             old = {**LEGACY_PROTOCOL, **old}
         for name in sorted(set(old) | set(new)):
             if old.get(name) != new.get(name):
@@ -124,7 +124,7 @@ def remove_finished_checkpoints(output: Path, specs: Sequence[RunSpec]) -> None:
             checkpoints_of(output, group).clear()
 
 
-#: Protocol fields added after results were first written, with the behaviour those results had.
+#: Protocol fields a stored result may lack, with the value such a result was run with.
 LEGACY_PROTOCOL = {"router_query": "first_iteration"}
 
 

@@ -33,10 +33,10 @@ from .timer import NO_TIMER, PartTimer
 from .training import OnlineTrainer
 from .variants import ABLATION_VARIANTS, VARIANTS, variants_for
 
-__all__ = ["Checkpointing", "Run", "build_run", "run_training", "run_reference", "build_backbone", "BackboneLoadError"]
+__all__ = ["CheckpointPolicy", "Run", "build_run", "run_training", "run_reference", "build_backbone", "BackboneLoadError"]
 
 @dataclass
-class Checkpointing:
+class CheckpointPolicy:
     """How a training checkpoints itself (``benchmarks.ablation.checkpointing``) and when it stops early.
 
     Attributes:
@@ -79,7 +79,7 @@ def run_training(
     device: torch.device,
     progress: Optional[Callable[..., Any]] = None,
     process_group: Optional[Any] = None,
-    checkpointing: Optional[Checkpointing] = None,
+    checkpointing: Optional[CheckpointPolicy] = None,
     routers: Sequence[str] = (),
     aggregations: Sequence[str] = (),
 ) -> Dict[str, Dict[str, Any]]:
@@ -113,7 +113,7 @@ def run_training(
     checkpointer = None
     if checkpointing is not None:
         run = {"dataset": dataset, "method": method, "seed": seed, "variants": variants}
-        checkpointer = _Checkpointer(checkpointing, trainer, evaluator, run=run, parallel=parallel, device=device,
+        checkpointer = _CheckpointHook(checkpointing, trainer, evaluator, run=run, parallel=parallel, device=device,
                                      key=f"{dataset}/{method}/seed{seed}")
         checkpointer.resume()
     measured = _train(trainer, stream, protocol, device, progress, key, boundary=checkpointer)
@@ -302,13 +302,13 @@ def _record(
     }
 
 
-class _Checkpointer:
+class _CheckpointHook:
     """The trainer's batch-boundary hook: a checkpoint at every period, and on a stop request a last
     one and :class:`RunInterrupted`. Only the lead process writes; every process takes part in the
     agreement on stopping and in gathering the random-number states."""
 
     def __init__(
-        self, config: Checkpointing, trainer: OnlineTrainer, evaluator: Any, *, run: Dict[str, Any],
+        self, config: CheckpointPolicy, trainer: OnlineTrainer, evaluator: Any, *, run: Dict[str, Any],
         parallel: DataParallel, device: torch.device, key: str,
     ) -> None:
         self.config, self.trainer, self.evaluator, self.run = config, trainer, evaluator, run

@@ -212,7 +212,30 @@ class Exposure:
 
 
 @dataclass(frozen=True, eq=False)
-class SiBlurryStream:
+class _StreamSetting:
+    """What a Si-Blurry stream is built from (the checked arguments of :func:`build_si_blurry_stream`)."""
+
+    targets: Tensor
+    num_classes: int
+    num_sessions: int
+    seed: int
+    disjoint_ratio: Fraction
+    blurry_ratio: Fraction
+    split: SplitKind
+
+    @property
+    def disjoint_num(self) -> int:
+        """``floor(floor(C * r_D) / T) * T``: the number of disjoint classes, a multiple of ``T``."""
+        return _floor_times(self.num_classes, self.disjoint_ratio) // self.num_sessions * self.num_sessions
+
+    @property
+    def blurry_num(self) -> int:
+        """The number of blurry classes: every class that is not disjoint."""
+        return self.num_classes - self.disjoint_num
+
+
+@dataclass(frozen=True, eq=False)
+class SiBlurryStream(_StreamSetting):
     """A built Si-Blurry stream (see :func:`build_si_blurry_stream`, which is the only constructor to use).
 
     Attributes:
@@ -236,13 +259,6 @@ class SiBlurryStream:
             under the paper protocol (e.g. 2,236 of 2,500 for seed 1 on a CIFAR-sized label vector).
     """
 
-    targets: Tensor
-    num_classes: int
-    num_sessions: int
-    seed: int
-    disjoint_ratio: Fraction
-    blurry_ratio: Fraction
-    split: str
     class_order: Tensor
     disjoint_classes: Tuple[Tensor, ...]
     blurry_classes: Tuple[Tensor, ...]
@@ -501,6 +517,129 @@ def _equal_cuts(count: int, num_sessions: int) -> Tensor:
 _BUILD = "build_si_blurry_stream"
 
 
+def _checked_setting(labels: LabelVector, num_sessions: object, disjoint_ratio: object, blurry_ratio: object,
+                     seed: object, split: object, num_classes: object) -> _StreamSetting:
+    """The arguments of :func:`build_si_blurry_stream`, checked."""
+    num_sessions = check_int(num_sessions, "num_sessions", owner=_BUILD, minimum=1)
+    r_disjoint = _check_ratio(disjoint_ratio, "disjoint_ratio")
+    r_blurry = _check_ratio(blurry_ratio, "blurry_ratio")
+    seed = check_int(seed, "seed", owner=_BUILD)
+    if split not in ("random", "equal"):
+        raise ValueError(f"split must be 'random' (the paper's protocol) or 'equal', got {split!r}")
+    if num_classes is not None:
+        num_classes = check_int(num_classes, "num_classes", owner=_BUILD, minimum=1)
+    targets = check_label_vector(labels, num_classes)
+    if num_classes is None:
+        num_classes = int(targets.max()) + 1
+    setting = _StreamSetting(targets, num_classes, num_sessions, int(seed), r_disjoint, r_blurry, split)
+    if split == "equal" and setting.blurry_num % num_sessions:
+        raise ValueError(
+            f"split='equal' gives every session the same number of blurry classes, so the number of "
+            f"blurry classes must be a multiple of num_sessions; found {setting.blurry_num} blurry classes "
+            f"({num_classes} classes - {setting.disjoint_num} disjoint) for {num_sessions} sessions. Use "
+            f"split='random' (the paper's protocol) or change num_classes / disjoint_ratio"
+        )
+    return setting
+
+
+@dataclass(frozen=True)
+class _ClassSplit:
+    """The class order (disjoint classes first, blurry classes after) and each list's cuts into sessions."""
+
+    class_order: Tensor
+    disjoint_cuts: Tensor
+    blurry_cuts: Tensor
+    disjoint_num: int
+
+    @classmethod
+    def draw(cls, setting: _StreamSetting, generator: torch.Generator) -> "_ClassSplit":
+        """Draw 1: the class order; draws 2-3 (random split only): the cuts of the disjoint, then the blurry list."""
+        class_order = torch.randperm(setting.num_classes, generator=generator)
+        if setting.split == "random":
+            disjoint_cuts = _random_cuts(setting.disjoint_num, setting.num_sessions, generator)
+            blurry_cuts = _random_cuts(setting.blurry_num, setting.num_sessions, generator)
+        else:
+            disjoint_cuts = _equal_cuts(setting.disjoint_num, setting.num_sessions)
+            blurry_cuts = _equal_cuts(setting.blurry_num, setting.num_sessions)
+        return cls(class_order, disjoint_cuts, blurry_cuts, setting.disjoint_num)
+
+    @property
+    def blurry_part(self) -> Tensor:
+        return self.class_order[self.disjoint_num :]
+
+    @property
+    def disjoint_classes(self) -> Tuple[Tensor, ...]:
+        cuts = self.disjoint_cuts.tolist()
+        return tuple(self.class_order[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
+
+    @property
+    def blurry_classes(self) -> Tuple[Tensor, ...]:
+        cuts = self.blurry_cuts.tolist()
+        return tuple(self.blurry_part[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
+
+    def bucket_samples(self, setting: _StreamSetting) -> Tuple[List[Tensor], List[Tensor]]:
+        """(disjoint, blurry): per home session, its samples of disjoint and of blurry classes, in dataset order.
+
+        One stable sort by (home session, disjoint/blurry) instead of the reference's per-sample membership
+        tests; stability keeps dataset order inside every bucket, as there.
+        """
+        targets, num_classes, num_sessions = setting.targets, setting.num_classes, setting.num_sessions
+        sessions = torch.arange(num_sessions)
+        home = torch.empty(num_classes, dtype=torch.long)
+        home[self.class_order[: self.disjoint_num]] = torch.repeat_interleave(sessions, torch.diff(self.disjoint_cuts))
+        home[self.blurry_part] = torch.repeat_interleave(sessions, torch.diff(self.blurry_cuts))
+        blurry_flag = torch.zeros(num_classes, dtype=torch.long)
+        blurry_flag[self.blurry_part] = 1
+        bucket = home[targets] * 2 + blurry_flag[targets]
+        sorted_bucket, sample_order = torch.sort(bucket, stable=True)
+        counts = torch.bincount(sorted_bucket, minlength=2 * num_sessions).tolist()
+        buckets = list(torch.split(sample_order, counts))
+        return buckets[0::2], buckets[1::2]
+
+
+@dataclass(frozen=True)
+class _BlurryMoves:
+    """The blurry samples of each session after the redistribution, the pool size and the quotas drawn."""
+
+    blurry_samples: List[Tensor]
+    num_moved: int
+    quotas: Tuple[int, ...]
+
+    @classmethod
+    def draw(cls, setting: _StreamSetting, blurry_samples: List[Tensor], generator: torch.Generator) -> "_BlurryMoves":
+        """Session s gives away its first ``quotas[s]`` blurry samples (dataset order); the pool is shuffled
+        once (draw 5) and dealt back out in session order. Draw 4 (random split only): the quotas."""
+        if setting.split == "random":
+            quota_total = _floor_times(sum(int(b.numel()) for b in blurry_samples), setting.blurry_ratio)
+            if not quota_total:  # the reference makes neither the quota draw nor the pool draw when nothing moves
+                return cls(blurry_samples, 0, (0,) * setting.num_sessions)
+            quotas = torch.diff(_random_cuts(quota_total, setting.num_sessions, generator)).tolist()
+        else:
+            quotas = [_floor_times(int(b.numel()), setting.blurry_ratio) for b in blurry_samples]
+        kept = [b[q:] for b, q in zip(blurry_samples, quotas)]
+        pool = torch.cat([b[:q] for b, q in zip(blurry_samples, quotas)])  # a short donor gives what it has
+        pool = pool[torch.randperm(int(pool.numel()), generator=generator)]
+        num_moved = int(pool.numel())
+        if setting.split == "random":
+            received_counts = quotas
+        else:  # equal shares; the len(pool) mod T remainder is dropped, as in the reference
+            received_counts = [num_moved // setting.num_sessions] * setting.num_sessions
+        # Slicing clips at the pool end, so a shortfall falls on the last sessions.
+        ends = torch.cumsum(torch.tensor(received_counts, dtype=torch.long), 0).tolist()
+        starts = [0] + ends[:-1]
+        received = [torch.cat([k, pool[a:b]]) for k, a, b in zip(kept, starts, ends)]
+        return cls(received, num_moved, tuple(int(q) for q in quotas))
+
+
+def _shuffle_sessions(disjoint: List[Tensor], blurry: List[Tensor], generator: torch.Generator) -> Tuple[Tensor, ...]:
+    """Draws 6..5+T: each session's samples (disjoint, then blurry) in one permutation per session."""
+    orders = []
+    for disjoint_samples, blurry_samples in zip(disjoint, blurry):
+        indices = torch.cat([disjoint_samples, blurry_samples])
+        orders.append(indices[torch.randperm(int(indices.numel()), generator=generator)])
+    return tuple(orders)
+
+
 def build_si_blurry_stream(
     labels: LabelVector,
     *,
@@ -527,117 +666,22 @@ def build_si_blurry_stream(
             samples are allowed (they still take part in the class split).
 
     Returns:
-        The :class:`SiBlurryStream`.
+        The :class:`SiBlurryStream`. Ratios of 0 and 1 and empty sessions are defined (docs/stream.md).
 
     Raises:
         TypeError: non-integer labels, sessions, seed or classes; non-real ratios.
         ValueError: labels not 1-D / empty / out of range; ratios outside ``[0, 1]``;
             ``num_sessions < 1``; an equal split whose blurry class count is not a multiple of
             ``num_sessions`` (this includes fewer classes than sessions).
-
-    Edge cases (all defined, see the tests): ``disjoint_ratio=0`` -> every class is blurry;
-    ``disjoint_ratio=1`` -> every class is disjoint except ``C mod T`` left-overs; ``blurry_ratio=0``
-    -> no sample moves (the random split then makes no pool draws); ``blurry_ratio=1`` -> every
-    blurry sample is redistributed; sessions may be empty (random cut points can coincide, and
-    ``C < T`` leaves sessions without classes).
     """
-    num_sessions = check_int(num_sessions, "num_sessions", owner=_BUILD, minimum=1)
-    r_disjoint = _check_ratio(disjoint_ratio, "disjoint_ratio")
-    r_blurry = _check_ratio(blurry_ratio, "blurry_ratio")
-    seed = check_int(seed, "seed", owner=_BUILD)
-    if split not in ("random", "equal"):
-        raise ValueError(f"split must be 'random' (the paper's protocol) or 'equal', got {split!r}")
-    if num_classes is not None:
-        num_classes = check_int(num_classes, "num_classes", owner=_BUILD, minimum=1)
-    targets = check_label_vector(labels, num_classes)
-    if num_classes is None:
-        num_classes = int(targets.max()) + 1
-
-    disjoint_num = _floor_times(num_classes, r_disjoint) // num_sessions * num_sessions
-    blurry_num = num_classes - disjoint_num
-    if split == "equal" and blurry_num % num_sessions:
-        raise ValueError(
-            f"split='equal' gives every session the same number of blurry classes, so the number of "
-            f"blurry classes must be a multiple of num_sessions; found {blurry_num} blurry classes "
-            f"({num_classes} classes - {disjoint_num} disjoint) for {num_sessions} sessions. Use "
-            f"split='random' (the paper's protocol) or change num_classes / disjoint_ratio"
-        )
-
-    generator = torch.Generator().manual_seed(int(seed))
-    # Draw 1: class order; disjoint classes first, blurry classes after.
-    class_order = torch.randperm(num_classes, generator=generator)
-    # Draws 2-3 (random split only): class cut points of the disjoint list, then of the blurry list.
-    if split == "random":
-        disjoint_cuts = _random_cuts(disjoint_num, num_sessions, generator)
-        blurry_cuts = _random_cuts(blurry_num, num_sessions, generator)
-    else:
-        disjoint_cuts = _equal_cuts(disjoint_num, num_sessions)
-        blurry_cuts = _equal_cuts(blurry_num, num_sessions)
-    disjoint_classes = tuple(
-        class_order[int(disjoint_cuts[s]) : int(disjoint_cuts[s + 1])] for s in range(num_sessions)
-    )
-    blurry_part = class_order[disjoint_num:]
-    blurry_classes = tuple(blurry_part[int(blurry_cuts[s]) : int(blurry_cuts[s + 1])] for s in range(num_sessions))
-
-    # Bucket samples by (home session, disjoint/blurry) with one stable sort instead of the reference's
-    # per-sample membership tests; stability keeps dataset order inside every bucket, as there.
-    home = torch.empty(num_classes, dtype=torch.long)
-    home[class_order[:disjoint_num]] = torch.repeat_interleave(
-        torch.arange(num_sessions), torch.diff(disjoint_cuts)
-    )
-    home[blurry_part] = torch.repeat_interleave(torch.arange(num_sessions), torch.diff(blurry_cuts))
-    blurry_flag = torch.zeros(num_classes, dtype=torch.long)
-    blurry_flag[blurry_part] = 1
-    bucket = home[targets] * 2 + blurry_flag[targets]
-    sorted_bucket, sample_order = torch.sort(bucket, stable=True)
-    counts = torch.bincount(sorted_bucket, minlength=2 * num_sessions).tolist()
-    buckets = list(torch.split(sample_order, counts))
-    disjoint_samples = buckets[0::2]
-    blurry_samples = buckets[1::2]
-
-    # Blurry redistribution: session s gives away its first quotas[s] blurry samples (dataset order),
-    # the pool is shuffled once and dealt back out in session order.
-    if split == "random":
-        quota_total = _floor_times(sum(int(b.numel()) for b in blurry_samples), r_blurry)
-        # The reference makes neither the quota draw nor the pool draw when nothing moves.
-        quotas = torch.diff(_random_cuts(quota_total, num_sessions, generator)).tolist() if quota_total else None
-    else:
-        quotas = [_floor_times(int(b.numel()), r_blurry) for b in blurry_samples]
-    num_moved = 0
-    if quotas is not None:
-        kept = [b[q:] for b, q in zip(blurry_samples, quotas)]
-        pool = torch.cat([b[:q] for b, q in zip(blurry_samples, quotas)])  # a short donor gives what it has
-        pool = pool[torch.randperm(int(pool.numel()), generator=generator)]  # draw 5
-        num_moved = int(pool.numel())
-        if split == "random":
-            received_counts = quotas
-        else:  # equal shares; the len(pool) mod T remainder is dropped, as in the reference
-            received_counts = [num_moved // num_sessions] * num_sessions
-        # Slicing clips at the pool end, so a shortfall falls on the last sessions.
-        ends = torch.cumsum(torch.tensor(received_counts, dtype=torch.long), 0).tolist()
-        starts = [0] + ends[:-1]
-        blurry_samples = [torch.cat([k, pool[a:b]]) for k, a, b in zip(kept, starts, ends)]
-    else:
-        quotas = [0] * num_sessions
-
-    # Draws 6..5+T: one permutation per session.
-    session_orders = []
-    for s in range(num_sessions):
-        indices = torch.cat([disjoint_samples[s], blurry_samples[s]])
-        session_orders.append(indices[torch.randperm(int(indices.numel()), generator=generator)])
-
+    setting = _checked_setting(labels, num_sessions, disjoint_ratio, blurry_ratio, seed, split, num_classes)
+    generator = torch.Generator().manual_seed(setting.seed)
+    classes = _ClassSplit.draw(setting, generator)
+    disjoint_samples, blurry_samples = classes.bucket_samples(setting)
+    moves = _BlurryMoves.draw(setting, blurry_samples, generator)
     return SiBlurryStream(
-        targets=targets,
-        num_classes=num_classes,
-        num_sessions=num_sessions,
-        seed=int(seed),
-        disjoint_ratio=r_disjoint,
-        blurry_ratio=r_blurry,
-        split=split,
-        class_order=class_order,
-        disjoint_classes=disjoint_classes,
-        blurry_classes=blurry_classes,
-        session_orders=tuple(session_orders),
-        num_moved=num_moved,
-        move_quotas=tuple(int(q) for q in quotas),
+        **vars(setting), class_order=classes.class_order, disjoint_classes=classes.disjoint_classes,
+        blurry_classes=classes.blurry_classes,
+        session_orders=_shuffle_sessions(disjoint_samples, moves.blurry_samples, generator),
+        num_moved=moves.num_moved, move_quotas=moves.quotas,
     )

@@ -31,16 +31,12 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run as a file or with -m from anywhere
-    sys.path.insert(0, str(REPO))
-
-from benchmarks.ablation.plan import format_plan, make_plan  # noqa: E402
-from benchmarks.ablation.presets import PRESETS  # noqa: E402
-from benchmarks.ablation.protocol import PAPER_METHODS  # noqa: E402
-from benchmarks.ablation.results import plan as specs_of  # noqa: E402
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS  # noqa: E402
-from benchmarks.data.records import AUTOAUGMENT_POLICY, DATASET_STATS, TensorImageDataset  # noqa: E402
+from benchmarks.ablation.plan import format_plan, make_plan
+from benchmarks.ablation.presets import PRESETS
+from benchmarks.ablation.protocol import PAPER_METHODS
+from benchmarks.ablation.results import plan as specs_of
+from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
+from benchmarks.data.records import AUTOAUGMENT_POLICY, DATASET_STATS, TensorImageDataset
 
 METHODS = (*PAPER_METHODS, "flyprompt")
 BUDGET_SECONDS = 480

@@ -31,7 +31,7 @@ import torch
 from benchmarks.ablation.arguments import build_parser
 from benchmarks.ablation.checkpointing import CheckpointStore, read_checkpoint
 from benchmarks.ablation.results import plan
-from benchmarks.ablation.runner import Checkpointing, run_training
+from benchmarks.ablation.runner import CheckpointPolicy, run_training
 from benchmarks.ablation.sweep import resolve, run_setting
 from benchmarks.ablation.sweep_data import load_data
 from benchmarks.speed.timing import Report, configure_threads, median, print_header
@@ -66,7 +66,7 @@ def measure(args: argparse.Namespace, report: Report) -> None:
             order = ["off", "evaluation"] if round_index % 2 == 0 else ["evaluation", "off"]
             for period in order:
                 store.clear()
-                checkpointing = Checkpointing(store, 0 if period == "off" else period, setting)
+                checkpointing = CheckpointPolicy(store, 0 if period == "off" else period, setting)
                 started = time.perf_counter()
                 records = run_training(args.method, "synthetic", 1, variants, sweep.protocol, train, test,
                                        device=torch.device("cpu"), checkpointing=checkpointing)
