@@ -142,7 +142,7 @@ class AdapterFamily:
     def create_handle(self, plan: Plan) -> Retrofit:
         """The handle with its router and ensemble sized by ``plan``, the optimizer hook attached."""
         caller = f"fly_modules.adapters.{self.family}"
-        num_experts = check_int(plan.num_experts, "num_experts", owner=caller, minimum=1)
+        num_experts = check_int(plan.num_experts, "num_experts", caller=caller, minimum=1)
         classifier = plan.classifier
         if not isinstance(classifier, nn.Linear):
             raise SeamError(
@@ -150,7 +150,7 @@ class AdapterFamily:
                 f"head_owner=... and head_name=... naming the nn.Linear: {GENERIC_CALL}"
             )
         dim = classifier.in_features if plan.router_dim is None else \
-            check_int(plan.router_dim, "router_dim", owner=caller, minimum=1)
+            check_int(plan.router_dim, "router_dim", caller=caller, minimum=1)
         counter = plan.counter
         current = plan.current_expert if plan.current_expert is not None else \
             counter.read() if counter is not None else 0

@@ -428,7 +428,7 @@ class Retrofit:
         """Start ``expert``: the method's own start (its step counter, prompt init) and fresh bank copies."""
         bound = None if self.num_experts is None else self.num_experts - 1
         try:
-            index = check_int(expert, "expert", owner="Retrofit.start_expert", minimum=0, maximum=bound)
+            index = check_int(expert, "expert", caller="Retrofit.start_expert", minimum=0, maximum=bound)
         except InvalidParameterError:
             span = f"[0, {self.num_experts})" if self.num_experts is not None else ">= 0"
             raise InvalidParameterError(f"Retrofit.start_expert: expert must be an int in {span}, got {expert!r}") from None
@@ -463,20 +463,20 @@ class Retrofit:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`; checks the parts match this retrofit before changing anything."""
-        owner = "Retrofit.load_state_dict"
+        caller = "Retrofit.load_state_dict"
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise InvalidParameterError(f"{owner}: expected a dict from Retrofit.state_dict() (format {_STATE_FORMAT})")
+            raise InvalidParameterError(f"{caller}: expected a dict from Retrofit.state_dict() (format {_STATE_FORMAT})")
         if state.get("family") != self.family:
-            raise InvalidParameterError(f"{owner}: the state is of family {state.get('family')!r}, this is {self.family!r}")
+            raise InvalidParameterError(f"{caller}: the state is of family {state.get('family')!r}, this is {self.family!r}")
         for part, present in (("router", self.router), ("ensemble", self.ensemble), ("schedule", self.schedule),
                               ("method_step", self._step_counter)):
             if (part in state) != (present is not None):
                 raise InvalidParameterError(
-                    f"{owner}: the state {'has' if part in state else 'lacks'} `{part}` but this retrofit "
+                    f"{caller}: the state {'has' if part in state else 'lacks'} `{part}` but this retrofit "
                     f"{'has none' if present is None else 'has one'}"
                 )
         bound = None if self.num_experts is None else self.num_experts - 1
-        current = check_int(state["current_expert"], "current_expert", owner=owner, minimum=0, maximum=bound)
+        current = check_int(state["current_expert"], "current_expert", caller=caller, minimum=0, maximum=bound)
         # Each module checks its part before changing anything; the router is put back if the ensemble's
         # part is then refused, so the handle is never half-loaded.
         router_before = None if self.router is None else _cloned(self.router.state_dict())

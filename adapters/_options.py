@@ -56,8 +56,8 @@ class RetrofitOptions:
     correct_assembly: bool = False
 
     def __post_init__(self) -> None:
-        check_choice(self.router, "router", (True, False), owner=_OWNER)
-        check_choice(self.ensemble, "ensemble", (True, False), owner=_OWNER)
+        check_choice(self.router, "router", (True, False), caller=_OWNER)
+        check_choice(self.ensemble, "ensemble", (True, False), caller=_OWNER)
         if not (self.optimizer is None or self.optimizer == "auto" or isinstance(self.optimizer, torch.optim.Optimizer)):
             raise InvalidParameterError(
                 f"{_OWNER}: optimizer must be a torch.optim.Optimizer, 'auto' or None, got {self.optimizer!r}"
@@ -68,8 +68,8 @@ class RetrofitOptions:
                 f"got {type(self.schedule).__name__}"
             )
         for name in _SHARED:  # the router's and the ensemble's rules (fly_modules._validation.SHARED_PARAMETERS)
-            object.__setattr__(self, name, check_shared(getattr(self, name), name, owner=_OWNER))
-        check_choice(self.correct_assembly, "correct_assembly", (True, False), owner=_OWNER)
+            object.__setattr__(self, name, check_shared(getattr(self, name), name, caller=_OWNER))
+        check_choice(self.correct_assembly, "correct_assembly", (True, False), caller=_OWNER)
 
     @classmethod
     def names(cls) -> Tuple[str, ...]:

@@ -129,7 +129,7 @@ def _public(family: Family, family_parameters: List[inspect.Parameter]) -> Calla
 def install(method: str, model: nn.Module, options: RetrofitOptions, family_options: Mapping[str, Any]) -> Retrofit:
     """Refuse a live retrofit, check the family options, then wire ``model``; a failed wiring is undone
     before the error propagates."""
-    check_choice(method, "method", list_families(), owner="fly_modules.adapters.retrofit")
+    check_choice(method, "method", list_families(), caller="fly_modules.adapters.retrofit")
     previous = live_retrofit(model)
     if previous is not None:  # before any seam check: the seams now show the first retrofit's wrappers
         raise already_retrofitted(model, previous)

@@ -104,7 +104,7 @@ def count_experts(num_experts: Optional[int], default: Any, what: str, *, family
     value = num_experts if num_experts is not None else default
     if value is None:
         raise InvalidParameterError(f"{caller}: pass num_experts (the number of {what})")
-    return check_int(value, "num_experts", owner=caller, minimum=1)
+    return check_int(value, "num_experts", caller=caller, minimum=1)
 
 
 def backbone_of(model: nn.Module, what: str, *, family: str, forward_features: bool = False) -> nn.Module:

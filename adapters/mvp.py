@@ -73,7 +73,7 @@ class MVP(AdapterFamily):
     ) -> Plan:
         model = self.model
         self.router_features = check_choice(router_features or "cls", "router_features", _ROUTER_FEATURES,
-                                            owner="fly_modules.adapters.mvp")
+                                            caller="fly_modules.adapters.mvp")
         self.backbone = backbone = backbone_of(model, "the frozen ViT MVP prompts", family="mvp")
         for name in ("patch_embed", "blocks", "norm"):
             if not hasattr(backbone, name):

@@ -18,21 +18,21 @@ from ._validation import InvalidParameterError
 __all__ = ["checkpoint_entries", "holds_any", "check_entry", "check_settings"]
 
 
-def checkpoint_entries(state_dict: Mapping[str, Any], prefix: str, names: Sequence[str], *, owner: str) -> Dict[str, Tensor]:
+def checkpoint_entries(state_dict: Mapping[str, Any], prefix: str, names: Sequence[str], *, caller: str) -> Dict[str, Tensor]:
     """The module's tensors in ``state_dict``, all of ``names``: a partial set is refused, the entries
     only make sense together."""
     missing = [prefix + name for name in names if prefix + name not in state_dict]
     if missing:
         found = sorted(prefix + name for name in names if prefix + name in state_dict)
         raise InvalidParameterError(
-            f"{owner}: the checkpoint lacks {missing} (it holds {found or 'none'} of the module's entries); "
+            f"{caller}: the checkpoint lacks {missing} (it holds {found or 'none'} of the module's entries); "
             f"load a state_dict() of the same module type"
         )
     entries = {name: state_dict[prefix + name] for name in names}
     for name, value in entries.items():
         if not isinstance(value, Tensor):
             raise InvalidParameterError(
-                f"{owner}: checkpoint entry {prefix + name} must be a tensor, got {type(value).__name__}"
+                f"{caller}: checkpoint entry {prefix + name} must be a tensor, got {type(value).__name__}"
             )
     return entries
 
@@ -43,23 +43,23 @@ def holds_any(state_dict: Mapping[str, Any], prefix: str, names: Sequence[str]) 
 
 
 def check_entry(
-    tensor: Tensor, key: str, shape: Tuple[Optional[int], ...], *, owner: str, integer: bool = False, fix: str = ""
+    tensor: Tensor, key: str, shape: Tuple[Optional[int], ...], *, caller: str, integer: bool = False, fix: str = ""
 ) -> None:
     """``tensor`` has ``shape`` (``None``: any size) and a floating (or, with ``integer``, integer) dtype."""
     if tensor.ndim != len(shape) or any(want is not None and got != want for got, want in zip(tensor.shape, shape)):
         expected = str(tuple("*" if size is None else size for size in shape)).replace("'*'", "*")
         raise InvalidParameterError(
-            f"{owner}: checkpoint entry {key} has shape {tuple(tensor.shape)} but this module expects {expected}"
+            f"{caller}: checkpoint entry {key} has shape {tuple(tensor.shape)} but this module expects {expected}"
             + (f"; {fix}" if fix else "")
         )
     integral = not (tensor.is_floating_point() or tensor.is_complex()) and tensor.dtype != torch.bool
     if integral != integer:
         kind = "an integer" if integer else "a floating-point"
-        raise InvalidParameterError(f"{owner}: checkpoint entry {key} must have {kind} dtype, got {tensor.dtype}")
+        raise InvalidParameterError(f"{caller}: checkpoint entry {key} must have {kind} dtype, got {tensor.dtype}")
 
 
 def check_settings(
-    saved: Any, current: Mapping[str, Any], *, owner: str, adopted: Sequence[str] = (), fixes: Mapping[str, str]
+    saved: Any, current: Mapping[str, Any], *, caller: str, adopted: Sequence[str] = (), fixes: Mapping[str, str]
 ) -> Dict[str, Any]:
     """Compare the settings a checkpoint was saved with (its extra state) with the module's.
 
@@ -67,16 +67,16 @@ def check_settings(
     the others must be equal. Returns the saved settings. ``fixes[field]`` says how to load anyway.
     """
     if not isinstance(saved, dict):
-        raise InvalidParameterError(f"{owner}: the checkpoint's extra state must be a dict, got {type(saved).__name__}")
+        raise InvalidParameterError(f"{caller}: the checkpoint's extra state must be a dict, got {type(saved).__name__}")
     expected = set(current) | set(adopted)
     if set(saved) != expected:
         raise InvalidParameterError(
-            f"{owner}: the checkpoint's extra state holds {sorted(saved)}, expected {sorted(expected)}"
+            f"{caller}: the checkpoint's extra state holds {sorted(saved)}, expected {sorted(expected)}"
         )
     for field, value in current.items():
         if saved[field] != value or type(saved[field]) is not type(value):
             raise InvalidParameterError(
-                f"{owner}: the checkpoint was saved with {field}={saved[field]!r} but this module has "
+                f"{caller}: the checkpoint was saved with {field}={saved[field]!r} but this module has "
                 f"{field}={value!r}; {fixes[field]}"
             )
     return dict(saved)

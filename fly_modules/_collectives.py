@@ -15,9 +15,9 @@ from torch import Tensor
 __all__ = ["require_initialized", "gather_rows", "all_reduce_min", "all_reduce_max", "all_reduce_sum_"]
 
 
-def require_initialized(owner: str) -> None:
+def require_initialized(caller: str) -> None:
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(f"{owner}: torch.distributed is not initialised (call dist.init_process_group first)")
+        raise RuntimeError(f"{caller}: torch.distributed is not initialised (call dist.init_process_group first)")
 
 
 def gather_rows(tensor: Tensor, group: Optional[Any] = None) -> Tensor:

@@ -29,7 +29,7 @@ __all__ = [
 
 
 class InvalidParameterError(ValueError, TypeError):
-    """An argument has the wrong type or value; the message names the owner, the parameter, what is
+    """An argument has the wrong type or value; the message names the caller, the parameter, what is
     allowed and what was given.
 
     Subclasses both ``ValueError`` and ``TypeError`` (scikit-learn's convention): a wrong value and a
@@ -41,18 +41,18 @@ class Constraint:
     """A rule for the values of one parameter.
 
     :meth:`convert` returns the value as the library keeps it, or raises :class:`InvalidParameterError`
-    whose message says, without the owner, what was expected and what was found ("ridge must be ...,
-    got -1.0"); :meth:`check` prefixes the owner. The command line shows the same message for its flag.
+    whose message says, without the caller, what was expected and what was found ("ridge must be ...,
+    got -1.0"); :meth:`check` prefixes the caller. The command line shows the same message for its flag.
     """
 
     def convert(self, value: Any, name: str) -> Any:
         raise NotImplementedError
 
-    def check(self, value: Any, name: str, *, owner: str) -> Any:
+    def check(self, value: Any, name: str, *, caller: str) -> Any:
         try:
             return self.convert(value, name)
         except InvalidParameterError as error:
-            raise InvalidParameterError(f"{owner}: {error}") from None
+            raise InvalidParameterError(f"{caller}: {error}") from None
 
 
 def _bounds(low: Optional[float], high: Optional[float], *, closed: bool) -> str:
@@ -168,28 +168,28 @@ SHARED_PARAMETERS: Dict[str, Constraint] = {
 }
 
 
-def check_shared(value: Any, name: str, *, owner: str) -> Any:
+def check_shared(value: Any, name: str, *, caller: str) -> Any:
     """``value`` of the shared parameter ``name`` as :data:`SHARED_PARAMETERS` converts it."""
-    return SHARED_PARAMETERS[name].check(value, name, owner=owner)
+    return SHARED_PARAMETERS[name].check(value, name, caller=caller)
 
 
 def check_int(
-    value: Any, name: str, *, owner: str, minimum: Optional[int] = None, maximum: Optional[int] = None
+    value: Any, name: str, *, caller: str, minimum: Optional[int] = None, maximum: Optional[int] = None
 ) -> int:
     """``value`` as a Python int in ``[minimum, maximum]`` (:class:`Integer`)."""
-    return Integer(minimum, maximum).check(value, name, owner=owner)
+    return Integer(minimum, maximum).check(value, name, caller=caller)
 
 
 def check_float(
-    value: Any, name: str, *, owner: str, above: Optional[float] = None, below: Optional[float] = None
+    value: Any, name: str, *, caller: str, above: Optional[float] = None, below: Optional[float] = None
 ) -> float:
     """``value`` as a finite Python float strictly between ``above`` and ``below`` (:class:`Real`)."""
-    return Real(above, below).check(value, name, owner=owner)
+    return Real(above, below).check(value, name, caller=caller)
 
 
-def check_choice(value: Any, name: str, choices: Collection[Any], *, owner: str) -> Any:
+def check_choice(value: Any, name: str, choices: Collection[Any], *, caller: str) -> Any:
     """``value`` if it is one of ``choices`` (:class:`OneOf`)."""
-    return OneOf(tuple(choices)).check(value, name, owner=owner)
+    return OneOf(tuple(choices)).check(value, name, caller=caller)
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -204,7 +204,7 @@ def check_features(
     features: Tensor,
     in_features: int,
     *,
-    owner: str,
+    caller: str,
     device: torch.device,
     allow_empty: bool = False,
     check_finite: bool = True,
@@ -215,47 +215,47 @@ def check_features(
     one check that needs the values (a host synchronisation on an accelerator).
     """
     if not isinstance(features, Tensor):
-        raise InvalidParameterError(f"{owner}: features must be a torch.Tensor, got {type(features).__name__}")
+        raise InvalidParameterError(f"{caller}: features must be a torch.Tensor, got {type(features).__name__}")
     if features.ndim != 2:
         hint = " (a single sample needs features.unsqueeze(0))" if features.ndim == 1 else ""
         raise InvalidParameterError(
-            f"{owner}: features must have shape (N, {in_features}), got a {features.ndim}-d tensor "
+            f"{caller}: features must have shape (N, {in_features}), got a {features.ndim}-d tensor "
             f"of shape {tuple(features.shape)}{hint}"
         )
     if not features.is_floating_point():
         raise InvalidParameterError(
-            f"{owner}: features must be floating point, got dtype {features.dtype} "
+            f"{caller}: features must be floating point, got dtype {features.dtype} "
             f"(convert with features.float())"
         )
     if features.shape[1] != in_features:
         raise InvalidParameterError(
-            f"{owner}: features have {features.shape[1]} columns but the module was built with "
+            f"{caller}: features have {features.shape[1]} columns but the module was built with "
             f"in_features={in_features}"
         )
     if features.shape[0] == 0 and not allow_empty:
-        raise InvalidParameterError(f"{owner}: features hold an empty batch (shape {tuple(features.shape)})")
+        raise InvalidParameterError(f"{caller}: features hold an empty batch (shape {tuple(features.shape)})")
     if features.device != device:
         raise InvalidParameterError(
-            f"{owner}: features are on {features.device} but the module's state is on {device}; "
+            f"{caller}: features are on {features.device} but the module's state is on {device}; "
             f"move one of them (module.to({features.device}) or features.to({device}))"
         )
     if check_finite and not bool(torch.isfinite(features).all()):
-        raise _not_finite(features, owner)
+        raise _not_finite(features, caller)
     return features
 
 
-def finite_peak(features: Tensor, *, owner: str) -> float:
+def finite_peak(features: Tensor, *, caller: str) -> float:
     """``max |features|`` (one reduction, one host read); raises when the features are not all finite."""
     peak = float(features.abs().amax()) if features.numel() else 0.0
     if not math.isfinite(peak):
-        raise _not_finite(features, owner)
+        raise _not_finite(features, caller)
     return peak
 
 
-def _not_finite(features: Tensor, owner: str) -> InvalidParameterError:
+def _not_finite(features: Tensor, caller: str) -> InvalidParameterError:
     n_nan = int(torch.isnan(features).sum())
     n_inf = int(torch.isinf(features).sum())
-    return InvalidParameterError(f"{owner}: features contain {n_nan} NaN and {n_inf} infinite values")
+    return InvalidParameterError(f"{caller}: features contain {n_nan} NaN and {n_inf} infinite values")
 
 
 def check_expert_ids(
@@ -263,7 +263,7 @@ def check_expert_ids(
     batch_size: int,
     num_experts: int,
     *,
-    owner: str,
+    caller: str,
     device: torch.device,
     check_range: bool = True,
 ) -> Tensor:
@@ -273,32 +273,32 @@ def check_expert_ids(
     synchronisation on an accelerator); a Python int is always checked.
     """
     if not isinstance(expert_ids, Tensor):
-        expert = check_int(expert_ids, "expert id", owner=owner)
-        _check_expert_range(expert, expert, num_experts, owner)
+        expert = check_int(expert_ids, "expert id", caller=caller)
+        _check_expert_range(expert, expert, num_experts, caller)
         return torch.full((batch_size,), expert, dtype=torch.long, device=device)
     if expert_ids.is_floating_point() or expert_ids.is_complex() or expert_ids.dtype == torch.bool:
-        raise InvalidParameterError(f"{owner}: expert ids must be integers, got dtype {expert_ids.dtype}")
+        raise InvalidParameterError(f"{caller}: expert ids must be integers, got dtype {expert_ids.dtype}")
     if expert_ids.ndim == 0:
         ids = expert_ids.to(device=device, dtype=torch.long).expand(batch_size)
     elif expert_ids.ndim == 1:
         if expert_ids.shape[0] != batch_size:
             raise InvalidParameterError(
-                f"{owner}: got {expert_ids.shape[0]} expert ids for a batch of {batch_size} samples"
+                f"{caller}: got {expert_ids.shape[0]} expert ids for a batch of {batch_size} samples"
             )
         ids = expert_ids.to(device=device, dtype=torch.long)
     else:
         raise InvalidParameterError(
-            f"{owner}: expert ids must be a scalar or have shape ({batch_size},), got shape {tuple(expert_ids.shape)}"
+            f"{caller}: expert ids must be a scalar or have shape ({batch_size},), got shape {tuple(expert_ids.shape)}"
         )
     if check_range and ids.numel():
-        _check_expert_range(int(ids.min()), int(ids.max()), num_experts, owner)
+        _check_expert_range(int(ids.min()), int(ids.max()), num_experts, caller)
     return ids
 
 
-def _check_expert_range(low: int, high: int, num_experts: int, owner: str) -> None:
+def _check_expert_range(low: int, high: int, num_experts: int, caller: str) -> None:
     if low < 0:
-        raise InvalidParameterError(f"{owner}: expert ids must be non-negative, got {low}")
+        raise InvalidParameterError(f"{caller}: expert ids must be non-negative, got {low}")
     if high >= num_experts:
         raise InvalidParameterError(
-            f"{owner}: expert id {high} does not exist (num_experts={num_experts}); create it first with add_expert()"
+            f"{caller}: expert id {high} does not exist (num_experts={num_experts}); create it first with add_expert()"
         )

@@ -57,7 +57,7 @@ def all_gather_update(
     # process raises on all of them (instead of leaving the others blocked in the gather).
     error: Optional[Exception] = None
     try:
-        features, ids = router._check_batch(features, expert_ids, owner="all_gather_update", allow_empty=True)
+        features, ids = router._check_batch(features, expert_ids, caller="all_gather_update", allow_empty=True)
     except (TypeError, ValueError) as caught:
         error = caught
     # One verdict for both questions: did every process accept its batch, and is any batch float64

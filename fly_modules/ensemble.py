@@ -51,7 +51,7 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
         raise InvalidParameterError(
             f"aggregate_logits: expected member logits of shape (N, H, C), got {tuple(getattr(member_logits, 'shape', ()))}"
         )
-    check_choice(rule, "rule", AGGREGATION_RULES, owner="aggregate_logits")
+    check_choice(rule, "rule", AGGREGATION_RULES, caller="aggregate_logits")
     if rule == "mean":
         return member_logits.mean(dim=1)
     if rule == "max_prob":
@@ -127,11 +127,11 @@ class TemporalEnsembleHead(nn.Module):
         check_values: Optional[bool] = None,
     ) -> None:
         super().__init__()
-        owner = "TemporalEnsembleHead"
-        num_experts = check_shared(num_experts, "num_experts", owner=owner)
-        decays = check_shared(decays, "decays", owner=owner)
-        self.aggregate = check_shared(aggregate, "aggregate", owner=owner)
-        self.check_values = check_choice(check_values, "check_values", (None, True, False), owner=owner)
+        caller = "TemporalEnsembleHead"
+        num_experts = check_shared(num_experts, "num_experts", caller=caller)
+        decays = check_shared(decays, "decays", caller=caller)
+        self.aggregate = check_shared(aggregate, "aggregate", caller=caller)
+        self.check_values = check_choice(check_values, "check_values", (None, True, False), caller=caller)
         self.online = find_classifier(head)
         weight = self.online.weight.detach()
         self.register_buffer("decays", torch.tensor(decays, dtype=torch.float64, device=weight.device))
@@ -166,7 +166,7 @@ class TemporalEnsembleHead(nn.Module):
     @torch.no_grad()
     def add_expert(self, count: int = 1) -> int:
         """Append ``count`` experts whose copies are clones of the current online head; returns the last id."""
-        count = check_int(count, "count", owner="TemporalEnsembleHead.add_expert", minimum=1)
+        count = check_int(count, "count", caller="TemporalEnsembleHead.add_expert", minimum=1)
         weight = self.online.weight.detach().to(self.ema_weight.dtype)
         new = weight.expand(count, self.num_decays, *weight.shape)
         self.ema_weight = torch.cat([self.ema_weight, new])
@@ -182,7 +182,7 @@ class TemporalEnsembleHead(nn.Module):
 
         ``expert`` may be an existing id or ``num_experts`` (the next one, created here).
         """
-        expert = check_int(expert, "expert", owner="TemporalEnsembleHead.start_expert", minimum=0, maximum=self.num_experts)
+        expert = check_int(expert, "expert", caller="TemporalEnsembleHead.start_expert", minimum=0, maximum=self.num_experts)
         if expert == self.num_experts:
             self.add_expert()
         else:
@@ -216,7 +216,7 @@ class TemporalEnsembleHead(nn.Module):
             experts = torch.as_tensor(experts)  # no dtype: 1.9 or True must fail the id check, not truncate
             experts = experts.long() if experts.numel() == 0 else experts
         ids = check_expert_ids(
-            experts.reshape(-1), experts.numel(), self.num_experts, owner="TemporalEnsembleHead.update",
+            experts.reshape(-1), experts.numel(), self.num_experts, caller="TemporalEnsembleHead.update",
             device=self.ema_weight.device, check_range=self._checks_values(self.ema_weight),
         )
         # Two exact strategies, as in member_logits. On the CPU, step the listed banks only (unique() reads
@@ -230,10 +230,10 @@ class TemporalEnsembleHead(nn.Module):
 
     def attach(self, optimizer: torch.optim.Optimizer) -> RemovableHandle:
         """Run :meth:`update` after every ``optimizer.step()``; returns the removable hook handle."""
-        owner = weakref.ref(self)
+        head_ref = weakref.ref(self)  # the optimizer must not keep the head alive
 
         def _after_step(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-            ensemble = owner()
+            ensemble = head_ref()
             if ensemble is not None:
                 ensemble.update()
 
@@ -244,7 +244,7 @@ class TemporalEnsembleHead(nn.Module):
         """Raw logits ``(N, 1 + num_decays, C)`` of ``[online, copies of each sample's expert]``."""
         features = self._check_features(features)
         ids = check_expert_ids(
-            expert_ids, features.shape[0], self.num_experts, owner="TemporalEnsembleHead", device=features.device,
+            expert_ids, features.shape[0], self.num_experts, caller="TemporalEnsembleHead", device=features.device,
             check_range=self._checks_values(features),
         )
         online = self.online(features)
@@ -266,7 +266,7 @@ class TemporalEnsembleHead(nn.Module):
 
     def _check_features(self, features: Tensor) -> Tensor:
         return check_features(
-            features, self.in_features, owner="TemporalEnsembleHead", device=self.online.weight.device,
+            features, self.in_features, caller="TemporalEnsembleHead", device=self.online.weight.device,
             check_finite=isinstance(features, Tensor) and self._checks_values(features),
         )
 
@@ -308,7 +308,7 @@ class TemporalEnsembleHead(nn.Module):
         self.active_expert = self._check_saved_state(state, self.num_experts)
 
     def _check_saved_state(self, state: Any, num_experts: int) -> int:
-        saved = check_settings(state, {}, owner="TemporalEnsembleHead.load_state_dict", adopted=("active_expert",), fixes={})
+        saved = check_settings(state, {}, caller="TemporalEnsembleHead.load_state_dict", adopted=("active_expert",), fixes={})
         active = saved["active_expert"]
         if isinstance(active, bool) or not isinstance(active, int) or not 0 <= active < max(1, num_experts):
             raise InvalidParameterError(
@@ -325,7 +325,7 @@ class TemporalEnsembleHead(nn.Module):
             return super()._load_from_state_dict(
                 state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
             )
-        entries = checkpoint_entries(state_dict, prefix, names, owner="TemporalEnsembleHead.load_state_dict")
+        entries = checkpoint_entries(state_dict, prefix, names, caller="TemporalEnsembleHead.load_state_dict")
         if self.ema_bias is None and holds_any(state_dict, prefix, ("online.bias", "ema_bias")):
             raise InvalidParameterError(
                 "TemporalEnsembleHead.load_state_dict: the checkpoint's classifier has a bias but this head's has "
@@ -344,18 +344,18 @@ class TemporalEnsembleHead(nn.Module):
 
     def _check_banks(self, entries: Dict[str, Tensor], prefix: str) -> int:
         """Checks the checkpoint's tensors against this head's layout; returns its expert count."""
-        owner = "TemporalEnsembleHead.load_state_dict"
+        caller = "TemporalEnsembleHead.load_state_dict"
         classes, width = self.num_classes, self.in_features
         decays = self.num_decays
         fix = "build the head with the checkpoint's classifier shape and number of decays"
-        check_entry(entries["online.weight"], prefix + "online.weight", (classes, width), owner=owner, fix=fix)
-        check_entry(entries["decays"], prefix + "decays", (decays,), owner=owner, fix=fix)
-        check_entry(entries["ema_weight"], prefix + "ema_weight", (None, decays, classes, width), owner=owner, fix=fix)
+        check_entry(entries["online.weight"], prefix + "online.weight", (classes, width), caller=caller, fix=fix)
+        check_entry(entries["decays"], prefix + "decays", (decays,), caller=caller, fix=fix)
+        check_entry(entries["ema_weight"], prefix + "ema_weight", (None, decays, classes, width), caller=caller, fix=fix)
         experts = entries["ema_weight"].shape[0]
-        check_entry(entries["num_updates"], prefix + "num_updates", (experts,), owner=owner, integer=True)
+        check_entry(entries["num_updates"], prefix + "num_updates", (experts,), caller=caller, integer=True)
         if self.ema_bias is not None:
-            check_entry(entries["online.bias"], prefix + "online.bias", (classes,), owner=owner, fix=fix)
-            check_entry(entries["ema_bias"], prefix + "ema_bias", (experts, decays, classes), owner=owner, fix=fix)
+            check_entry(entries["online.bias"], prefix + "online.bias", (classes,), caller=caller, fix=fix)
+            check_entry(entries["ema_bias"], prefix + "ema_bias", (experts, decays, classes), caller=caller, fix=fix)
         return experts
 
     def extra_repr(self) -> str:

@@ -21,7 +21,7 @@ def class_mask(
     classes: Tensor, num_classes: int, *, dtype: torch.dtype = torch.float32, device: Optional[torch.device] = None
 ) -> Tensor:
     """``(num_classes,)`` mask that is 0 at every index in ``classes`` and ``-inf`` elsewhere."""
-    num_classes = check_int(num_classes, "num_classes", owner="class_mask", minimum=0)
+    num_classes = check_int(num_classes, "num_classes", caller="class_mask", minimum=0)
     if not isinstance(classes, Tensor) or classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
         raise InvalidParameterError(
             f"class_mask: classes must be an integer tensor, got {getattr(classes, 'dtype', type(classes).__name__)}"
@@ -55,8 +55,8 @@ def seen_class_mask(
         >>> seen_class_mask(2, 4)
         tensor([0., 0., -inf, -inf])
     """
-    num_classes = check_int(num_classes, "num_classes", owner="seen_class_mask", minimum=0)
-    num_seen = check_int(num_seen, "num_seen", owner="seen_class_mask", minimum=0, maximum=num_classes)
+    num_classes = check_int(num_classes, "num_classes", caller="seen_class_mask", minimum=0)
+    num_seen = check_int(num_seen, "num_seen", caller="seen_class_mask", minimum=0, maximum=num_classes)
     mask = torch.full((num_classes,), float("-inf"), dtype=dtype, device=device)
     mask[:num_seen] = 0
     return mask

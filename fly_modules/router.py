@@ -82,10 +82,10 @@ class RandomExpansion(nn.Module):
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        self.in_features = check_int(in_features, "in_features", owner="RandomExpansion", minimum=1)
-        self.out_features = SHARED_PARAMETERS["expansion_dim"].check(out_features, "out_features", owner="RandomExpansion")
-        self.activation = check_choice(activation, "activation", _ACTIVATIONS, owner="RandomExpansion")
-        self.seed = check_shared(seed, "seed", owner="RandomExpansion")
+        self.in_features = check_int(in_features, "in_features", caller="RandomExpansion", minimum=1)
+        self.out_features = SHARED_PARAMETERS["expansion_dim"].check(out_features, "out_features", caller="RandomExpansion")
+        self.activation = check_choice(activation, "activation", _ACTIVATIONS, caller="RandomExpansion")
+        self.seed = check_shared(seed, "seed", caller="RandomExpansion")
         generator = torch.Generator(device="cpu").manual_seed(self.seed)
         weight = torch.randn(self.out_features, self.in_features, generator=generator, dtype=torch.float32)
         self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
@@ -223,14 +223,14 @@ class AnalyticRouter(nn.Module):
     ) -> None:
         super().__init__()
         self._pending = _blocked.PendingRows()
-        self.fold_rows = None if fold_rows is None else check_int(fold_rows, "fold_rows", owner="AnalyticRouter", minimum=1)
-        num_experts = check_shared(num_experts, "num_experts", owner="AnalyticRouter")
-        expansion_dim = check_shared(expansion_dim, "expansion_dim", owner="AnalyticRouter")
-        seed = check_shared(seed, "seed", owner="AnalyticRouter")
-        check_choice(stats_dtype, "stats_dtype", (torch.float32, torch.float64), owner="AnalyticRouter")
-        self.ridge = check_shared(ridge, "ridge", owner="AnalyticRouter")
+        self.fold_rows = None if fold_rows is None else check_int(fold_rows, "fold_rows", caller="AnalyticRouter", minimum=1)
+        num_experts = check_shared(num_experts, "num_experts", caller="AnalyticRouter")
+        expansion_dim = check_shared(expansion_dim, "expansion_dim", caller="AnalyticRouter")
+        seed = check_shared(seed, "seed", caller="AnalyticRouter")
+        check_choice(stats_dtype, "stats_dtype", (torch.float32, torch.float64), caller="AnalyticRouter")
+        self.ridge = check_shared(ridge, "ridge", caller="AnalyticRouter")
         self.ridge_grid = _check_ridge_grid(ridge_grid)
-        self.solver = check_choice(solver, "solver", _SOLVERS, owner="AnalyticRouter")
+        self.solver = check_choice(solver, "solver", _SOLVERS, caller="AnalyticRouter")
         self.expansion = RandomExpansion(
             in_features, expansion_dim, activation=activation, seed=seed, device=device, dtype=stats_dtype
         )
@@ -295,7 +295,7 @@ class AnalyticRouter(nn.Module):
         A cached solution is extended with zero columns instead of being recomputed: a new expert has
         no samples, so its ridge weights are exactly zero.
         """
-        count = check_int(count, "count", owner="AnalyticRouter.add_expert", minimum=1)
+        count = check_int(count, "count", caller="AnalyticRouter.add_expert", minimum=1)
         self.flush()
         fresh = self._solution is not None and self._solution_key == self._statistics_key()
         self.cross = torch.cat([self.cross, self.cross.new_zeros(self.cross.shape[0], count)], dim=1)
@@ -328,18 +328,18 @@ class AnalyticRouter(nn.Module):
             all_gather_update(self, features, expert_ids, self.process_group)
             return
         # Finiteness is checked by _accumulate's reduction, which also gives the peak: one host read.
-        features, ids = self._check_batch(features, expert_ids, owner="AnalyticRouter.update", check_finite=False)
+        features, ids = self._check_batch(features, expert_ids, caller="AnalyticRouter.update", check_finite=False)
         self._accumulate(features, ids)
 
     def _check_batch(
-        self, features: Tensor, expert_ids: Union[int, Tensor], *, owner: str, allow_empty: bool = False,
+        self, features: Tensor, expert_ids: Union[int, Tensor], *, caller: str, allow_empty: bool = False,
         check_finite: bool = True,
     ) -> Tuple[Tensor, Tensor]:
         """The validated batch: the features as given, ``(N,)`` long expert ids."""
         device = self.device
-        features = check_features(features, self.in_features, owner=owner, device=device, allow_empty=allow_empty,
+        features = check_features(features, self.in_features, caller=caller, device=device, allow_empty=allow_empty,
                                   check_finite=check_finite)
-        ids = check_expert_ids(expert_ids, features.shape[0], self.num_experts, owner=owner, device=device)
+        ids = check_expert_ids(expert_ids, features.shape[0], self.num_experts, caller=caller, device=device)
         return features, ids
 
     def _expand(self, features: Tensor, peak: float) -> Tensor:
@@ -353,7 +353,7 @@ class AnalyticRouter(nn.Module):
         """Add a validated batch to the statistics (or reject it, unchanged, when it would overflow)."""
         if features.shape[0] == 0:
             return
-        feature_peak = finite_peak(features, owner="AnalyticRouter.update")
+        feature_peak = finite_peak(features, caller="AnalyticRouter.update")
         phi = self._expand(features, feature_peak)
         # Finite features can still overflow the statistics once cast and expanded; reject the batch
         # before anything is added (each entry of G grows by at most N * max|phi|^2 here). The bound
@@ -507,9 +507,9 @@ class AnalyticRouter(nn.Module):
     def forward(self, features: Tensor) -> Tensor:
         """Routing scores ``(N, num_experts)`` of the experts created so far."""
         features = check_features(
-            features, self.in_features, owner="AnalyticRouter", device=self.device, check_finite=False
+            features, self.in_features, caller="AnalyticRouter", device=self.device, check_finite=False
         )
-        peak = finite_peak(features, owner="AnalyticRouter")
+        peak = finite_peak(features, caller="AnalyticRouter")
         if self.num_experts == 0:
             raise NotFittedError("AnalyticRouter has no experts: pass num_experts or call add_expert()")
         solution = self._solve_if_stale()
@@ -560,7 +560,7 @@ class AnalyticRouter(nn.Module):
             state,
             {"ridge": self.ridge, "ridge_grid": self.ridge_grid, "solver": self.solver,
              "activation": self.expansion.activation},
-            owner="AnalyticRouter.load_state_dict",
+            caller="AnalyticRouter.load_state_dict",
             adopted=("seed",),
             fixes={"ridge": fix.format("ridge"), "ridge_grid": fix.format("ridge_grid"),
                    "solver": fix.format("solver"), "activation": "build the router with the checkpoint's activation"},
@@ -576,7 +576,7 @@ class AnalyticRouter(nn.Module):
             return super()._load_from_state_dict(
                 state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
             )
-        entries = checkpoint_entries(state_dict, prefix, names, owner="AnalyticRouter.load_state_dict")
+        entries = checkpoint_entries(state_dict, prefix, names, caller="AnalyticRouter.load_state_dict")
         # Checkpoints of version 1 have no settings, nor can a safetensors file hold them: the router
         # then keeps its own (documented); otherwise they must match.
         has_settings = extra_key in state_dict
@@ -596,15 +596,15 @@ class AnalyticRouter(nn.Module):
         self._mark_stale()
 
     def _check_statistics(self, entries: Dict[str, Tensor], prefix: str) -> None:
-        owner = "AnalyticRouter.load_state_dict"
+        caller = "AnalyticRouter.load_state_dict"
         width, dim = self.expansion.weight.shape
         layout = "build the router with in_features and expansion_dim of the checkpoint's router"
-        check_entry(entries["expansion.weight"], prefix + "expansion.weight", (width, dim), owner=owner, fix=layout)
+        check_entry(entries["expansion.weight"], prefix + "expansion.weight", (width, dim), caller=caller, fix=layout)
         m = self.expansion_dim
-        check_entry(entries["gram"], prefix + "gram", (m, m), owner=owner, fix=layout)
-        check_entry(entries["cross"], prefix + "cross", (m, None), owner=owner, fix=layout)
+        check_entry(entries["gram"], prefix + "gram", (m, m), caller=caller, fix=layout)
+        check_entry(entries["cross"], prefix + "cross", (m, None), caller=caller, fix=layout)
         experts = entries["cross"].shape[1]
-        check_entry(entries["counts"], prefix + "counts", (experts,), owner=owner, integer=True)
+        check_entry(entries["counts"], prefix + "counts", (experts,), caller=caller, integer=True)
 
     def extra_repr(self) -> str:
         return (
@@ -650,7 +650,7 @@ def _user_stacklevel() -> int:
 def _check_ridge_grid(grid: Optional[Sequence[float]]) -> Optional[List[float]]:
     if grid is None:
         return None
-    values = [check_float(value, f"ridge_grid[{i}]", owner="AnalyticRouter", above=0) for i, value in enumerate(grid)]
+    values = [check_float(value, f"ridge_grid[{i}]", caller="AnalyticRouter", above=0) for i, value in enumerate(grid)]
     if not values:
         raise InvalidParameterError("AnalyticRouter: ridge_grid must hold at least one value, got an empty sequence")
     return values

@@ -34,9 +34,9 @@ class SampleBudgetSchedule:
     """
 
     def __init__(self, samples_per_expert: int, num_experts: int) -> None:
-        owner = "SampleBudgetSchedule"
-        self.samples_per_expert = check_int(samples_per_expert, "samples_per_expert", owner=owner, minimum=1)
-        self.num_experts = check_int(num_experts, "num_experts", owner=owner, minimum=1)
+        caller = "SampleBudgetSchedule"
+        self.samples_per_expert = check_int(samples_per_expert, "samples_per_expert", caller=caller, minimum=1)
+        self.num_experts = check_int(num_experts, "num_experts", caller=caller, minimum=1)
         self.current = 0
         self.counter = 0
 
@@ -47,7 +47,7 @@ class SampleBudgetSchedule:
 
     def step(self, batch_size: int) -> List[int]:
         """Count a finished stream batch; returns the experts that start now (usually none)."""
-        self.counter += check_int(batch_size, "batch_size", owner="SampleBudgetSchedule.step", minimum=0)
+        self.counter += check_int(batch_size, "batch_size", caller="SampleBudgetSchedule.step", minimum=0)
         started = []
         while self.current < self.num_experts - 1 and self.counter >= self.samples_per_expert:
             self.counter -= self.samples_per_expert
@@ -73,12 +73,12 @@ class SessionSchedule:
     """
 
     def __init__(self, num_experts: int) -> None:
-        self.num_experts = check_int(num_experts, "num_experts", owner="SessionSchedule", minimum=1)
+        self.num_experts = check_int(num_experts, "num_experts", caller="SessionSchedule", minimum=1)
         self.current = 0
 
     def on_session_start(self, session: int) -> List[int]:
         """Called when ``session`` (0-based) starts; returns the experts that start now."""
-        session = check_int(session, "session", owner="SessionSchedule.on_session_start", minimum=0)
+        session = check_int(session, "session", caller="SessionSchedule.on_session_start", minimum=0)
         target = min(session, self.num_experts - 1)
         started = list(range(self.current + 1, target + 1))
         self.current = max(self.current, target)

@@ -108,11 +108,11 @@ def test_ensemble_training_logits_ema_closed_form_and_inference(name):
     model, original = build(case)
     reference = copy.deepcopy(model)
     optimizer = torch.optim.SGD(trainable(model), lr=0.5)
-    owner, attribute = case.head(model)
-    head = getattr(owner, attribute)
+    parent, attribute = case.head(model)
+    head = getattr(parent, attribute)
     handle = adapt(case, model, original, router=False, ensemble=True, optimizer=optimizer)
     ensemble = handle.ensemble
-    wrapper = getattr(owner, attribute)
+    wrapper = getattr(parent, attribute)
     assert ensemble.online is head and wrapper is not head and wrapper.weight is head.weight
     assert set(model.state_dict()) == set(reference.state_dict())
     x, y = batch()
@@ -151,15 +151,15 @@ def test_undo_restores_modules_and_removes_every_hook(name):
     case = CASES[name]
     model, original = build(case)
     reference = copy.deepcopy(model)
-    owner, attribute = case.head(model)
-    head = getattr(owner, attribute)
+    parent, attribute = case.head(model)
+    head = getattr(parent, attribute)
     optimizer = torch.optim.Adam(trainable(model), lr=1e-3)
     before = hook_counts(model, original)
     handle = adapt(case, model, original, optimizer=optimizer)
-    assert getattr(owner, attribute) is not head and len(optimizer._optimizer_step_post_hooks) == 1
+    assert getattr(parent, attribute) is not head and len(optimizer._optimizer_step_post_hooks) == 1
     handle.remove()
     handle.remove()
-    assert getattr(owner, attribute) is head and owner._modules[attribute] is head
+    assert getattr(parent, attribute) is head and parent._modules[attribute] is head
     assert list(model.state_dict()) == list(reference.state_dict())  # the children's order too
     assert hook_counts(model, original) == before and len(optimizer._optimizer_step_post_hooks) == 0
     for module in model.modules():
@@ -259,20 +259,20 @@ def test_hide_router_needs_router_features():
 def test_set_instance_attribute_undo_puts_modules_parameters_and_attributes_back():
     from fly_modules.adapters._handle import Retrofit
 
-    owner = Bare()
-    owner.scale = 2.0
-    head, weight = owner.head, owner.head.weight
-    handle = Retrofit(owner, router=None, ensemble=None, schedule=None, start_method_expert=lambda e: None,
+    parent = Bare()
+    parent.scale = 2.0
+    head, weight = parent.head, parent.head.weight
+    handle = Retrofit(parent, router=None, ensemble=None, schedule=None, start_method_expert=lambda e: None,
                       banks_of_expert=lambda e: [e])
-    handle.install.set_attribute(owner, "head", nn.Identity())
+    handle.install.set_attribute(parent, "head", nn.Identity())
     handle.install.set_attribute(head, "weight", nn.Parameter(torch.zeros_like(weight)))
-    handle.install.set_attribute(owner, "scale", 3.0)
-    handle.install.set_attribute(owner, "forward", lambda x: x)
-    assert isinstance(owner.head, nn.Identity) and owner.scale == 3.0 and "forward" in vars(owner)
+    handle.install.set_attribute(parent, "scale", 3.0)
+    handle.install.set_attribute(parent, "forward", lambda x: x)
+    assert isinstance(parent.head, nn.Identity) and parent.scale == 3.0 and "forward" in vars(parent)
     handle.remove()
-    assert owner.head is head and owner._modules["head"] is head and "head" not in vars(owner)
+    assert parent.head is head and parent._modules["head"] is head and "head" not in vars(parent)
     assert head.weight is weight and head._parameters["weight"] is weight
-    assert owner.scale == 2.0 and "forward" not in vars(owner)
+    assert parent.scale == 2.0 and "forward" not in vars(parent)
     with pytest.raises(ValueError, match=r"\(C,\) or \(B, C\)"):
         handle.set_logit_mask(torch.zeros(1, 2, 3))
 

@@ -69,15 +69,15 @@ def test_variant_names_are_checked_before_any_work(data):
         run_reference(RunSpec("l2p", "oracle", "synthetic", 1), PROTOCOL, *data, device=CPU)
 
 
-def _spy(monkeypatch, calls, owner, name, label=None, when=None):
-    original = getattr(owner, name)
+def _spy(monkeypatch, calls, target, name, label=None, when=None):
+    original = getattr(target, name)
 
     def wrapper(self, *args, **kwargs):
         if when is None or when(self, *args, **kwargs):
             calls.append(label(self, *args, **kwargs) if callable(label) else (label or name))
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(owner, name, wrapper)
+    monkeypatch.setattr(target, name, wrapper)
 
 
 @pytest.mark.parametrize("method", ["hide", "dualprompt"])  # session-aware and sample-budget schedules

@@ -29,7 +29,7 @@ def build_ensemble(**kwargs):
     return TemporalEnsembleHead(nn.Linear(4, 3), **kwargs)
 
 
-#: layer -> (owner in its messages, the parameters it takes, a call with one of them)
+#: layer -> (caller in its messages, the parameters it takes, a call with one of them)
 LIBRARY = {
     "AnalyticRouter": ("AnalyticRouter", set(inspect.signature(AnalyticRouter).parameters), build_router),
     "TemporalEnsembleHead": ("TemporalEnsembleHead", set(inspect.signature(TemporalEnsembleHead).parameters),
@@ -78,14 +78,14 @@ def test_every_parameter_two_layers_share_is_in_the_table():
 
 @pytest.mark.parametrize("layer", sorted(LIBRARY))
 def test_each_library_layer_refuses_what_the_table_refuses_with_its_message(layer):
-    owner, parameters, build = LIBRARY[layer]
+    caller, parameters, build = LIBRARY[layer]
     names = sorted(parameters & set(SHARED_PARAMETERS))
     assert names, layer
     for name in names:
         for value, _ in REFUSED[name]:
             with pytest.raises(InvalidParameterError) as refused:
                 build(**{name: value})
-            assert str(refused.value) == f"{owner}: {table_message(name, value)}", (layer, name, value)
+            assert str(refused.value) == f"{caller}: {table_message(name, value)}", (layer, name, value)
         for value, _ in ACCEPTED[name]:
             build(**{name: value})
 

@@ -404,7 +404,7 @@ class MVP(nn.Module):
         self.use_last_layer, self.use_contrastiv, self.use_mask = use_last_layer, True, True
 
     def forward_features(self, inputs: Tensor, **kwargs: Any) -> Tuple[Tensor, Tensor]:
-        self.backbone.eval()  # as upstream: the classifier's owner is in eval mode during training too
+        self.backbone.eval()  # as upstream: the module holding the classifier is in eval mode during training too
         with torch.no_grad():
             tokens = embed(self.backbone, inputs)
             query = tokens.clone()

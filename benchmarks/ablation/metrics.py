@@ -94,7 +94,7 @@ def count_correct(predictions: Tensor, targets: Tensor, num_classes: int) -> tup
             f"predictions and targets must be 1-D of equal length, got shapes {tuple(predictions.shape)} "
             f"and {tuple(targets.shape)}"
         )
-    num_classes = check_int(num_classes, "num_classes", owner="count_correct", minimum=0)
+    num_classes = check_int(num_classes, "num_classes", caller="count_correct", minimum=0)
     targets = targets.long()
     if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= num_classes):
         raise ValueError(
@@ -235,9 +235,9 @@ class EvaluationLog:
             )
         rec = EvalRecord(
             kind=kind,
-            timestamp=check_int(timestamp, "timestamp", owner="EvaluationLog.record", minimum=0),
-            samples_seen=check_int(samples_seen, "samples_seen", owner="EvaluationLog.record", minimum=0),
-            session=check_int(session, "session", owner="EvaluationLog.record", minimum=0),
+            timestamp=check_int(timestamp, "timestamp", caller="EvaluationLog.record", minimum=0),
+            samples_seen=check_int(samples_seen, "samples_seen", caller="EvaluationLog.record", minimum=0),
+            session=check_int(session, "session", caller="EvaluationLog.record", minimum=0),
             correct=correct_v,
             total=total_v,
         )
@@ -333,7 +333,7 @@ class AnytimeEvalTrigger:
 
     def __init__(self, period: Optional[int] = 1000, *, rule: TriggerRule = "flygcl") -> None:
         if period is not None:
-            period = check_int(period, "period", owner="AnytimeEvalTrigger", minimum=1)
+            period = check_int(period, "period", caller="AnytimeEvalTrigger", minimum=1)
         if rule not in ("flygcl", "sib", "reached"):
             raise ValueError(f"rule must be 'flygcl', 'sib' or 'reached', got {rule!r}")
         self.period = period
@@ -349,8 +349,8 @@ class AnytimeEvalTrigger:
         """
         if self.next_mark is None:
             return None
-        samples_seen = check_int(samples_seen, "samples_seen", owner="AnytimeEvalTrigger.step", minimum=0)
-        batch_size = check_int(batch_size, "batch_size", owner="AnytimeEvalTrigger.step", minimum=0)
+        samples_seen = check_int(samples_seen, "samples_seen", caller="AnytimeEvalTrigger.step", minimum=0)
+        batch_size = check_int(batch_size, "batch_size", caller="AnytimeEvalTrigger.step", minimum=0)
         if self.rule == "flygcl":
             due = samples_seen + batch_size > self.next_mark
         elif self.rule == "sib":
@@ -442,9 +442,9 @@ def session_accuracy_matrix(log: EvaluationLog, class_session: Optional[ArrayLik
     for row, rec in enumerate(ends):
         if rec.num_exposed == 0:
             continue
-        owner = mapping[: rec.num_exposed]
-        correct = np.bincount(owner, weights=rec.correct, minlength=num_sessions)
-        total = np.bincount(owner, weights=rec.total, minlength=num_sessions)
+        session_of_sample = mapping[: rec.num_exposed]
+        correct = np.bincount(session_of_sample, weights=rec.correct, minlength=num_sessions)
+        total = np.bincount(session_of_sample, weights=rec.total, minlength=num_sessions)
         has_data = total > 0
         matrix[row, has_data] = correct[has_data] / total[has_data]
     return matrix

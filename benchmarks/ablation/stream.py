@@ -310,7 +310,7 @@ class SiBlurryStream(_StreamSetting):
         With several ranks each session is truncated to a multiple of ``world_size`` (reference
         behaviour: the ``n_s mod world_size`` last samples of the session order are dropped).
         """
-        world_size = check_int(world_size, "world_size", owner="SiBlurryStream.session_sizes", minimum=1)
+        world_size = check_int(world_size, "world_size", caller="SiBlurryStream.session_sizes", minimum=1)
         sizes = torch.tensor([int(o.numel()) for o in self.session_orders], dtype=torch.long)
         return sizes // world_size * world_size
 
@@ -410,7 +410,7 @@ class SiBlurryStream(_StreamSetting):
         (gather of each rank's list, then de-duplication), so inside a global batch rank 0's samples
         come first; pass ``batch_size`` (global) and ``world_size`` to reproduce that order.
         """
-        world_size = check_int(world_size, "world_size", owner="SiBlurryStream.exposure_order", minimum=1)
+        world_size = check_int(world_size, "world_size", caller="SiBlurryStream.exposure_order", minimum=1)
         orders = self.effective_session_orders(world_size)
         if world_size > 1:
             if batch_size is None:
@@ -472,13 +472,13 @@ class SiBlurryStream(_StreamSetting):
     # -- private -------------------------------------------------------------------------------------
 
     def _check_session(self, session: int) -> None:
-        check_int(session, "session", owner="SiBlurryStream", minimum=0, maximum=self.num_sessions - 1)
+        check_int(session, "session", caller="SiBlurryStream", minimum=0, maximum=self.num_sessions - 1)
 
     @staticmethod
     def _check_batching(batch_size: int, rank: int, world_size: int, *, return_rank: bool = False):
-        batch_size = check_int(batch_size, "batch_size", owner="SiBlurryStream", minimum=1)
-        world_size = check_int(world_size, "world_size", owner="SiBlurryStream", minimum=1)
-        rank = check_int(rank, "rank", owner="SiBlurryStream", minimum=0, maximum=world_size - 1)
+        batch_size = check_int(batch_size, "batch_size", caller="SiBlurryStream", minimum=1)
+        world_size = check_int(world_size, "world_size", caller="SiBlurryStream", minimum=1)
+        rank = check_int(rank, "rank", caller="SiBlurryStream", minimum=0, maximum=world_size - 1)
         if batch_size % world_size:
             raise ValueError(
                 f"batch_size is the global batch size and must be a multiple of world_size so that every "
@@ -520,14 +520,14 @@ _BUILD = "build_si_blurry_stream"
 def _checked_setting(labels: LabelVector, num_sessions: object, disjoint_ratio: object, blurry_ratio: object,
                      seed: object, split: object, num_classes: object) -> _StreamSetting:
     """The arguments of :func:`build_si_blurry_stream`, checked."""
-    num_sessions = check_int(num_sessions, "num_sessions", owner=_BUILD, minimum=1)
+    num_sessions = check_int(num_sessions, "num_sessions", caller=_BUILD, minimum=1)
     r_disjoint = _check_ratio(disjoint_ratio, "disjoint_ratio")
     r_blurry = _check_ratio(blurry_ratio, "blurry_ratio")
-    seed = check_int(seed, "seed", owner=_BUILD)
+    seed = check_int(seed, "seed", caller=_BUILD)
     if split not in ("random", "equal"):
         raise ValueError(f"split must be 'random' (the paper's protocol) or 'equal', got {split!r}")
     if num_classes is not None:
-        num_classes = check_int(num_classes, "num_classes", owner=_BUILD, minimum=1)
+        num_classes = check_int(num_classes, "num_classes", caller=_BUILD, minimum=1)
     targets = check_label_vector(labels, num_classes)
     if num_classes is None:
         num_classes = int(targets.max()) + 1

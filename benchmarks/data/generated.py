@@ -281,8 +281,8 @@ class SyntheticImageDataset(TensorImageDataset):
 
 def synthetic_class_split(num_upstream: int, num_downstream: int) -> Tuple[Tensor, Tensor]:
     """Disjoint global class ids: upstream (pretraining) ``0..U-1``, downstream (continual) ``U..U+D-1``."""
-    num_upstream = check_int(num_upstream, "num_upstream", owner="synthetic_class_split", minimum=0)
-    num_downstream = check_int(num_downstream, "num_downstream", owner="synthetic_class_split", minimum=0)
+    num_upstream = check_int(num_upstream, "num_upstream", caller="synthetic_class_split", minimum=0)
+    num_downstream = check_int(num_downstream, "num_downstream", caller="synthetic_class_split", minimum=0)
     return torch.arange(num_upstream), torch.arange(num_upstream, num_upstream + num_downstream)
 
 
@@ -329,7 +329,7 @@ def make_synthetic_dataset(
         raise ValueError("class_ids is empty; a dataset needs at least one class")
     if int(ids.min()) < 0 or torch.unique(ids).numel() != ids.numel():
         raise ValueError("class_ids must be distinct non-negative ints")
-    samples_per_class = check_int(samples_per_class, "samples_per_class", owner="make_synthetic_dataset", minimum=1)
+    samples_per_class = check_int(samples_per_class, "samples_per_class", caller="make_synthetic_dataset", minimum=1)
     image_size = _check_image_size(image_size)
     if image_size < 8:
         raise ValueError(f"image_size must be at least 8 pixels to draw shapes, got {image_size}")

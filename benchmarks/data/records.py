@@ -340,5 +340,5 @@ class FolderImageDataset(ImageDataset):
 
 
 def _check_image_size(image_size: int) -> int:
-    return check_int(image_size, "image_size", owner="benchmarks.data", minimum=1)
+    return check_int(image_size, "image_size", caller="benchmarks.data", minimum=1)
 

@@ -75,13 +75,13 @@ class DualPrompt(ConcatPromptMethod):
                 f"{type(self).__name__}: pool_size {pool_size} is smaller than num_experts {self.num_experts}; "
                 "every step needs at least one slot"
             )
-        g_prompt_length = check_int(g_prompt_length, "g_prompt_length", owner=type(self).__name__, minimum=1)
-        e_prompt_length = check_int(e_prompt_length, "e_prompt_length", owner=type(self).__name__, minimum=1)
+        g_prompt_length = check_int(g_prompt_length, "g_prompt_length", caller=type(self).__name__, minimum=1)
+        e_prompt_length = check_int(e_prompt_length, "e_prompt_length", caller=type(self).__name__, minimum=1)
         self.pool_size = pool_size
         self.slots_per_step = pool_size // self.num_experts
-        owner = type(self).__name__
-        self.g_layers = resolve_layers(g_prompt_layers, self.depth, default=(0, 1), what=f"{owner} G-prompt")
-        self.e_layers = resolve_layers(e_prompt_layers, self.depth, default=(2, 3, 4), what=f"{owner} E-prompt")
+        caller = type(self).__name__
+        self.g_layers = resolve_layers(g_prompt_layers, self.depth, default=(0, 1), what=f"{caller} G-prompt")
+        self.e_layers = resolve_layers(e_prompt_layers, self.depth, default=(2, 3, 4), what=f"{caller} E-prompt")
         self.g_prompt_length = int(g_prompt_length)
         self.e_prompt_length = int(e_prompt_length)
         self.key_pull_weight = float(key_pull_weight)

@@ -72,7 +72,7 @@ class FlyPrompt(ConcatPromptMethod):
         aggregate: str = "softmax_max",
     ) -> None:
         super().__init__(backbone, num_classes, num_experts=num_experts)
-        prompt_length = check_int(prompt_length, "prompt_length", owner="FlyPrompt", minimum=1)
+        prompt_length = check_int(prompt_length, "prompt_length", caller="FlyPrompt", minimum=1)
         self.prompt_layers = resolve_layers(prompt_layers, self.depth, default=(0, 1, 2, 3, 4), what="FlyPrompt prompt")
         self.prompt_length = int(prompt_length)
         factory = self._factory()

@@ -171,12 +171,12 @@ class HiDeMethod(PromptMethod):
         if num_tasks is not None and num_experts is not None and num_tasks != num_experts:
             raise ValueError(f"num_tasks ({num_tasks}) and its alias num_experts ({num_experts}) disagree")
         num_tasks = num_tasks if num_tasks is not None else (num_experts if num_experts is not None else 5)
-        owner = type(self).__name__
-        self.num_classes = check_int(num_classes, "num_classes", owner=owner, minimum=1)
-        self.num_tasks = self.num_experts = check_int(num_tasks, "num_tasks", owner=owner, minimum=1)
-        self.ca_samples_per_class = check_int(ca_samples_per_class, "ca_samples_per_class", owner=owner, minimum=1)
-        self.ca_steps = check_int(ca_steps, "ca_steps", owner=owner, minimum=0)
-        self.ca_batch_size = check_int(ca_batch_size, "ca_batch_size", owner=owner, minimum=1)
+        caller = type(self).__name__
+        self.num_classes = check_int(num_classes, "num_classes", caller=caller, minimum=1)
+        self.num_tasks = self.num_experts = check_int(num_tasks, "num_tasks", caller=caller, minimum=1)
+        self.ca_samples_per_class = check_int(ca_samples_per_class, "ca_samples_per_class", caller=caller, minimum=1)
+        self.ca_steps = check_int(ca_steps, "ca_steps", caller=caller, minimum=0)
+        self.ca_batch_size = check_int(ca_batch_size, "ca_batch_size", caller=caller, minimum=1)
         nonnegative = (("lam_orth", lam_orth), ("ca_min_var", ca_min_var), ("ca_momentum", ca_momentum))
         for pname, value in nonnegative:
             if not value >= 0:
@@ -470,7 +470,7 @@ class HiDePrompt(HiDeMethod):
         self, dd: Dict[str, Any], *, prefix_length: int = 5, prefix_layers: Union[int, Sequence[int]] = 5,
         mixed_assembly: bool = False,
     ) -> None:
-        self.prefix_length = check_int(prefix_length, "prefix_length", owner=type(self).__name__, minimum=0)
+        self.prefix_length = check_int(prefix_length, "prefix_length", caller=type(self).__name__, minimum=0)
         self.prefix_layers = resolve_prefix_layers(prefix_layers, len(self.backbone.blocks))
         num_heads, head_dim = check_prefixable_backbone(self.backbone, self.prefix_layers)
         self._slot_of_layer: Dict[int, int] = {layer: s for s, layer in enumerate(self.prefix_layers)}

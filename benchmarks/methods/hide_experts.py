@@ -73,7 +73,7 @@ class HiDeLoRA(_BlockExperts):
         lora_alpha: float = 0.8,
     ) -> None:
         self._expert_layers(lora_layers)
-        rank = check_int(lora_rank, "lora_rank", owner=type(self).__name__, minimum=1)
+        rank = check_int(lora_rank, "lora_rank", caller=type(self).__name__, minimum=1)
         self.lora = TaskLoRA(self.expert_layers, self.num_tasks, self.embed_dim, rank, float(lora_alpha), dd)
 
     def experts_repr(self) -> str:
@@ -105,7 +105,7 @@ class HiDeAdapter(_BlockExperts):
         self, dd: Dict[str, Any], *, adapter_layers: Union[int, Sequence[int]] = 5, adapter_width: int = 20,
     ) -> None:
         self._expert_layers(adapter_layers)
-        width = check_int(adapter_width, "adapter_width", owner=type(self).__name__, minimum=1)
+        width = check_int(adapter_width, "adapter_width", caller=type(self).__name__, minimum=1)
         self.adapter = TaskAdapter(self.expert_layers, self.num_tasks, self.embed_dim, width, dd)
 
     def experts_repr(self) -> str:

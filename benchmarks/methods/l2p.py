@@ -57,8 +57,8 @@ class L2P(ConcatPromptMethod):
         diversified: bool = False,
     ) -> None:
         super().__init__(backbone, num_classes, num_experts=num_experts)
-        prompt_length = check_int(prompt_length, "prompt_length", owner="L2P", minimum=1)
-        top_k = check_int(top_k, "top_k", owner="L2P", minimum=1)
+        prompt_length = check_int(prompt_length, "prompt_length", caller="L2P", minimum=1)
+        top_k = check_int(top_k, "top_k", caller="L2P", minimum=1)
         slice_size = pool_size // self.num_experts
         if slice_size < top_k:
             raise ValueError(

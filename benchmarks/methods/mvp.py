@@ -104,8 +104,8 @@ class MVP(ConcatPromptMethod):
             raise ValueError(
                 f"MVP: the query skips the last block, so the backbone needs >= 2 blocks, has {self.depth}"
             )
-        g_prompt_length = check_int(g_prompt_length, "g_prompt_length", owner="MVP", minimum=1)
-        e_prompt_length = check_int(e_prompt_length, "e_prompt_length", owner="MVP", minimum=1)
+        g_prompt_length = check_int(g_prompt_length, "g_prompt_length", caller="MVP", minimum=1)
+        e_prompt_length = check_int(e_prompt_length, "e_prompt_length", caller="MVP", minimum=1)
         self.g_layers = resolve_layers(g_prompt_layers, self.depth, default=(0, 1), what="MVP G-prompt")
         self.e_layers = resolve_layers(e_prompt_layers, self.depth, default=(2, 3, 4), what="MVP E-prompt")
         self.g_prompt_length = int(g_prompt_length)

@@ -187,7 +187,7 @@ def resolve_prefix_layers(prefix_layers: Union[int, Sequence[int]], depth: int) 
     if depth < 1:
         raise ValueError("the backbone has no transformer blocks to prefix")
     if isinstance(prefix_layers, int):
-        first = check_int(prefix_layers, "prefix_layers (the first n blocks)", owner="resolve_prefix_layers", minimum=1)
+        first = check_int(prefix_layers, "prefix_layers (the first n blocks)", caller="resolve_prefix_layers", minimum=1)
         return tuple(range(min(first, depth)))
     layers = tuple(sorted({int(i) for i in prefix_layers}))
     if not layers or layers[0] < 0 or layers[-1] >= depth:

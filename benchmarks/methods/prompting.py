@@ -220,8 +220,8 @@ class ConcatPromptMethod(PromptMethod):
     def __init__(self, backbone: nn.Module, num_classes: int, *, num_experts: int) -> None:
         super().__init__()
         check_vit(backbone, type(self).__name__)
-        num_classes = check_int(num_classes, "num_classes", owner=type(self).__name__, minimum=1)
-        num_experts = check_int(num_experts, "num_experts", owner=type(self).__name__, minimum=1)
+        num_classes = check_int(num_classes, "num_classes", caller=type(self).__name__, minimum=1)
+        num_experts = check_int(num_experts, "num_experts", caller=type(self).__name__, minimum=1)
         backbone.requires_grad_(False)
         backbone.eval()
         self.backbone = backbone

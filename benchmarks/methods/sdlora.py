@@ -88,13 +88,13 @@ class SDLoRA(PromptMethod):
         super().__init__()
         if num_tasks is not None and num_experts is not None and num_tasks != num_experts:
             raise ValueError(f"num_tasks ({num_tasks}) and its alias num_experts ({num_experts}) disagree")
-        owner = type(self).__name__
+        caller = type(self).__name__
         num_tasks = num_tasks if num_tasks is not None else (num_experts if num_experts is not None else 5)
-        self.num_classes = check_int(num_classes, "num_classes", owner=owner, minimum=1)
-        self.num_tasks = self.num_experts = check_int(num_tasks, "num_tasks", owner=owner, minimum=1)
-        self.rank = check_int(lora_rank, "lora_rank", owner=owner, minimum=1)
+        self.num_classes = check_int(num_classes, "num_classes", caller=caller, minimum=1)
+        self.num_tasks = self.num_experts = check_int(num_tasks, "num_tasks", caller=caller, minimum=1)
+        self.rank = check_int(lora_rank, "lora_rank", caller=caller, minimum=1)
         if not ortho_weight >= 0:
-            raise ValueError(f"{owner}: ortho_weight must be >= 0, found {ortho_weight!r}")
+            raise ValueError(f"{caller}: ortho_weight must be >= 0, found {ortho_weight!r}")
         self.alpha, self.ortho_weight = float(lora_alpha), float(ortho_weight)
         self.current_expert = 0
         self.backbone = backbone

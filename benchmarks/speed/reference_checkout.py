@@ -243,13 +243,13 @@ def _grad_scaler(enabled: bool) -> Any:
 
 
 @contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Callable[..., Any]) -> Iterator[None]:
-    original = owner.__dict__[name]
-    setattr(owner, name, value)
+def _patched(target: Any, name: str, value: Callable[..., Any]) -> Iterator[None]:
+    original = target.__dict__[name]
+    setattr(target, name, value)
     try:
         yield
     finally:
-        setattr(owner, name, original)
+        setattr(target, name, original)
 
 
 # ------------------------------------------------------------------- features and EMA banks

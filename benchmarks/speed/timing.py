@@ -148,7 +148,7 @@ def time_side_by_side(
     Returns:
         name -> list of ``repeats`` per-call times in seconds (take the median).
     """
-    repeats = check_int(repeats, "repeats", owner="time_side_by_side", minimum=1)
+    repeats = check_int(repeats, "repeats", caller="time_side_by_side", minimum=1)
     names = list(candidates)
     inner = dict(inner or {})
     times: Dict[str, List[float]] = {name: [] for name in names}

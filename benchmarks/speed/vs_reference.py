@@ -157,10 +157,10 @@ def time_each_call(function: Callable[..., Any], sink: List[float], sync: Callab
     return call
 
 
-def record_seconds(owner: Any, name: str, sink: List[float], sync: Callable[[], None],
+def record_seconds(target: Any, name: str, sink: List[float], sync: Callable[[], None],
                    clock: Callable[[], float]) -> None:
-    """Wrap ``owner.name`` (instance attribute) so that each call appends its duration to ``sink``."""
-    setattr(owner, name, time_each_call(getattr(owner, name), sink, sync, clock))
+    """Wrap ``target.name`` (instance attribute) so that each call appends its duration to ``sink``."""
+    setattr(target, name, time_each_call(getattr(target, name), sink, sync, clock))
 
 
 def build_variants(checkout: ref.Checkout, method: str, args: argparse.Namespace) -> Dict[str, Variant]:

@@ -17,13 +17,13 @@ from torch import Tensor
 __all__ = ["ExpandedRouter", "expert_ids"]
 
 
-def expert_ids(experts: Union[int, Tensor], rows: int, num_experts: int, owner: str) -> Tensor:
+def expert_ids(experts: Union[int, Tensor], rows: int, num_experts: int, caller: str) -> Tensor:
     """``(rows,)`` long expert ids from one id or a tensor, checked against ``num_experts``."""
     ids = torch.full((rows,), int(experts), dtype=torch.long) if isinstance(experts, int) else experts.long()
     if ids.shape != (rows,):
-        raise ValueError(f"{owner}.update: expected {rows} expert ids, got shape {tuple(ids.shape)}")
+        raise ValueError(f"{caller}.update: expected {rows} expert ids, got shape {tuple(ids.shape)}")
     if rows and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
-        raise ValueError(f"{owner}.update: expert ids must lie in [0, {num_experts}); got "
+        raise ValueError(f"{caller}.update: expert ids must lie in [0, {num_experts}); got "
                          f"[{int(ids.min())}, {int(ids.max())}]")
     return ids
 

@@ -36,19 +36,19 @@ def import_with_sklearn_stub(checkout: Path, modules: Sequence[str]) -> List[str
 
 
 @contextlib.contextmanager
-def instance_wrapper(owner: Any, name: str, wrap):
-    """Shadow ``owner.name`` by ``wrap(current)`` for the block (whatever was there, an adapter's wrapper
+def instance_wrapper(target: Any, name: str, wrap):
+    """Shadow ``target.name`` by ``wrap(current)`` for the block (whatever was there, an adapter's wrapper
     included, is put back exactly: an instance attribute, or none)."""
-    had = name in vars(owner)
-    saved = vars(owner).get(name)
-    setattr(owner, name, wrap(getattr(owner, name)))
+    had = name in vars(target)
+    saved = vars(target).get(name)
+    setattr(target, name, wrap(getattr(target, name)))
     try:
         yield
     finally:
         if had:
-            setattr(owner, name, saved)
+            setattr(target, name, saved)
         else:
-            delattr(owner, name)
+            delattr(target, name)
 
 
 class Seen:
