@@ -13,6 +13,8 @@ pytest.importorskip("timm")
 
 from benchmarks.fidelity.cli import main  # noqa: E402
 from benchmarks.fidelity.comparison import compare_method  # noqa: E402
+from benchmarks.fidelity.measures import base_name, tensor  # noqa: E402
+from benchmarks.fidelity.ours import OursSide  # noqa: E402
 from benchmarks.fidelity.pairs import PAIRS  # noqa: E402
 from benchmarks.fidelity.setting import Setting  # noqa: E402
 from benchmarks.speed import reference_checkout as ref  # noqa: E402
@@ -57,6 +59,35 @@ def test_a_trainable_tensor_left_out_of_the_map_is_an_error(checkout):
     weights = {k: v for k, v in PAIRS["l2p"].weights.items() if k != "prompt.key"}
     with pytest.raises(ValueError, match=r"\['prompt.key'.*not in the method's weight map"):
         compare_method(checkout, dataclasses.replace(PAIRS["l2p"], weights=weights), SMALL)
+
+
+def test_a_map_name_the_models_lack_is_an_error(checkout):
+    weights = {**PAIRS["l2p"].weights, "prompt.key_of_another_version": "keys"}
+    with pytest.raises(ValueError, match=r"names \['prompt.key_of_another_version'\], which the models do not have"):
+        compare_method(checkout, dataclasses.replace(PAIRS["l2p"], weights=weights), SMALL)
+
+
+def test_a_name_reads_a_view_of_one_entry():
+    state = {"bank": torch.arange(24.0).reshape(2, 3, 4)}
+    assert torch.equal(tensor(state, "bank[1,2]"), state["bank"][1, 2])
+    assert torch.equal(tensor(state, "bank[0,1:3]"), state["bank"][0, 1:3])
+    assert torch.equal(tensor(state, "bank#1"), state["bank"][:, 1])
+    assert base_name("bank[0,1:3]") == base_name("bank#1") == "bank"
+
+
+@pytest.mark.parametrize("method", ["hide-lora", "hide-adapter", "sd-lora"])
+def test_an_expert_map_reads_each_of_our_trainable_elements_once(method):
+    # The stand-in checkout has no task-expert models: their official half is compared on a FlyGCL
+    # checkout (docs/verification.md); here, that the map splits our banks into disjoint, complete views.
+    pair, setting = PAIRS[method], Setting()
+    ours = OursSide(pair, setting, *setting.data())
+    parameters = dict(ours.model.named_parameters())  # SD-LoRA's later banks are trainable from their task on
+    mapped = {base_name(name) for name in pair.weights.values()}
+    assert {name for name, p in parameters.items() if p.requires_grad} <= mapped <= set(parameters)
+    reads = {name: torch.zeros_like(parameters[name], dtype=torch.int64) for name in mapped}
+    for name in pair.weights.values():
+        tensor(reads, name).add_(1)
+    assert all(bool((count == 1).all()) for count in reads.values())
 
 
 def test_a_folder_that_is_not_a_checkout_fails_with_one_line(tmp_path, capsys):

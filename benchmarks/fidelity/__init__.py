@@ -7,6 +7,7 @@ weights on the same stream batches, then compared tensor by tensor and decision 
 * :mod:`.pairs`: which official class each method is compared with, and the map of their tensors;
 * :mod:`.official`, :mod:`.ours`: the two sides, each trained by its own code; :mod:`.flyprompt_state`,
   :mod:`.hide_state`: what FlyPrompt's and HiDe-Prompt's comparisons need beyond the tensors;
+  :mod:`.expert_state`: the tensor maps of the task experts (HiDe-LoRA, HiDe-Adapter, SD-LoRA);
 * :mod:`.evaluations`: the official trainer's evaluations at the runner's evaluation points;
 * :mod:`.measures`: tensor differences and decision agreement; :mod:`.comparison`: one method end to end;
 * :mod:`.row`, :mod:`.cli`: the table and the command line.

@@ -31,7 +31,16 @@ def checkout_commit(path: Path) -> str:
 
 
 def check_pairing(pair: MethodPair, official: OfficialSide, ours: OursSide) -> None:
-    """Every trainable tensor of either side is in the pair's map (none left out of the comparison)."""
+    """Every trainable tensor of either side is in the pair's map (none left out of the comparison), and
+    every name of the map is in the models (maps built for a number of experts or blocks fit only that)."""
+    official_state, our_state = official.state(), ours.state()
+    unknown = sorted(name for name in pair.weights if name not in official_state)
+    unknown += sorted(name for name in pair.weights.values() if base_name(name) not in our_state)
+    if unknown:
+        raise ValueError(
+            f"{pair.method}: the weight map names {unknown[:3]}, which the models do not have; expected the "
+            "tensors of models of the setting's experts and blocks; fix benchmarks/fidelity/pairs.py or the setting"
+        )
     official_trainable = set(official.trainable())
     our_trainable = {name for name, p in ours.model.named_parameters() if p.requires_grad}
     mapped_ours = {base_name(name) for name in pair.weights.values()}

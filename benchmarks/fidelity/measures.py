@@ -12,17 +12,30 @@ __all__ = ["TensorDifference", "agreement", "base_name", "copy_tensors", "tensor
 
 
 def base_name(name: str) -> str:
-    """The state entry a name reads: ``"e_prompt.prompt#1"`` reads ``e_prompt.prompt``."""
-    return name.split("#", 1)[0]
+    """The state entry a name reads: ``"e_prompt.prompt#1"`` and ``"banks.0.down[2,1]"`` read
+    ``e_prompt.prompt`` and ``banks.0.down``."""
+    return name.split("#", 1)[0].split("[", 1)[0]
 
 
 def tensor(state: Mapping[str, Tensor], name: str) -> Tensor:
-    """``state[name]``, or for ``"entry#k"`` the view ``state[entry][:, k]`` (one tensor of ours holding
-    two of theirs along its second axis, HiDe-Prompt's prefix keys and values)."""
+    """``state[name]``; for ``"entry#k"`` the view ``state[entry][:, k]`` (one tensor of ours holding
+    two of theirs along its second axis, HiDe-Prompt's prefix keys and values); for ``"entry[i,j]"`` the
+    view ``state[entry][i, j]``, a component ``a:b`` a slice (one tensor of ours stacking one of theirs
+    per block, the expert banks)."""
+    if name.endswith("]"):
+        entry, index = name[:-1].split("[", 1)
+        return state[entry][tuple(_index(component) for component in index.split(","))]
     if "#" not in name:
         return state[name]
     entry, index = name.split("#", 1)
     return state[entry][:, int(index)]
+
+
+def _index(component: str) -> "int | slice":
+    if ":" not in component:
+        return int(component)
+    start, stop = component.split(":")
+    return slice(int(start), int(stop))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
-from . import flyprompt_state, hide_state
+from . import expert_state, flyprompt_state, hide_state
+from .setting import Setting
 
 __all__ = ["MethodPair", "PAIRS"]
 
@@ -136,3 +137,26 @@ for _name, _weights in (("hide", _HIDE), ("norga", {**_HIDE, "backbone.act_scale
         note="lam_orth 0 on both sides (the orthogonality terms, where 6.2.4 lies, left out); classifier "
              "alignment: both sides reseeded before each session end",
     )
+
+# The task experts: the HiDe ones trained by HiDe-Prompt's official trainer, SD-LoRA by its own. The
+# official constructor options are the launch scripts' defaults (``--sdlora_rank 10 --sdlora_alpha 0.8``,
+# 5 expert blocks), which are our defaults too.
+_EXPERT_OPTIONS = {"sdlora_rank": 10, "sdlora_alpha": 0.8}
+_TASKS = Setting().num_experts
+for _name, _weights, _blocks in (("hide-lora", expert_state.hide_lora_weights, "num_lora_layers"),
+                                 ("hide-adapter", expert_state.hide_adapter_weights, "num_adapter_layers")):
+    PAIRS[_name] = dataclasses.replace(
+        PAIRS["hide"], method=_name, official=_name, weights=_weights(_TASKS),
+        official_kwargs={**_EXPERT_OPTIONS, _blocks: expert_state.EXPERT_BLOCKS},
+    )
+    PAIRS[f"{_name}-no-orth"] = dataclasses.replace(
+        PAIRS["hide-no-orth"], method=_name, official=_name, weights=_weights(_TASKS),
+        official_kwargs={**_EXPERT_OPTIONS, _blocks: expert_state.EXPERT_BLOCKS},
+    )
+PAIRS["sd-lora"] = MethodPair(
+    "sd-lora", "sd-lora", expert_state.sd_lora_weights(_TASKS), official_selection=lambda model: None,
+    official_kwargs={**_EXPERT_OPTIONS, "sdlora_layers": "all"},
+    setup_trainer=lambda trainer: setattr(trainer, "sdlora_ortho_weight", 0.0),
+    note="the orthogonality term off on both sides (--sdlora_ortho_weight 0, the configuration's default); "
+         "no selection (each class's logits come from every task's directions)",
+)

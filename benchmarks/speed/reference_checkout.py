@@ -45,6 +45,9 @@ CLASSES: Dict[str, Tuple[str, str, str, str]] = {
     "flyprompt": ("flyprompt", "FlyPrompt", "flyprompt", "FlyPrompt"),
     "hide": ("hide_norga_prefix_vit", "HiDePrefixModel", "hide_norga_trainer", "HiDeGCLTrainer"),
     "norga": ("hide_norga_prefix_vit", "NoRGaPrefixModel", "hide_norga_trainer", "NoRGaGCLTrainer"),
+    "hide-lora": ("hide_lora_vit", "HiDeLoRAModel", "hide_norga_trainer", "HiDeGCLTrainer"),
+    "hide-adapter": ("hide_adapter_vit", "HiDeAdapterModel", "hide_norga_trainer", "HiDeGCLTrainer"),
+    "sd-lora": ("sdlora", "SDLoRAModel", "sdlora", "SDLoRAGCL"),
 }
 # What every load imports, relative to the checkout; checked (with the methods' modules) before anything is imported.
 REQUIRED_FILES = (
