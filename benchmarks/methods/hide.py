@@ -18,7 +18,7 @@ from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, PromptMethod, QueryFeatures, frozen_cls, register_method
-from .prefix_attention import check_prefixable_backbone, prefixed_block, resolve_prefix_layers
+from .prefix_attention import check_prefixable_backbone, class_token_pass, prefixed_block, resolve_prefix_layers
 
 __all__ = ["HiDeOutput", "HiDeMethod", "PrefixPrompt", "HiDePrompt", "NoRGa"]
 
@@ -484,18 +484,13 @@ class HiDePrompt(HiDeMethod):
 
     def forward_features(self, x: Tensor, selection: Union[Tensor, int]) -> Tensor:
         """Prefixed pass with task ``selection`` (``(B,)`` long or one int) -> final-norm CLS ``(B, D)``."""
-        b = self.backbone
         task_ids = self._task_ids(selection, x.shape[0], x.device)
         prefix = self.e_prompt(task_ids)  # (L, 2, B, H, P, head_dim)
-        tokens = b.norm_pre(b.patch_drop(b._pos_embed(b.patch_embed(x))))
-        for i, block in enumerate(b.blocks):
-            slot = self._slot_of_layer.get(i)
-            if slot is None:
-                tokens = block(tokens)
-            else:
-                key, value = prefix[slot, 0], prefix[slot, 1]
-                tokens = prefixed_block(block, tokens, key, value, gate=self._gate(slot))
-        return b.norm(tokens)[:, 0]
+
+        def prefixed(block: nn.Module, tokens: Tensor, slot: int) -> Tensor:
+            return prefixed_block(block, tokens, prefix[slot, 0], prefix[slot, 1], gate=self._gate(slot))
+
+        return class_token_pass(self.backbone, x, self._slot_of_layer, prefixed)
 
     def _gate(self, slot: int) -> Optional[Tensor]:
         return None

@@ -15,7 +15,7 @@ from fly_modules._validation import check_int
 
 from .base import register_method
 from .hide import HiDeMethod
-from .prefix_attention import check_prefixable_backbone, expert_block, resolve_prefix_layers
+from .prefix_attention import check_prefixable_backbone, class_token_pass, expert_block, resolve_prefix_layers
 from .task_experts import GatheredAdapters, GatheredLoRA, TaskAdapter, TaskLoRA, Tasks
 
 __all__ = ["HiDeLoRA", "HiDeAdapter"]
@@ -35,13 +35,9 @@ class _BlockExperts(HiDeMethod):
 
     def forward_features(self, x: Tensor, selection: Union[Tensor, int]) -> Tensor:
         """Pass with task ``selection`` (one int for the batch, or ``(B,)`` long) -> final-norm CLS ``(B, D)``."""
-        b = self.backbone
         experts = self.gathered_experts(self._tasks(selection, x.shape[0], x.device))
-        tokens = b.norm_pre(b.patch_drop(b._pos_embed(b.patch_embed(x))))
-        for i, block in enumerate(b.blocks):
-            slot = self._slot_of_layer.get(i)
-            tokens = block(tokens) if slot is None else self.expert_block(experts, slot, block, tokens)
-        return b.norm(tokens)[:, 0]
+        return class_token_pass(self.backbone, x, self._slot_of_layer,
+                                lambda block, tokens, slot: self.expert_block(experts, slot, block, tokens))
 
     def gathered_experts(self, tasks: Tasks) -> Any:
         """The experts' weights of ``tasks`` for one pass."""

@@ -6,7 +6,7 @@ block's weights, never modifies timm's classes."""
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -148,6 +148,19 @@ def expert_block(
     x = x + dp1(ls1(prefix_attention(block.attn, normed, qkv_delta=delta)))
     mlp = dp2(ls2(block.mlp(block.norm2(x))))
     return x + mlp if beside_mlp is None else x + beside_mlp(x) + mlp
+
+
+def class_token_pass(
+    backbone: nn.Module, x: Tensor, slot_of_layer: Dict[int, int],
+    slotted_block: Callable[[nn.Module, Tensor, int], Tensor],
+) -> Tensor:
+    """The final-norm class token ``(B, D)`` of ``backbone`` on ``x``, the block at each layer of
+    ``slot_of_layer`` run as ``slotted_block(block, tokens, slot)`` (prefixes or experts) and the others as they are."""
+    tokens = backbone.norm_pre(backbone.patch_drop(backbone._pos_embed(backbone.patch_embed(x))))
+    for i, block in enumerate(backbone.blocks):
+        slot = slot_of_layer.get(i)
+        tokens = block(tokens) if slot is None else slotted_block(block, tokens, slot)
+    return backbone.norm(tokens)[:, 0]
 
 
 def check_prefixable_backbone(backbone: nn.Module, layers: Sequence[int]) -> Tuple[int, int]:

@@ -17,7 +17,7 @@ from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import PromptMethod, QueryFeatures, frozen_cls, register_method
-from .prefix_attention import check_prefixable_backbone, expert_block, resolve_prefix_layers
+from .prefix_attention import check_prefixable_backbone, class_token_pass, expert_block, resolve_prefix_layers
 
 __all__ = ["SDLoRA", "CombinedDirections", "sdlora_parameter_count"]
 
@@ -145,16 +145,9 @@ class SDLoRA(PromptMethod):
 
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         """Every task so far combined, whatever ``selection``: final-norm CLS ``(B, D)``."""
-        b = self.backbone
         directions = self.combined_directions()
-        tokens = b.norm_pre(b.patch_drop(b._pos_embed(b.patch_embed(x))))
-        for i, block in enumerate(b.blocks):
-            slot = self._slot_of_layer.get(i)
-            if slot is None:
-                tokens = block(tokens)
-            else:
-                tokens = expert_block(block, tokens, qkv_delta=partial(directions.qkv_delta, slot))
-        return b.norm(tokens)[:, 0]
+        return class_token_pass(self.backbone, x, self._slot_of_layer, lambda block, tokens, slot: expert_block(
+            block, tokens, qkv_delta=partial(directions.qkv_delta, slot)))
 
     def combined_directions(self) -> "CombinedDirections":
         """Every task so far, each ``up`` scaled by its coefficient (a finished task's ``m_t`` over its norms,

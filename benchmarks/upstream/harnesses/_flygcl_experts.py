@@ -36,15 +36,8 @@ class _ExpertCapture(Seen):
                 return inner(backbone, inputs, expert_ids)
             return call
 
-        def prompt(inner):
-            def call(*args, **kwargs):
-                output = inner(*args, **kwargs)
-                self.outputs.append(output[0].detach())
-                return output
-            return call
-
         self.stack.enter_context(instance_wrapper(getattr(self.model, self.experts_name), "forward", experts))
-        self.stack.enter_context(instance_wrapper(self.model, "forward_prompt", prompt))
+        self.stack.enter_context(instance_wrapper(self.model, "forward_prompt", self.keeping_outputs))
         return self
 
     def __exit__(self, *exc):

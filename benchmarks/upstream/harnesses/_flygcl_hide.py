@@ -46,16 +46,9 @@ class _PrefixCapture(Seen):
                 return inner(x, use_prefix, task_id)
             return call
 
-        def prompt(inner):
-            def call(*args, **kwargs):
-                output = inner(*args, **kwargs)
-                self.outputs.append(output[0].detach())
-                return output
-            return call
-
         self.stack = contextlib.ExitStack()
         self.stack.enter_context(instance_wrapper(self.model.backbone, "forward_features", features))
-        self.stack.enter_context(instance_wrapper(self.model, "forward_prompt", prompt))
+        self.stack.enter_context(instance_wrapper(self.model, "forward_prompt", self.keeping_outputs))
         return self
 
     def __exit__(self, *exc):

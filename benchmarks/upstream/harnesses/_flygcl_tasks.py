@@ -58,6 +58,14 @@ class Seen:
         self.experts: List[torch.Tensor] = []
         self.outputs: List[torch.Tensor] = []
 
+    def keeping_outputs(self, inner):
+        """``inner`` (a ``forward_prompt``) that also keeps the first element of each output."""
+        def call(*args, **kwargs):
+            output = inner(*args, **kwargs)
+            self.outputs.append(output[0].detach())
+            return output
+        return call
+
 
 class FlyGCLTaskPair(OnlineTrainerPair):
     """Shared by the four harnesses: task-boundary calls, the experts used, the official agreement."""
