@@ -9,7 +9,7 @@ the user's classes. ``retrofit(model, method=...)`` dispatches to the family reg
 from __future__ import annotations
 
 import importlib
-from typing import Any, Sequence, Union
+from typing import Any, Literal, Sequence, Union
 
 import torch
 from torch import nn
@@ -45,7 +45,7 @@ def retrofit(
     optimizer: Union[torch.optim.Optimizer, str, None] = None,
     schedule: Schedule = None,
     expansion_dim: int = 10_000,
-    ridge: Union[float, str] = 1e4,
+    ridge: Union[float, Literal["auto"]] = 1e4,
     seed: int = 0,
     decays: Sequence[float] = (0.9, 0.99),
     aggregate: str = "softmax_max",
