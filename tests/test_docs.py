@@ -1,4 +1,4 @@
-"""The README and docs/ against the tree: the layout names every module, every link resolves, and nothing
+"""The README and docs/ against the tree: the layouts name every module and top-level file, every link resolves, and nothing
 points outside the repository."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ WORKSPACE = "/" + "work" + "/"
 
 
 def layout_names() -> set:
-    """Every path the README's layout block names; an indented folder line opens a nested block."""
-    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
+    """Every path the module layout (docs/layout.md) names; an indented folder line opens a nested block."""
+    block = (ROOT / "docs" / "layout.md").read_text().split("## Layout", 1)[1]
     block = re.search(r"```\n(.*?)```", block, re.S).group(1)
     names, stack = set(), []  # stack of (indent, folder) of the open folder lines
     for line in block.splitlines():
@@ -41,19 +41,19 @@ def _expanded(named: set) -> list:
         other != name and other.startswith(name) for other in named)})
 
 
-def test_the_readme_layout_names_every_module_and_nothing_else():
+def test_the_module_layout_names_every_module_and_nothing_else():
     named = layout_names()
     for name in sorted(named):
-        assert (ROOT / name).exists(), f"the README layout names {name}, which does not exist"
+        assert (ROOT / name).exists(), f"docs/layout.md names {name}, which does not exist"
     for package in PACKAGES:
-        assert f"{package}/" in _expanded(named), f"the README layout lists nothing inside {package}/"
+        assert f"{package}/" in _expanded(named), f"docs/layout.md lists nothing inside {package}/"
     for folder in _expanded(named):
         for path in (ROOT / folder).iterdir():
             relative = path.relative_to(ROOT).as_posix()
             if path.is_dir() and not path.name.startswith(("_", ".")):
-                assert f"{relative}/" in named, f"{relative}/ is missing from the README layout"
+                assert f"{relative}/" in named, f"{relative}/ is missing from docs/layout.md"
             elif path.suffix == ".py" and path.name not in ("__init__.py", "__main__.py"):
-                assert relative in named, f"{relative} is missing from the README layout"
+                assert relative in named, f"{relative} is missing from docs/layout.md"
 
 
 def layout_top_level_files() -> set:
