@@ -75,7 +75,8 @@ def resolve(args: argparse.Namespace) -> Sweep:
             raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
     if not timm_has_model(protocol.model):
         raise UsageError(f"--model {protocol.model!r} is not a timm model name")
-    check_backbone_available(protocol.model, protocol.pretrained, protocol.weights)
+    if not (args.plan and protocol.weights is None):  # a plan times random weights where pretrained ones are absent
+        check_backbone_available(protocol.model, protocol.pretrained, protocol.weights)
     for name in datasets:  # a plan prices a missing dataset by its sizes
         if name != "synthetic" and not args.plan:
             check_dataset(name, args.data_root, download=args.download)
