@@ -23,7 +23,8 @@ from .results import trainings
 from .stream import build_si_blurry_stream
 from .variants import VARIANTS
 
-__all__ = ["PLAN_FORMAT", "PlanData", "TrainingWork", "count_work", "estimate", "format_plan", "make_plan", "training_key"]
+__all__ = ["PLAN_FORMAT", "PlanData", "TrainingWork", "count_work", "estimate", "format_plan", "inference_per_image",
+           "make_plan", "training_key"]
 
 PLAN_FORMAT = 1
 
@@ -108,6 +109,13 @@ def count_work(specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str
     return work
 
 
+def inference_per_image(unit: Dict[str, Any]) -> float:
+    """Seconds to infer one test image with one variant, from a probe's unit costs: its query pass and one
+    prompted pass (as the official code evaluates; no pass reused)."""
+    query = unit["frozen_per_image"] or unit["eval_parts"].get("eval/query", 0.0)
+    return query + unit["prompted_per_image"]
+
+
 def estimate(work: TrainingWork, unit: Dict[str, Any]) -> Dict[str, float]:
     """Seconds of one training from a probe's unit costs: ``ours`` (one training scoring every variant)
     and ``per_variant`` (one training per variant, as the official code runs the table)."""
@@ -118,8 +126,7 @@ def estimate(work: TrainingWork, unit: Dict[str, Any]) -> Dict[str, float]:
     evaluation = (work.eval_images * (scoring + work.selections * prompted)
                   + work.query_images * unit["frozen_per_image"]
                   + work.final_images * work.experts * prompted)
-    query = unit["frozen_per_image"] or unit["eval_parts"].get("eval/query", 0.0)
-    single = work.eval_images * (query + prompted)  # one variant: a query and one prompted pass per image
+    single = work.eval_images * inference_per_image(unit)
     per_variant = len(work.variants) * (unit["build"] + train + single)
     return {"build": unit["build"], "train": train, "evaluation": evaluation,
             "ours": unit["build"] + train + evaluation, "per_variant": per_variant}
