@@ -32,7 +32,10 @@ class BackbonePreset:
         ridge: the paper's router ridge lambda for this backbone.
         official_file: the checkpoint file the official code loads for it; where timm has no such
             weights, pass it (converted to a plain state dict when it is wrapped) with ``--weights``.
-        wrapped: ``(key, prefix)`` of the backbone's tensors inside that file (``None``: a plain state dict).
+        wrapped: ``(key, prefix)`` of the backbone's tensors inside that file (``None``: a plain state dict;
+            a file without ``key`` is read as a plain state dict).
+        timm_differs: ``""`` where timm's weights for ``model`` are the paper's; otherwise the weights a run
+            without ``--weights`` loads instead, said as a warning when it does.
     """
 
     label: str
@@ -40,19 +43,35 @@ class BackbonePreset:
     ridge: float
     official_file: str
     wrapped: Optional[Tuple[str, str]] = None
+    timm_differs: str = ""
 
+    def warning(self, name: str) -> str:
+        """The line a run of this backbone on timm's weights prints (``""`` where they are the paper's)."""
+        if not self.timm_differs:
+            return ""
+        return (f"--backbone {name} without --weights runs {self.timm_differs}, a training other than the paper's "
+                f"{self.label} ({self.official_file}); convert that file with python -m benchmarks.backbone {name} "
+                f"{self.official_file} {name}.safetensors and pass --weights {name}.safetensors")
+
+
+_TIMM_DEFAULT = "timm's default vit_base_patch16_224 weights (augreg2_in21k_ft_in1k)"
 
 #: the paper's backbones by name (docs/benchmark.md, "Backbones"); ``--backbone NAME`` selects one
 BACKBONES = {
     "sup21k": BackbonePreset("Sup-21K", "vit_base_patch16_224.orig_in21k", 1e4, "ViT-B_16.npz"),
-    "sup21k-1k": BackbonePreset("Sup-21K/1K", "vit_base_patch16_224.augreg_in21k_ft_in1k", 1e6,
-                                "vit_21k_1k_mepo_epoch_0.pth"),
-    "ibot21k": BackbonePreset("iBOT-21K", "vit_base_patch16_224", 1e7, "checkpoint.pth", ("teacher", "backbone.")),
+    # The official code reads this file into a ViT-B/16, plain or under "state_dict" (FlyGCL's
+    # vit_base_patch16_224_mepo_21k_1k); timm's tag is Google's AugReg ImageNet-21k -> 1k fine-tuning.
+    "sup21k-1k": BackbonePreset(
+        "Sup-21K/1K", "vit_base_patch16_224.augreg_in21k_ft_in1k", 1e6, "vit_21k_1k_mepo_epoch_0.pth",
+        ("state_dict", ""), "timm's augreg_in21k_ft_in1k weights (Google's AugReg ImageNet-21k pretraining, "
+                            "fine-tuned on ImageNet-1k)"),
+    "ibot21k": BackbonePreset("iBOT-21K", "vit_base_patch16_224", 1e7, "checkpoint.pth", ("teacher", "backbone."),
+                              _TIMM_DEFAULT),
     "ibot1k": BackbonePreset("iBOT-1K", "vit_base_patch16_224", 1e7, "ibot_vitbase16_pretrain.pth",
-                             ("state_dict", "")),
+                             ("state_dict", ""), _TIMM_DEFAULT),
     "dino1k": BackbonePreset("DINO-1K", "vit_base_patch16_224.dino", 1e7, "dino_vitbase16_pretrain.pth"),
     "mocov3-1k": BackbonePreset("MoCo v3-1K", "vit_base_patch16_224", 1e6, "mocov3-vit-base-300ep.pth",
-                                ("model", "")),
+                                ("model", ""), _TIMM_DEFAULT),
 }
 
 

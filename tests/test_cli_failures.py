@@ -171,6 +171,6 @@ def test_a_failed_table_or_figure_write_keeps_the_previous_one(tmp_path, monkeyp
 
     (tmp_path / "deltas.png").write_bytes(b"the previous figure")
     with pytest.raises(results.WriteError, match="Disk quota exceeded"):
-        report._save_figure(Figure(), tmp_path / "deltas.png")
+        report.save_figure(Figure(), tmp_path / "deltas.png")
     assert (tmp_path / "deltas.png").read_bytes() == b"the previous figure"
     assert not list(tmp_path.glob(".*.tmp"))

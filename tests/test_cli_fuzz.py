@@ -44,7 +44,23 @@ FLAGS = {
     "--device": ["cpu", "meta", "bogus"],
     "--checkpoint-every": ["evaluation", "1", "off", "often"],
     "--lr": ["0.01", "-1"],
+    # the studies (--study cost trains nothing and is left to tests/test_study_cost.py)
+    "--study": ["routers", "aggregations", "bogus", ""],
+    "--router": ["ridge", "prototype,naive_bayes", "kmeans,mlp", "lda", ",", ""],
+    "--aggregations": ["mean", "softmax_max,max_prob", "vote", ""],
+    "--backbone": ["sup21k", "dino1k", "bogus", ""],
 }
+
+#: malformed values of the study flags, each alone, and what their one line names: refused before any work
+MALFORMED = [
+    (["--study", "bogus"], "--study: invalid choice: 'bogus'"), (["--study", ""], "--study: invalid choice: ''"),
+    (["--router", "lda"], "unknown router 'lda'"), (["--router", "ridge,lda"], "unknown router 'lda'"),
+    (["--router", ","], "--router: expected comma-separated names"),
+    (["--aggregations", "vote"], "unknown aggregation rule 'vote'"),
+    (["--aggregations", ""], "--aggregations: expected comma-separated names"),
+    (["--backbone", "bogus"], "--backbone: invalid choice: 'bogus'"), (["--backbone", ""], "--backbone: invalid choice"),
+    (["--backbone", "sup21k", "--model", "vit_tiny_patch16_224"], "--backbone sup21k names the model"),
+]
 
 
 @st.composite
@@ -79,3 +95,12 @@ def outcome_is_clean(argv, output: Path, capsys) -> None:
 def test_any_flag_combination_finishes_or_is_one_line(argv, capsys):
     with tempfile.TemporaryDirectory() as folder:
         outcome_is_clean(argv, Path(folder) / "out", capsys)
+
+
+def test_malformed_study_flags_are_one_line_and_exit_2(tmp_path, capsys):
+    for argv, named in MALFORMED:
+        output = tmp_path / "out"
+        assert cli.main([*TINY, *argv, "--output", str(output)]) == 2, argv
+        lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("warning: ")]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
+        assert not output.exists(), argv  # refused before anything is written

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -76,3 +78,35 @@ def test_a_plan_is_resolved_without_the_datasets_on_disk(tmp_path):
     with pytest.raises(DatasetNotFoundError, match="CIFAR-100 was not found"):
         resolve(build_parser().parse_args(flags))
     assert resolve(build_parser().parse_args([*flags, "--plan"])).datasets == ["cifar100"]
+
+
+def test_paper_plan_with_an_empty_cache_answers_on_random_weights_and_touches_no_network(tmp_path, monkeypatch, capsys):
+    """``--preset paper --plan`` without ``--pretrained false``: the pretrained weights are in no cache, the
+    dataset on no disk, and no connection may be opened; the plan still answers and says what it stood in."""
+    import socket
+
+    from huggingface_hub import constants
+
+    from benchmarks.ablation import cli
+
+    cache = tmp_path / "cache"
+    for name in ("HF_HOME", "HF_HUB_CACHE", "TORCH_HOME"):
+        monkeypatch.setenv(name, str(cache / name))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache / "HF_HUB_CACHE"))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError(f"--plan opened a connection: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    small = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)  # ViT-B's probe is slow on a CPU
+    argv = ["--preset", "paper", "--plan", "--datasets", "cifar100", "--methods", "flyprompt", "--seeds", "1",
+            "--model", "vit_tiny_patch16_224", "--model-kwargs", json.dumps(small), "--image-size", "32",
+            "--expansion-dim", "64", "--data-root", str(tmp_path / "data"), "--output", str(tmp_path / "out")]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    document = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert document["random_weights"] is True and document["stand_in_datasets"] == ["cifar100"]
+    assert document["protocol"]["pretrained"] is True  # the record is the run's, which a --shard compares with
+    assert "vit_tiny_patch16_224 not on this machine: the probe timed its architecture on random weights" in printed
+    assert document["total_seconds"]["ours"] > 0

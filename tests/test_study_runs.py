@@ -107,6 +107,38 @@ def test_wrapped_official_checkpoints_convert_to_the_model_tensors(tmp_path):
         unwrap_checkpoint(str(tmp_path / "empty.pth"), ("teacher", "backbone."), model)
 
 
+def test_sup21k_1k_reads_the_official_file_plain_or_under_state_dict(tmp_path):
+    """As the official loader of vit_21k_1k_mepo_epoch_0.pth: the state dict itself, or the one under
+    ``state_dict``; entries that are not the backbone's (a classifier) are left out."""
+    import timm
+
+    from benchmarks.backbone import BACKBONES, unwrap_checkpoint
+
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, num_classes=0, depth=1)
+    plain = {**model.state_dict(), "head.weight": torch.zeros(1000, 192)}
+    for name, content in (("plain.pth", plain), ("wrapped.pth", {"state_dict": plain, "epoch": 0})):
+        torch.save(content, tmp_path / name)
+        tensors = unwrap_checkpoint(str(tmp_path / name), BACKBONES["sup21k-1k"].wrapped, model)
+        assert set(tensors) == set(model.state_dict()), name
+        assert all(torch.equal(tensors[k], v) for k, v in model.state_dict().items()), name
+
+
+def test_a_backbone_on_timm_weights_other_than_the_papers_says_so(capsys):
+    from benchmarks.ablation.arguments import build_parser
+    from benchmarks.ablation.sweep import resolve
+
+    def warnings(*flags):
+        resolve(build_parser().parse_args(["--preset", "paper", "--datasets", "synthetic", "--plan", *flags]))
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: ")]
+
+    (line,) = warnings("--backbone", "sup21k-1k")
+    assert "augreg_in21k_ft_in1k" in line and "vit_21k_1k_mepo_epoch_0.pth" in line
+    assert "python -m benchmarks.backbone sup21k-1k vit_21k_1k_mepo_epoch_0.pth" in line
+    assert "iBOT-21K" in warnings("--backbone", "ibot21k")[0]
+    assert warnings("--backbone", "sup21k") == warnings("--backbone", "dino1k") == []  # timm's are the paper's
+    assert warnings("--backbone", "sup21k-1k", "--pretrained", "false") == []
+
+
 def test_a_study_run_stopped_and_resumed_from_its_checkpoint_equals_the_uninterrupted_run(data, tmp_path):
     from benchmarks.ablation.checkpointing import CheckpointStore
     from benchmarks.ablation.preemption import RunInterrupted

@@ -291,7 +291,8 @@ def add_study_flags(group: Any) -> None:
                             "aggregations: all)")
     group.add_argument("--backbone", choices=list(BACKBONES), default=None,
                        help="one of the paper's backbones: its timm model and the paper's ridge (unless --ridge "
-                            "is given); weights from --weights or the local cache")
+                            "is given); weights from --weights or the local cache (a warning where timm's are not "
+                            "the paper's: docs/benchmark.md, 'The paper's backbones')")
 
 
 def add_protocol_flags(group: Any) -> None:

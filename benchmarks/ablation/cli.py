@@ -50,10 +50,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sweep = resolve(args)
         if sum((args.plan, args.shard is not None, args.merge)) > 1:
             raise UsageError("--plan, --shard and --merge exclude each other (see --help)")
+        if args.plan:  # fetches nothing: checks and probes on what is on this machine
+            return run_plan(sweep, data_root=args.data_root, argv=argv)
         preflight.check(sweep)
         with downloads_allowed(args.download):
-            if args.plan:
-                return run_plan(sweep, data_root=args.data_root, download=args.download, argv=argv)
             return execute(sweep, data_root=args.data_root, download=args.download, resume=not args.no_resume,
                            show_progress=not args.no_progress, checkpoint_every=args.checkpoint_every, argv=argv,
                            shard=args.shard, merge=args.merge)

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from benchmarks.ablation import preflight
 from benchmarks.ablation.arguments import UsageError
 from benchmarks.ablation.plan import count_work, format_plan, make_plan, training_key
 from benchmarks.ablation.protocol import RunSpec
@@ -15,22 +17,43 @@ from benchmarks.ablation.results import plan, trainings, write_json_atomic
 from benchmarks.ablation.shard import PLAN_FILE, plan_costs, split, work_costs
 from benchmarks.ablation.sweep import Sweep, run_setting
 from benchmarks.ablation.sweep_data import SweepData
+from benchmarks.backbone import BackboneLoadError, cached_weights, downloads_allowed
 
 
 def _device(sweep: Sweep) -> torch.device:
     return torch.device(sweep.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def run_plan(sweep: Sweep, *, data_root: str, download: bool, argv: Optional[Sequence[str]] = None) -> int:
-    """``--plan``: count the sweep's work, probe each (dataset, method), print and write ``plan.json``."""
-    if sweep.threads:
-        torch.set_num_threads(sweep.threads)
+def probed_sweep(sweep: Sweep) -> Tuple[Sweep, bool]:
+    """The sweep a plan probes, and whether its weights are random: the sweep's own, or the same architecture
+    on random weights when the pretrained ones are neither given nor in the local cache (a pass costs the
+    same whatever the weights; a plan fetches nothing)."""
+    protocol = sweep.protocol
+    if protocol.weights is not None or not protocol.pretrained:
+        return sweep, False
+    try:
+        cached = cached_weights(protocol.model)
+    except BackboneLoadError:  # timm registers no pretrained weights for this model
+        cached = None
+    if cached is not None:
+        return sweep, False
+    return replace(sweep, protocol=replace(protocol, pretrained=False)), True
+
+
+def run_plan(sweep: Sweep, *, data_root: str, argv: Optional[Sequence[str]] = None) -> int:
+    """``--plan``: check what it probes, count the sweep's work, probe each (dataset, method), print and write
+    ``plan.json``. Nothing is downloaded: missing datasets are priced by their sizes, missing weights on
+    random ones (``plan.json``: ``stand_in_datasets``, ``random_weights``)."""
+    probed, random_weights = probed_sweep(sweep)
+    preflight.check(probed)
     specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
-    document = make_plan(specs, sweep.protocol, SweepData(sweep, data_root, download), device=_device(sweep),
-                         protocol_record=run_setting(sweep, sweep.datasets[0])["protocol"],
-                         command=list(sys.argv[1:] if argv is None else argv),
-                         log=lambda line: print(line, file=sys.stderr, flush=True),
-                         studies={"routers": sweep.routers, "aggregations": sweep.aggregations})
+    with downloads_allowed(False):
+        document = make_plan(specs, probed.protocol, SweepData(sweep, data_root, download=False),
+                             device=_device(sweep), protocol_record=run_setting(sweep, sweep.datasets[0])["protocol"],
+                             command=list(sys.argv[1:] if argv is None else argv),
+                             log=lambda line: print(line, file=sys.stderr, flush=True),
+                             studies={"routers": sweep.routers, "aggregations": sweep.aggregations},
+                             random_weights=random_weights)
     sweep.output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(sweep.output / PLAN_FILE, document)
     print(format_plan(document))

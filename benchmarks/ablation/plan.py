@@ -23,7 +23,8 @@ from .results import trainings
 from .stream import build_si_blurry_stream
 from .variants import VARIANTS
 
-__all__ = ["PLAN_FORMAT", "PlanData", "TrainingWork", "count_work", "estimate", "format_plan", "make_plan", "training_key"]
+__all__ = ["PLAN_FORMAT", "PlanData", "TrainingWork", "count_work", "estimate", "format_plan", "inference_per_image",
+           "make_plan", "training_key"]
 
 PLAN_FORMAT = 1
 
@@ -108,6 +109,13 @@ def count_work(specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str
     return work
 
 
+def inference_per_image(unit: Dict[str, Any]) -> float:
+    """Seconds to infer one test image with one variant, from a probe's unit costs: its query pass and one
+    prompted pass (as the official code evaluates; no pass reused)."""
+    query = unit["frozen_per_image"] or unit["eval_parts"].get("eval/query", 0.0)
+    return query + unit["prompted_per_image"]
+
+
 def estimate(work: TrainingWork, unit: Dict[str, Any]) -> Dict[str, float]:
     """Seconds of one training from a probe's unit costs: ``ours`` (one training scoring every variant)
     and ``per_variant`` (one training per variant, as the official code runs the table)."""
@@ -118,8 +126,7 @@ def estimate(work: TrainingWork, unit: Dict[str, Any]) -> Dict[str, float]:
     evaluation = (work.eval_images * (scoring + work.selections * prompted)
                   + work.query_images * unit["frozen_per_image"]
                   + work.final_images * work.experts * prompted)
-    query = unit["frozen_per_image"] or unit["eval_parts"].get("eval/query", 0.0)
-    single = work.eval_images * (query + prompted)  # one variant: a query and one prompted pass per image
+    single = work.eval_images * inference_per_image(unit)
     per_variant = len(work.variants) * (unit["build"] + train + single)
     return {"build": unit["build"], "train": train, "evaluation": evaluation,
             "ours": unit["build"] + train + evaluation, "per_variant": per_variant}
@@ -152,10 +159,24 @@ def format_plan(plan: Dict[str, Any]) -> str:
             f"| {row['per_variant'] / 3600:.3f} |"
         )
     total = plan["total_seconds"]
+    lines += _priced_on(plan)
     lines += ["", f"estimated device time: {total['ours'] / 3600:.2f} h ({total['train'] / 3600:.2f} h training, "
                   f"{total['evaluation'] / 3600:.2f} h evaluation, {total['build'] / 3600:.2f} h set-up); "
                   f"one training per variant: {total['per_variant'] / 3600:.2f} h"]
     return "\n".join(lines)
+
+
+def _priced_on(plan: Dict[str, Any]) -> List[str]:
+    """Lines saying what the probe stood in for: datasets by their sizes, pretrained weights by random ones."""
+    lines = []
+    if plan.get("stand_in_datasets"):
+        lines.append(f"datasets not on this machine, counted from their sizes and probed on noise images of their "
+                     f"shape: {', '.join(plan['stand_in_datasets'])}")
+    if plan.get("random_weights"):
+        model = plan.get("protocol", {}).get("model", "the model")
+        lines.append(f"pretrained weights of {model} not on this machine: the probe timed its architecture on random "
+                     f"weights (a pass costs the same)")
+    return [""] + lines if lines else []
 
 
 def summarize(work: Sequence[TrainingWork], units: Dict[tuple, Dict[str, Any]], *, device: str, results: int,
@@ -176,16 +197,18 @@ def make_plan(
     specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str], Any], *, device: torch.device,
     probe_batches: int = 4, eval_samples: int = 512, protocol_record: Optional[Dict[str, Any]] = None,
     command: Optional[Sequence[str]] = None, log: Callable[[str], None] = lambda line: None,
-    studies: Optional[Dict[str, Sequence[str]]] = None,
+    studies: Optional[Dict[str, Sequence[str]]] = None, random_weights: bool = False,
 ) -> Dict[str, Any]:
     """Count every training of ``specs`` and probe each (dataset, method) once on ``device``; the plan document.
 
-    ``studies`` (``{"routers": [...], "aggregations": [...]}``) are probed with the trainings they join."""
+    ``studies`` (``{"routers": [...], "aggregations": [...]}``) are probed with the trainings they join.
+    ``random_weights``: ``protocol`` is the sweep's architecture on random weights, the pretrained ones being
+    absent (the document says so)."""
     data = PlanData(data, protocol.image_size, log)
     work = count_work(specs, protocol, data)
     units: Dict[tuple, Dict[str, Any]] = {}
     started = time.perf_counter()
-    prober = _Prober(protocol, device, probe_batches, eval_samples, log, studies or {})
+    prober = _Prober(protocol, device, probe_batches, eval_samples, log, studies or {}, random_weights)
     for item in work:
         pair = (item.dataset, item.method)
         if pair not in units:
@@ -228,10 +251,10 @@ class _Prober:
     on this machine (a pass costs the same whatever the weights)."""
 
     def __init__(self, protocol: Protocol, device: torch.device, batches: int, eval_samples: int,
-                 log: Callable[[str], None], studies: Dict[str, Sequence[str]]) -> None:
+                 log: Callable[[str], None], studies: Dict[str, Sequence[str]], random_weights: bool) -> None:
         self.protocol, self.device, self.batches, self.eval_samples, self.log = protocol, device, batches, eval_samples, log
         self.studies = studies
-        self.random_weights = False
+        self.random_weights = random_weights
 
     def __call__(self, item: TrainingWork, train: Any, test: Any) -> Dict[str, Any]:
         from ..backbone import BackboneLoadError

@@ -19,7 +19,7 @@ from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 __all__ = [
     "ABLATION_VARIANTS", "METRICS", "PAPER_CIFAR100_A_AUC", "summarize_results", "add_failures", "format_markdown",
     "write_tables",
-    "plot_curves", "plot_paper_deltas", "verdicts",
+    "plot_curves", "plot_paper_deltas", "save_figure", "verdicts",
 ]
 
 VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full", *ORACLE_VARIANTS))}
@@ -283,7 +283,7 @@ def write_tables(output: Path, rows: Sequence[Dict[str, Any]], caption: str = ""
     return markdown
 
 
-def _save_figure(figure: Any, path: Path) -> None:
+def save_figure(figure: Any, path: Path) -> None:
     """``savefig`` whole or not at all: a failed write keeps the previous figure (:class:`WriteError`)."""
     write_atomic(path, lambda stream: figure.savefig(stream, dpi=100, format=path.suffix.lstrip(".")), binary=True)
 
@@ -326,7 +326,7 @@ def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Pat
         axis.axis("off")
     figure.tight_layout()
     path = output / "curves.png"
-    _save_figure(figure, path)
+    save_figure(figure, path)
     plt.close(figure)
     return path
 
@@ -360,6 +360,6 @@ def plot_paper_deltas(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[
     axis.legend(fontsize=8)
     figure.tight_layout()
     path = output / "deltas.png"
-    _save_figure(figure, path)
+    save_figure(figure, path)
     plt.close(figure)
     return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -55,6 +56,8 @@ def resolve(args: argparse.Namespace) -> Sweep:
             raise UsageError(f"--backbone {args.backbone} names the model ({BACKBONES[args.backbone].model}); "
                              "drop --model")
         protocol = with_backbone(protocol, args)
+        if protocol.pretrained and protocol.weights is None and BACKBONES[args.backbone].warning(args.backbone):
+            print(f"warning: {BACKBONES[args.backbone].warning(args.backbone)}", file=sys.stderr, flush=True)
     methods = args.methods or list(preset.get("methods", PAPER_METHODS))
     known = list_methods()
     _check_names("method", methods, known)
@@ -75,7 +78,8 @@ def resolve(args: argparse.Namespace) -> Sweep:
             raise UsageError(f"--device {args.device}: CUDA is not available on this machine")
     if not timm_has_model(protocol.model):
         raise UsageError(f"--model {protocol.model!r} is not a timm model name")
-    check_backbone_available(protocol.model, protocol.pretrained, protocol.weights)
+    if not (args.plan and protocol.weights is None):  # a plan times random weights where pretrained ones are absent
+        check_backbone_available(protocol.model, protocol.pretrained, protocol.weights)
     for name in datasets:  # a plan prices a missing dataset by its sizes
         if name != "synthetic" and not args.plan:
             check_dataset(name, args.data_root, download=args.download)

@@ -1,6 +1,9 @@
 """The cost table (the paper's ``method_cost_extended``): total and trainable parameters of every method
 at the paper's configuration (a randomly initialised ViT-B/16, 100 classes; nothing is downloaded), and,
-from a sweep's result files and plan, BWT and seconds per batch, each beside the paper's number.
+from a sweep's result files and plan, BWT and seconds per batch, each beside the paper's number: training
+seconds per stream batch as the runs measured them, inference seconds per test batch from the probe of
+``plan.json`` (``cross_ablation.py --plan`` into the same folder): a query pass and one prompted pass of
+each of ``test_batch_size`` images, as the official code evaluates one variant.
 
 Parameters are counted as the official code counts them (``sum(p.numel() for p in model.parameters())``,
 and those with ``requires_grad``); buffers (the router's random matrix and statistics, the EMA copies
@@ -61,13 +64,31 @@ def _measured(results: Optional[Path], method: str) -> Dict[str, Optional[float]
             "train_s": mean([r["seconds_per_batch"] for r in records]), "seeds": len(records)}
 
 
+def _inference(results: Optional[Path], method: str) -> Dict[str, Any]:
+    """Inference seconds per test batch of ``method`` from the probes of the sweep's ``plan.json`` (CIFAR-100's,
+    the paper's dataset, where the plan probed it), and what they were measured on."""
+    from ..ablation.plan import inference_per_image
+    from ..ablation.shard import PLAN_FILE
+
+    path = results / PLAN_FILE if results else None
+    if path is None or not path.is_file():
+        return {"infer_s": None, "infer_on": None}
+    document = json.loads(path.read_text())
+    probes = sorted((p for p in document["probes"] if p["method"] == method), key=lambda p: p["dataset"] != "cifar100")
+    if not probes:
+        return {"infer_s": None, "infer_on": None}
+    batch = document["protocol"]["test_batch_size"]
+    return {"infer_s": batch * inference_per_image(probes[0]),
+            "infer_on": f"{probes[0]['dataset']}, {batch} images, {probes[0]['device']}"}
+
+
 def cost_rows(methods: Sequence[str] = METHODS, results: Optional[Path] = None) -> List[Dict[str, Any]]:
     """One row per method: our counts and measurements beside the paper's."""
     rows = []
     for method in methods:
         paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST[method]))
         rows.append({"method": method, **method_parameters(method), **_measured(results, method),
-                     "paper": paper})
+                     **_inference(results, method), "paper": paper})
     return rows
 
 
@@ -78,13 +99,14 @@ def _cell(value: Optional[float], digits: int = 2) -> str:
 def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
     """Markdown: ours / the paper's, per column."""
     lines = ["| method | total params (M) | paper | trainable (M) | paper | buffers (M) | BWT (%) | paper "
-             "| train s/batch | paper | seeds |", "|" + "---|" * 11]
+             "| train s/batch | paper | infer s/batch | paper | seeds |", "|" + "---|" * 13]
     for row in rows:
         paper = row["paper"]
         lines.append(
             f"| {row['method']} | {row['total']:.2f} | {paper['total']:.2f} | {row['trainable']:.2f} "
             f"| {paper['trainable']:.2f} | {row['buffers']:.2f} | {_cell(row['BWT'])} | {paper['BWT']:.2f} "
-            f"| {_cell(row['train_s'], 3)} | {paper['train_s']:.2f} | {row['seeds']} |"
+            f"| {_cell(row['train_s'], 3)} | {paper['train_s']:.2f} | {_cell(row.get('infer_s'), 3)} "
+            f"| {paper['infer_s']:.2f} | {row['seeds']} |"
         )
     return "\n".join(lines)
 
@@ -92,7 +114,8 @@ def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=None,
-                        help="a sweep's output folder: BWT and training seconds per batch from its result files")
+                        help="a sweep's output folder: BWT and training seconds per batch from its result files, "
+                             "inference seconds per test batch from its plan.json (run --plan into it)")
     parser.add_argument("--output", type=Path, default=Path("results/cost"), help="folder of cost.md / cost.json")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from .paper_numbers import AGGREGATIONS, ROUTING
+from .study_figures import plot_study
 
 __all__ = ["study_rows", "format_study", "write_study"]
 
@@ -20,6 +21,12 @@ __all__ = ["study_rows", "format_study", "write_study"]
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
     finite = [v for v in values if v is not None and np.isfinite(v)]
     return float(np.mean(finite)) if finite else None
+
+
+def _std(values: Sequence[Optional[float]]) -> Optional[float]:
+    """The standard deviation over seeds (``ddof=1``, as the cross-ablation's table); ``None`` below two."""
+    finite = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.std(finite, ddof=1)) if len(finite) > 1 else None
 
 
 def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, Any]]:
@@ -32,7 +39,8 @@ def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, 
     rows = []
     for (dataset, method, variant, name), entries in groups.items():
         row = {"dataset": dataset, "method": method, "variant": variant, study[:-1]: name, "seeds": len(entries),
-               "A_auc": _mean([e["A_auc"] for e in entries]), "A_last": _mean([e["A_last"] for e in entries])}
+               "A_auc": _mean([e["A_auc"] for e in entries]), "A_last": _mean([e["A_last"] for e in entries]),
+               "A_auc_std": _std([e["A_auc"] for e in entries])}
         if study == "routers":
             row["routing_last"] = _mean([e["routing"]["modal"]["last"] for e in entries])
             row["routing_anytime"] = _mean([e["routing"]["modal"]["anytime_mean"] for e in entries])
@@ -69,9 +77,10 @@ def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
 
 
 def write_study(output: Path, results: Iterable[Dict[str, Any]], study: str) -> str:
-    """Write ``study_<study>.md`` and ``.json`` into ``output``; returns the markdown."""
+    """Write ``study_<study>.md``, ``.json`` and the figure ``.png`` into ``output``; returns the markdown."""
     rows = study_rows(results, study)
     text = format_study(rows, study)
     (output / f"study_{study}.md").write_text(text + "\n")
     (output / f"study_{study}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    plot_study(output, rows, study)
     return text
