@@ -48,3 +48,15 @@ def test_a_sweeps_training_and_inference_seconds_per_batch_are_read_from_its_fol
     (output / "plan.json").unlink()
     (without,) = cost_rows(["l2p"], output)
     assert without["infer_s"] is None and "| - | 0.95 | 2 |" in format_cost([without])
+
+
+def test_the_cost_study_reads_methods_and_output_and_refuses_what_it_would_ignore(tmp_path, capsys):
+    from benchmarks.ablation import cli
+
+    assert cli.main(["--study", "cost", "--seeds", "1,2", "--output", str(tmp_path / "a")]) == 2
+    assert "--study cost trains nothing" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert cli.main(["--study", "cost", "--methods", "l2p,coda"]) == 2
+    assert "no coda" in capsys.readouterr().err
+    assert cli.main(["--study", "cost", "--methods", "l2p", "--output", str(tmp_path / "b")]) == 0
+    (row,) = json.loads((tmp_path / "b" / "cost.json").read_text())
+    assert row["method"] == "l2p" and row["seeds"] == 0

@@ -39,13 +39,19 @@ USAGE_ERRORS = (UsageError, preflight.PreflightError, DatasetNotFoundError, Back
                 CheckpointError, WriteError, ClaimHeldError)
 
 
+def _given_options(args) -> list:
+    """The options of ``args`` whose values differ from the parser's defaults (the ones the user set)."""
+    defaults = vars(build_parser().parse_args([]))
+    return [name for name, value in vars(args).items() if value != defaults.get(name)]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line; returns the exit status (2 with one line on stderr for usage and environment errors)."""
     try:
         args = build_parser().parse_args(argv)
         if args.study is not None:
             if args.study == "cost":
-                return run_cost_study(args)
+                return run_cost_study(args, given=_given_options(args))
             study_defaults(args)
         sweep = resolve(args)
         if sum((args.plan, args.shard is not None, args.merge)) > 1:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import Any, Dict
+from pathlib import Path
+from typing import Any, Dict, Sequence
 
 from ..backbone import BACKBONES
 
@@ -38,8 +39,24 @@ def study_defaults(args: argparse.Namespace) -> None:
         args.variants = ["ensemble", "both"]
 
 
-def run_cost_study(args: argparse.Namespace) -> int:
-    """``--study cost``: the cost table (``benchmarks.studies.cost``) into ``--output``."""
-    from .cost import main
+#: the options ``--study cost`` reads (it trains nothing: every other option would be ignored)
+COST_STUDY_OPTIONS = ("study", "methods", "output")
 
-    return main(["--output", str(args.output or "results/cost")])
+
+def run_cost_study(args: argparse.Namespace, given: Sequence[str] = ()) -> int:
+    """``--study cost``: the cost table (``benchmarks.studies.cost``) of ``--methods`` into ``--output``, with
+    the timings of the sweep already in ``--output`` when there is one; any other option set raises."""
+    from ..ablation.arguments import UsageError
+    from .cost import main
+    from .paper_numbers import COST
+
+    ignored = [name for name in given if name not in COST_STUDY_OPTIONS]
+    if ignored:
+        flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
+        raise UsageError(f"--study cost trains nothing and reads only --methods and --output; drop {flags}")
+    unknown = [name for name in args.methods or () if name not in COST]
+    if unknown:
+        raise UsageError(f"--methods: the cost table has no {', '.join(unknown)}; choose from {', '.join(COST)}")
+    output = Path(args.output or "results/cost")
+    argv = ["--output", str(output)] + (["--methods", ",".join(args.methods)] if args.methods else [])
+    return main(argv + (["--results", str(output)] if (output / "runs").is_dir() else []))

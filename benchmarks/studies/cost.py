@@ -27,7 +27,7 @@ from .paper_numbers import COST
 
 __all__ = ["count_parameters", "cost_rows", "format_cost", "main"]
 
-METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt")
+METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "hide-lora", "hide-adapter", "sd-lora", "flyprompt")
 
 
 def count_parameters(model: torch.nn.Module) -> Dict[str, float]:
