@@ -32,7 +32,7 @@ from benchmarks.ablation.results import ProtocolMismatchError, WriteError
 from benchmarks.ablation.sweep import resolve
 from benchmarks.backbone import BackboneLoadError, downloads_allowed
 from benchmarks.data.records import DatasetNotFoundError
-from benchmarks.studies.command import run_cost_study, study_defaults
+from benchmarks.studies.command import cost_study_error, run_cost_study, study_defaults
 
 #: what a user's values or environment provoke: one line on stderr and exit status 2, no traceback
 USAGE_ERRORS = (UsageError, preflight.PreflightError, DatasetNotFoundError, BackboneLoadError, ProtocolMismatchError,
@@ -51,7 +51,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = build_parser().parse_args(argv)
         if args.study is not None:
             if args.study == "cost":
-                return run_cost_study(args, given=_given_options(args))
+                error = cost_study_error(args, _given_options(args))
+                if error:
+                    raise UsageError(error)
+                return run_cost_study(args)
             study_defaults(args)
         sweep = resolve(args)
         if sum((args.plan, args.shard is not None, args.merge)) > 1:

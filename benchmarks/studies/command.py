@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from ..backbone import BACKBONES
 
-__all__ = ["STUDIES", "run_cost_study", "study_defaults", "with_backbone"]
+__all__ = ["STUDIES", "cost_study_error", "run_cost_study", "study_defaults", "with_backbone"]
 
 #: study -> what it runs (``cost`` trains nothing: ``python -m benchmarks.studies.cost``)
 STUDIES: Dict[str, str] = {
@@ -43,20 +43,26 @@ def study_defaults(args: argparse.Namespace) -> None:
 COST_STUDY_OPTIONS = ("study", "methods", "output")
 
 
-def run_cost_study(args: argparse.Namespace, given: Sequence[str] = ()) -> int:
-    """``--study cost``: the cost table (``benchmarks.studies.cost``) of ``--methods`` into ``--output``, with
-    the timings of the sweep already in ``--output`` when there is one; any other option set raises."""
-    from ..ablation.arguments import UsageError
-    from .cost import main
+def cost_study_error(args: argparse.Namespace, given: Sequence[str]) -> Optional[str]:
+    """What is wrong with ``--study cost`` and the options ``given`` (set by the user), or ``None``: it trains
+    nothing, so an option it would ignore is refused, as is a method the cost table lacks."""
     from .paper_numbers import COST
 
     ignored = [name for name in given if name not in COST_STUDY_OPTIONS]
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
-        raise UsageError(f"--study cost trains nothing and reads only --methods and --output; drop {flags}")
+        return f"--study cost trains nothing and reads only --methods and --output; drop {flags}"
     unknown = [name for name in args.methods or () if name not in COST]
     if unknown:
-        raise UsageError(f"--methods: the cost table has no {', '.join(unknown)}; choose from {', '.join(COST)}")
+        return f"--methods: the cost table has no {', '.join(unknown)}; choose from {', '.join(COST)}"
+    return None
+
+
+def run_cost_study(args: argparse.Namespace) -> int:
+    """``--study cost``: the cost table (``benchmarks.studies.cost``) of ``--methods`` into ``--output``, with
+    the timings of the sweep already in ``--output`` when there is one."""
+    from .cost import main
+
     output = Path(args.output or "results/cost")
     argv = ["--output", str(output)] + (["--methods", ",".join(args.methods)] if args.methods else [])
     return main(argv + (["--results", str(output)] if (output / "runs").is_dir() else []))
