@@ -21,6 +21,7 @@ import importlib
 import importlib.machinery
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator
@@ -106,7 +107,8 @@ def _isolated_imports(root: Path) -> Iterator[None]:
     for name in _INERT:
         sys.modules[name] = _Inert(name)
     try:
-        with timm_registry_kept(), _timm_vit_configurations_kept():
+        with warnings.catch_warnings(), timm_registry_kept(), _timm_vit_configurations_kept():
+            warnings.simplefilter("ignore")  # timm warns about each name the modules register over its own
             yield
     finally:
         sys.path.remove(str(root))

@@ -26,7 +26,7 @@ from .pairs import PAIRS, MethodPair
 from .row import FidelityRow
 from .setting import Setting
 
-__all__ = ["MISASetting", "MISARow", "MISA_ROWS", "compare_misa", "VIT_B16_SMALL_IMAGES"]
+__all__ = ["MISASetting", "MISARow", "MISA_ROWS", "compare_misa", "misa_setting", "VIT_B16_SMALL_IMAGES"]
 
 #: ViT-B/16, the width MISA's shipped prompts fit, on 16 x 16 images (one patch): a CPU trains it in minutes
 VIT_B16_SMALL_IMAGES = dict(img_size=16, patch_size=16, embed_dim=768, depth=12, num_heads=12)
@@ -129,7 +129,7 @@ def compare_misa(checkout: MISACheckout, row: MISARow, setting: MISASetting) -> 
     decisions = _decisions(ours, official, exposed_test_images(ours, test), pair)
     largest = worst(differences)
     return FidelityRow(
-        method=f"{pair.method} ({pair.variant})" if pair.variant else pair.method, official="DualPrompt",
+        method=f"{pair.method} ({pair.variant})" if pair.variant else pair.method, official="MISA DualPrompt",
         repository="kangzhiq/MISA", commit=checkout_commit(checkout.path),
         weights_max_abs=max(d.max_abs for d in differences), weights_relative=largest.relative, worst=largest.ours,
         tensors=len(differences), weights_moved=min(d.relative for d in moved), **decisions,
@@ -162,3 +162,13 @@ def _unused_moved(official: MISASide, before: Dict[str, Tensor]) -> Dict[str, fl
         return {}
     change = max(float((tensor.detach() - before[name]).abs().max()) for name, tensor in official.unused().items())
     return {"load_pt's scale, translation: change": change}
+
+
+def misa_setting(checkout: MISACheckout, *, vit: str = "base-16px", explicit_attention: bool = True) -> MISASetting:
+    """The MISA rows' setting: ``vit`` (ViT-B/16 on 16 x 16 images by default, where the shipped prompts fit),
+    10 training images a class (a CPU trains ViT-B/16 on them in minutes), and the checkout's shipped prompts
+    as both sides' initial prompts when it has them."""
+    folder = checkout.path / "pretrained_prompt"
+    shipped = all((folder / name).is_file() for name in ("g_prompt.pt", "e_prompt.pt"))
+    return MISASetting(vit=vit, train_per_class=10, explicit_attention=explicit_attention,
+                       misa_prompts=str(folder) if shipped else None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import os
 import sys
 import tempfile
@@ -80,9 +81,9 @@ class MISASide:
             return vit
 
         timm = types.SimpleNamespace(create_model=create_model)
-        with _module_global(checkout.model_module, "timm", timm), _working_folder(checkout.path), _cpu_weights_only():
-            model = checkout.model_class(backbone_name=_BACKBONE_NAME, class_num=num_classes, **options)
-        return model
+        with _module_global(checkout.model_module, "timm", timm), _working_folder(checkout.path), \
+                _cpu_weights_only(), contextlib.redirect_stdout(io.StringIO()):  # it prints the files it loads
+            return checkout.model_class(backbone_name=_BACKBONE_NAME, class_num=num_classes, **options)
 
     def trainable(self) -> Dict[str, nn.Parameter]:
         return {name: p for name, p in self.model.named_parameters()
