@@ -124,3 +124,4 @@ def test_the_command_writes_the_misa_rows(folder, tmp_path, monkeypatch):
     assert table.read_text().count("\n| misa | MISA DualPrompt") == 1
     assert table.read_text().count("\n| misa (one session, task_num 1) |") == 1
     assert '"misa_setting"' in record.read_text() and '"setting"' not in record.read_text()
+    assert '"misa_prompts": "<--misa>/pretrained_prompt"' in record.read_text() and str(folder) not in record.read_text()

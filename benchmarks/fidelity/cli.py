@@ -64,7 +64,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for row in MISA_ROWS.values():
             rows.append(compare_misa(misa, row, misa_options))
             print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
-        settings["misa_setting"] = vars(misa_options) | {"shape": misa_options.shape}
+        # the checkout's own folder, not this machine's path to it
+        shipped = "<--misa>/pretrained_prompt" if misa_options.misa_prompts else None
+        settings["misa_setting"] = vars(misa_options) | {"shape": misa_options.shape, "misa_prompts": shipped}
     table = markdown_table(rows)
     print(table)
     if args.json is not None:
