@@ -21,7 +21,7 @@ from .official import official_backbone_state
 from .pairs import MethodPair
 from .setting import Setting
 
-__all__ = ["MISASide", "script_arguments", "UNUSED_PARAMETERS"]
+__all__ = ["MISASide", "pool_rows", "script_arguments", "UNUSED_PARAMETERS"]
 
 #: trainable parameters ``--load_pt`` adds that MISA's forward never reads (they get no gradient)
 UNUSED_PARAMETERS = ("scale", "translation")
