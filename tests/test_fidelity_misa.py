@@ -87,18 +87,19 @@ def test_misas_evaluation_counts_unexposed_classes(checkout):
     train, test = SMALL.data()
     pair = MISA_ROWS["misa-one-session"].pair
     ours = OursSide(pair, SMALL, train, test)
-    official = MISASide(checkout, pair, SMALL, ours.model.backbone, num_classes=4, lr=0.005, load_pt=False)
+    official = MISASide(checkout, pair, SMALL, ours.model.backbone, num_classes=SMALL.classes, lr=0.005,
+                        load_pt=False)
     batch = next(iter(ours.batches()))
     official.stream_batch(train.get_batch(batch.indices)[0], batch.targets)
-    unseen = len(official.trainer.exposed_classes)
+    first_unseen = len(official.trainer.exposed_classes)
     with torch.no_grad():
-        official.model.backbone.fc.bias[unseen:] = 100.0
+        official.model.backbone.fc.bias[first_unseen:] = 100.0
     seen = batch.samples_seen
     evaluations, masked = OfficialEvaluations(official, ours.run.exposure, test, 64), MaskedAccuracies(
         official, ours.run.exposure, test)
     evaluations("anytime", seen)
     masked("anytime", seen)
-    assert unseen < 4 and evaluations.accuracies[-1][2] == 0.0 < masked.accuracies[-1][1]
+    assert first_unseen < SMALL.classes and evaluations.accuracies[-1][2] == 0.0 < masked.accuracies[-1][1]
 
 
 def test_a_different_training_is_seen(checkout, folder):
