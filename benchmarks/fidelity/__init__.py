@@ -10,5 +10,7 @@ weights on the same stream batches, then compared tensor by tensor and decision 
   :mod:`.expert_state`: the tensor maps of the task experts (HiDe-LoRA, HiDe-Adapter, SD-LoRA);
 * :mod:`.evaluations`: the official trainer's evaluations at the runner's evaluation points;
 * :mod:`.measures`: tensor differences and decision agreement; :mod:`.comparison`: one method end to end;
-* :mod:`.row`, :mod:`.cli`: the table and the command line.
+* :mod:`.row`, :mod:`.cli`: the table and the command line;
+* :mod:`.misa_checkout`, :mod:`.misa_side`, :mod:`.misa_comparison`: the MISA rows (``--misa``), against
+  kangzhiq/MISA's own model and trainer from its shipped prompts.
 """

@@ -14,6 +14,8 @@ import torch
 from benchmarks.speed import reference_checkout as ref
 
 from .comparison import compare_method
+from .misa_checkout import load_misa
+from .misa_comparison import MISA_ROWS, compare_misa, misa_setting
 from .pairs import PAIRS
 from .row import FidelityRow, markdown_table
 from .setting import Setting
@@ -23,7 +25,10 @@ __all__ = ["main", "parse_args"]
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__)
-    parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
+    parser.add_argument("--flygcl", help="a checkout of AnAppleCore/FlyGCL (read only)")
+    parser.add_argument("--misa", help="a checkout of kangzhiq/MISA (read only): the misa rows against its own code")
+    parser.add_argument("--misa-vit", choices=("base-16px", "micro"), default="base-16px",
+                        help="the MISA rows' backbone (default ViT-B/16 on 16 x 16 images, the shipped prompts' width)")
     parser.add_argument("--methods", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--markdown", type=Path, help="write the table to this Markdown file")
@@ -39,9 +44,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(args.threads)
     # The official trainers use torch.cuda.amp.autocast, which current torch flags on every call.
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp")
-    pairs = [PAIRS[name] for name in args.methods]
+    pairs = [PAIRS[name] for name in args.methods] if args.flygcl else []
     try:
-        checkout = ref.load_checkout(args.flygcl, sorted({pair.official for pair in pairs}))
+        if args.flygcl is None and args.misa is None:
+            raise ValueError("nothing to compare: name a checkout with --flygcl, --misa or both")
+        checkout = ref.load_checkout(args.flygcl, sorted({pair.official for pair in pairs})) if pairs else None
+        misa = load_misa(args.misa) if args.misa else None
     except (FileNotFoundError, ValueError) as error:
         print(f"python -m benchmarks.fidelity: {error}", file=sys.stderr)
         return 2
@@ -50,10 +58,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for pair in pairs:
         rows.append(compare_method(checkout, pair, setting))
         print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
+    settings = {"setting": vars(setting) | {"shape": setting.shape}} if pairs else {}
+    if misa is not None:
+        misa_options = misa_setting(misa, vit=args.misa_vit, explicit_attention=not args.fused_attention)
+        for row in MISA_ROWS.values():
+            rows.append(compare_misa(misa, row, misa_options))
+            print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
+        # the checkout's own folder, not this machine's path to it
+        shipped = "<--misa>/pretrained_prompt" if misa_options.misa_prompts else None
+        settings["misa_setting"] = vars(misa_options) | {"shape": misa_options.shape, "misa_prompts": shipped}
     table = markdown_table(rows)
     print(table)
     if args.json is not None:
-        record = {"setting": vars(setting) | {"shape": setting.shape}, "rows": [row.to_dict() for row in rows]}
+        record = {**settings, "rows": [row.to_dict() for row in rows]}
         args.json.write_text(json.dumps(record, indent=2) + "\n")
     if args.markdown is not None:
         args.markdown.write_text(table)

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "CLASSES", "METHODS", "VIT_PRESETS", "Checkout", "backbone_factory", "load_checkout", "build_models",
-    "make_trainer", "clean_query", "mvp_query", "ema_bank_weights",
+    "make_trainer", "clean_query", "mvp_query", "ema_bank_weights", "timm_registry_kept",
 ]
 
 METHODS = ("dualprompt", "mvp")
@@ -107,7 +107,7 @@ def load_checkout(path: str, methods: Sequence[str] = METHODS) -> Checkout:
         sys.modules["datasets"] = _stand_in("datasets", {"__all__": []})
         importlib.import_module("utils")
         sys.modules["utils.data_loader"] = _stand_in("utils.data_loader", {"get_statistics": _no_data})
-        with warnings.catch_warnings(), _timm_registry_kept():
+        with warnings.catch_warnings(), timm_registry_kept():
             # models.vit re-registers timm model names (timm warns about each overwrite).
             warnings.simplefilter("ignore")
             vit = importlib.import_module("models.vit")
@@ -123,7 +123,7 @@ def load_checkout(path: str, methods: Sequence[str] = METHODS) -> Checkout:
 
 
 @contextlib.contextmanager
-def _timm_registry_kept() -> Iterator[None]:
+def timm_registry_kept() -> Iterator[None]:
     """timm's model registry as it was before: the checkout's ``models.vit`` registers its own factories
     under timm's names (``vit_tiny_patch16_224``, ...), which ``timm.create_model`` would otherwise
     build from then on, in this process."""
