@@ -43,9 +43,12 @@ from benchmarks.speed import reference_checkout as ref
 from .official import BACKBONE_NAME, CopiedBackbone
 from .setting import Setting
 
-__all__ = ["DATASET", "LoopEvaluation", "OfficialRun", "official_arguments", "run_official_loop"]
+__all__ = ["DATASET", "LOOP_FILES", "LoopEvaluation", "OfficialRun", "missing_loop_files", "official_arguments",
+           "run_official_loop"]
 
 DATASET = "fidelity_generated"  # the --dataset name of the generated set
+#: what the loop reads of a checkout beyond the models and trainers
+LOOP_FILES = ("configuration/config.py", "datasets/OnlineIterDataset.py", "utils/onlinesampler.py")
 _SUMMARY = re.compile(r"A_auc (\S+) \| A_avg (\S+) \| A_last (\S+) \| F_last (\S+)")
 _BWT = re.compile(r"BWT_last (\S+)")
 
@@ -103,6 +106,10 @@ def official_arguments(setting: Setting, method: str, lr: float, log_path: str) 
         "--eval_period", str(setting.eval_period), "--rp_dim", str(setting.expansion_dim),
         "--rp_ridge", str(setting.ridge),
     ]
+
+
+def missing_loop_files(path: Path) -> List[str]:
+    return [name for name in LOOP_FILES if not (Path(path) / name).is_file()]
 
 
 class GeneratedImages(Dataset):
