@@ -27,8 +27,9 @@ from .setting import Setting
 
 __all__ = ["LOOP_METHODS", "METRICS", "LoopRow", "Point", "compare_loop"]
 
-#: the methods whose official run is ``main.py`` with the launch scripts' flags and nothing more
-#: (MISA needs prompt files, the HiDe family the session-end reseeding of the side-by-side rows)
+#: the methods whose official run is ``main.py`` with the launch scripts' flags and nothing more (MISA
+#: needs its prompt files; the HiDe family's classifier alignment, the reseeding and batch of 64 of the
+#: side-by-side rows)
 LOOP_METHODS = ("l2p", "dualprompt", "mvp", "flyprompt")
 #: (our ``summarize`` key, the official summary's key)
 METRICS = (("A_auc", "A_auc"), ("A_last", "A_last"), ("A_avg", "A_avg"), ("F_last", "F_last"), ("BWT", "BWT_last"))
@@ -118,7 +119,7 @@ def float32_class_metrics(log: EvaluationLog) -> Dict[str, float]:
     return {"F_last": metrics.class_forgetting(matrix), "BWT": metrics.class_backward_transfer(matrix)}
 
 
-def _stream(official: OfficialRun, order: List[List[int]], batches: List[List[int]]) -> str:
+def _stream(official: OfficialRun, batches: List[List[int]]) -> str:
     if official.batches != batches:
         return "differs: batch for batch"
     return "fed ours: the official sampler's order differs" if official.fed else "equal"
@@ -153,7 +154,7 @@ def compare_loop(checkout: ref.Checkout, pair: MethodPair, setting: Setting) -> 
     log = ours.run.evaluator.logs[ours.variant]
     return LoopRow(
         method=pair.method, official=ref.CLASSES[pair.official][3], commit=checkout_commit(checkout.path),
-        batches=len(batches), stream=_stream(official, order, batches), official_points=official_points(official),
+        batches=len(batches), stream=_stream(official, batches), official_points=official_points(official),
         our_points=our_points(ours), official_metrics=official.summary,
         our_metrics=summarize(log), our_float32=float32_class_metrics(log), weights_relative=worst(differences).relative,
         seconds=time.perf_counter() - started,
