@@ -23,7 +23,7 @@ from .setting import Setting
 __all__ = ["main", "markdown_table", "parse_args"]
 
 _COLUMNS = (
-    "method", "official (commit)", "stream (batches)", "evaluation points (anytime + session ends)",
+    "method", "official trainer (commit)", "stream (batches)", "evaluation points (anytime + session ends)",
     "accuracies: largest difference", "A_auc ours / official", "A_last ours / official", "A_avg ours / official",
     "F_last ours - official (float32 per-class)", "BWT ours - official (float32 per-class)",
     "trained tensors: relative difference",

@@ -30,7 +30,7 @@ __all__ = ["LOOP_METHODS", "METRICS", "LoopRow", "Point", "compare_loop"]
 #: the methods whose official run is ``main.py`` with the launch scripts' flags and nothing more (MISA
 #: needs its prompt files; the HiDe family's classifier alignment, the reseeding and batch of 64 of the
 #: side-by-side rows)
-LOOP_METHODS = ("l2p", "dualprompt", "mvp", "flyprompt")
+LOOP_METHODS = ("l2p", "dualprompt", "mvp", "flyprompt", "sd-lora")
 #: (our ``summarize`` key, the official summary's key)
 METRICS = (("A_auc", "A_auc"), ("A_last", "A_last"), ("A_avg", "A_avg"), ("F_last", "F_last"), ("BWT", "BWT_last"))
 

@@ -49,6 +49,8 @@ __all__ = ["DATASET", "LOOP_FILES", "LoopEvaluation", "OfficialRun", "missing_lo
 DATASET = "fidelity_generated"  # the --dataset name of the generated set
 #: what the loop reads of a checkout beyond the models and trainers
 LOOP_FILES = ("configuration/config.py", "datasets/OnlineIterDataset.py", "utils/onlinesampler.py")
+# main.py's --method name of a key of reference_checkout.CLASSES, where the two differ
+_METHOD_FLAGS = {"hide-lora": "hide_lora", "hide-adapter": "hide_adapter", "sd-lora": "sdlora"}
 _SUMMARY = re.compile(r"A_auc (\S+) \| A_avg (\S+) \| A_last (\S+) \| F_last (\S+)")
 _BWT = re.compile(r"BWT_last (\S+)")
 
@@ -291,7 +293,7 @@ def run_official_loop(
 ) -> OfficialRun:
     """``main.py``'s run of ``method`` (a key of ``reference_checkout.CLASSES``) on ``setting`` (see the
     module docstring); ``order``, when given and unlike the sampler's, is fed to the sampler instead."""
-    official_method = method.replace("-", "_")  # main.py's --method names: hide_lora for hide-lora
+    official_method = _METHOD_FLAGS.get(method, method)
     data = _DataSets(train, test)
     online_iter_dataset = _module_from_file(
         "fidelity_flygcl_online_iter_dataset", checkout.path / "datasets" / "OnlineIterDataset.py"
