@@ -3,6 +3,7 @@ evaluation rule, its summary) against the cross-ablation's runner, and a differe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -16,7 +17,7 @@ from benchmarks.ablation import training  # noqa: E402
 from benchmarks.ablation.metrics import AnytimeEvalTrigger  # noqa: E402
 from benchmarks.fidelity import official_loop  # noqa: E402
 from benchmarks.fidelity.loop import main  # noqa: E402
-from benchmarks.fidelity.loop_comparison import compare_loop  # noqa: E402
+from benchmarks.fidelity.loop_comparison import LOOP_SETUPS, compare_loop  # noqa: E402
 from benchmarks.fidelity.pairs import PAIRS  # noqa: E402
 from benchmarks.fidelity.setting import Setting  # noqa: E402
 from benchmarks.speed import reference_checkout as ref  # noqa: E402
@@ -28,12 +29,12 @@ SMALL = Setting(classes=4, train_per_class=8, test_per_class=2, batch_size=8, on
 
 @pytest.fixture(scope="module")
 def checkout():
-    return ref.load_checkout(str(FAKE), ["l2p", "dualprompt", "mvp", "flyprompt"])
+    return ref.load_checkout(str(FAKE), ["l2p", "dualprompt", "mvp", "flyprompt", "hide"])
 
 
-@pytest.mark.parametrize("method", ["dualprompt", "flyprompt"])
+@pytest.mark.parametrize("method", ["dualprompt", "flyprompt", "hide-no-orth"])
 def test_the_official_loop_and_the_runner_agree(checkout, method):
-    row = compare_loop(checkout, PAIRS[method], SMALL)
+    row = compare_loop(checkout, PAIRS[method], SMALL, LOOP_SETUPS[method])
     assert row.stream == "equal"  # the stand-in's sampler, from the seed, is our stream batch for batch
     assert row.points_equal and row.accuracy_difference == 0.0, (row.official_points, row.our_points)
     assert sum(point.kind == "session_end" for point in row.our_points) == SMALL.num_sessions
@@ -45,6 +46,14 @@ def test_the_official_loop_and_the_runner_agree(checkout, method):
     assert row.our_float32["F_last"] == row.official_metrics["F_last"]
     assert row.our_float32["BWT"] == row.official_metrics["BWT_last"]
     assert row.our_metrics["F_last"] == pytest.approx(row.official_metrics["F_last"], abs=1e-6)
+
+
+def test_the_classifier_alignment_drawn_from_another_state_is_seen(checkout):
+    # HiDe-Prompt's session-end alignment draws random features: without the reseeding of both sides
+    # (LoopSetup.session_end_seed, from the pair) the two loops part from the first session end on.
+    unseeded = dataclasses.replace(PAIRS["hide-no-orth"], session_end_seed=None)
+    row = compare_loop(checkout, unseeded, SMALL, LOOP_SETUPS["hide-no-orth"])
+    assert row.stream == "equal" and row.weights_relative > 1e-3
 
 
 def test_another_evaluation_period_on_the_official_side_is_seen(checkout, monkeypatch):

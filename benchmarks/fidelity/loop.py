@@ -15,7 +15,7 @@ import torch
 
 from benchmarks.speed import reference_checkout as ref
 
-from .loop_comparison import LOOP_METHODS, LoopRow, compare_loop
+from .loop_comparison import LOOP_METHODS, LOOP_SETUPS, LoopRow, compare_loop
 from .official_loop import missing_loop_files
 from .pairs import PAIRS
 from .setting import Setting
@@ -84,8 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     setting = Setting()
     rows = []
-    for pair in pairs:
-        rows.append(compare_loop(checkout, pair, setting))
+    for name, pair in zip(args.methods, pairs):
+        rows.append(compare_loop(checkout, pair, setting, LOOP_SETUPS[name]))
         print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
     table = markdown_table(rows)
     print(table)

@@ -5,10 +5,11 @@ initial state; compared batch by batch, evaluation by evaluation, metric by metr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -20,17 +21,25 @@ from benchmarks.speed import reference_checkout as ref
 
 from .comparison import check_pairing, checkout_commit
 from .measures import copy_tensors, tensor_differences, worst
-from .official_loop import OfficialRun, run_official_loop
+from .official_loop import LoopSetup, OfficialRun, run_official_loop
 from .ours import OursSide
 from .pairs import MethodPair
 from .setting import Setting
 
-__all__ = ["LOOP_METHODS", "METRICS", "LoopRow", "Point", "compare_loop"]
+__all__ = ["LOOP_METHODS", "LOOP_SETUPS", "METRICS", "LoopRow", "Point", "compare_loop"]
 
-#: the methods whose official run is ``main.py`` with the launch scripts' flags and nothing more (MISA
-#: needs its prompt files; the HiDe family's classifier alignment, the reseeding and batch of 64 of the
-#: side-by-side rows)
-LOOP_METHODS = ("l2p", "dualprompt", "mvp", "flyprompt", "sd-lora")
+# HiDe-Prompt's and NoRGa's classifier alignment: its batch of 64 whatever the stream's, as the side-by-side
+# rows give it (``hide_state.setup_trainer``), and their reseeding before each session end.
+_ALIGNMENT = {"batchsize": 64}
+#: the pairs run through the official loop, and what each run gets beyond the launch scripts' flags
+#: (MISA's official run needs its prompt files; HiDe-LoRA's and HiDe-Adapter's their expert blocks)
+LOOP_SETUPS: Dict[str, LoopSetup] = {
+    "l2p": LoopSetup(), "dualprompt": LoopSetup(), "mvp": LoopSetup(), "flyprompt": LoopSetup(),
+    "hide": LoopSetup(attributes=_ALIGNMENT), "hide-no-orth": LoopSetup(("--lam_orth", "0"), _ALIGNMENT),
+    "norga": LoopSetup(attributes=_ALIGNMENT), "norga-no-orth": LoopSetup(("--lam_orth", "0"), _ALIGNMENT),
+    "sd-lora": LoopSetup(),
+}
+LOOP_METHODS = tuple(LOOP_SETUPS)
 #: (our ``summarize`` key, the official summary's key)
 METRICS = (("A_auc", "A_auc"), ("A_last", "A_last"), ("A_avg", "A_avg"), ("F_last", "F_last"), ("BWT", "BWT_last"))
 
@@ -137,23 +146,27 @@ def _preparation(pair: MethodPair, ours: OursSide):
     return prepare
 
 
-def compare_loop(checkout: ref.Checkout, pair: MethodPair, setting: Setting) -> LoopRow:
-    """Run ``pair``'s official loop, then our runner, on ``setting``; compare (module docstring)."""
+def compare_loop(
+    checkout: ref.Checkout, pair: MethodPair, setting: Setting, setup: Optional[LoopSetup] = None
+) -> LoopRow:
+    """Run ``pair``'s official loop (with ``setup``'s flags and attributes: ``LOOP_SETUPS``), then our
+    runner, on ``setting``; compare (module docstring)."""
     started = time.perf_counter()
     torch.manual_seed(setting.seed)
     train, test = setting.data()
     ours = OursSide(pair, setting, train, test)
     order = [indices.tolist() for indices in ours.run.stream.session_orders]
+    setup = dataclasses.replace(setup or LoopSetup(), order=order, session_end_seed=pair.session_end_seed)
     official = run_official_loop(checkout, pair.official, setting, train=train, test=test,
                                  backbone=ours.model.backbone, lr=pair.official_lr,
-                                 prepare=_preparation(pair, ours), order=order)
+                                 prepare=_preparation(pair, ours), setup=setup)
     check_pairing(pair, official, ours)
     ours.trainer.train()
     batches = [batch.indices.tolist() for batch in ours.batches()]
     differences = tensor_differences(official.state(), ours.state(), pair.names())
     log = ours.run.evaluator.logs[ours.variant]
     return LoopRow(
-        method=pair.method, official=ref.CLASSES[pair.official][3], commit=checkout_commit(checkout.path),
+        method=f"{pair.method} ({pair.variant})" if pair.variant else pair.method, official=ref.CLASSES[pair.official][3], commit=checkout_commit(checkout.path),
         batches=len(batches), stream=_stream(official, batches), official_points=official_points(official),
         our_points=our_points(ours), official_metrics=official.summary,
         our_metrics=summarize(log), our_float32=float32_class_metrics(log), weights_relative=worst(differences).relative,

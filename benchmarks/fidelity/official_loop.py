@@ -31,7 +31,7 @@ import tempfile
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ from benchmarks.speed import reference_checkout as ref
 from .official import BACKBONE_NAME, CopiedBackbone
 from .setting import Setting
 
-__all__ = ["DATASET", "LOOP_FILES", "LoopEvaluation", "OfficialRun", "missing_loop_files", "official_arguments",
+__all__ = ["DATASET", "LOOP_FILES", "LoopEvaluation", "LoopSetup", "OfficialRun", "missing_loop_files", "official_arguments",
            "run_official_loop"]
 
 DATASET = "fidelity_generated"  # the --dataset name of the generated set
@@ -159,15 +159,30 @@ def _identity(images: Tensor) -> Tensor:
     return images
 
 
+@dataclass(frozen=True)
+class LoopSetup:
+    """What an official run gets beyond the launch scripts' flags: more ``flags``; ``attributes`` of the
+    trainer set once ``main_worker`` has built its data and training loader; ``session_end_seed``: the
+    global generator reseeded with it plus the session before each ``online_after_task`` (as both sides
+    of a pair with ``MethodPair.session_end_seed`` are); ``order``: the per-session dataset indices fed
+    to the sampler when its own differ (``None``: its own)."""
+
+    flags: Tuple[str, ...] = ()
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    session_end_seed: Optional[int] = None
+    order: Optional[List[List[int]]] = None
+
+
 class _Watcher:
     """Set on the trainer instance, in front of the class's own methods (which it calls unchanged):
     the data substitutions after ``setup_distributed_dataset``, our initial state after
     ``setup_distributed_model``, and the records of the batches and evaluations."""
 
-    def __init__(self, trainer: Any, prepare: Callable[[nn.Module], None], order: Optional[List[List[int]]]) -> None:
-        self.trainer, self.prepare, self.order = trainer, prepare, order
+    def __init__(self, trainer: Any, prepare: Callable[[nn.Module], None], setup: "LoopSetup") -> None:
+        self.trainer, self.prepare, self.setup = trainer, prepare, setup
         self.run, self.samples_seen = OfficialRun(), 0
-        for name in ("setup_distributed_dataset", "setup_distributed_model", "online_step", "online_evaluate"):
+        for name in ("setup_distributed_dataset", "setup_distributed_model", "online_step", "online_evaluate",
+                     "online_after_task"):
             setattr(trainer, name, getattr(self, name))
 
     def _own(self, name: str) -> Callable[..., Any]:
@@ -176,10 +191,11 @@ class _Watcher:
     def setup_distributed_dataset(self) -> None:
         self._own("setup_distributed_dataset")()
         self.trainer.train_transform = self.trainer.test_transform_tensor = _identity
-        sampler = self.trainer.train_sampler
+        self.trainer.__dict__.update(self.setup.attributes)
+        sampler, order = self.trainer.train_sampler, self.setup.order
         self.run.sampler_orders = [[int(i) for i in indices] for indices in sampler.indices]
-        if self.order is not None and self.order != self.run.sampler_orders:
-            sampler.indices, self.run.fed = [list(indices) for indices in self.order], True
+        if order is not None and order != self.run.sampler_orders:
+            sampler.indices, self.run.fed = [list(indices) for indices in order], True
 
     def setup_distributed_model(self) -> None:
         self._own("setup_distributed_model")()
@@ -189,6 +205,11 @@ class _Watcher:
         self.run.batches.append([int(i) for i in idx])
         self.samples_seen += int(images.shape[0])
         return self._own("online_step")(images, labels, idx)
+
+    def online_after_task(self, task_id: int) -> Any:
+        if self.setup.session_end_seed is not None:
+            torch.manual_seed(self.setup.session_end_seed + task_id)
+        return self._own("online_after_task")(task_id)
 
     def online_evaluate(self, test_loader: Any, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         result = self._own("online_evaluate")(test_loader, *args, **kwargs)
@@ -289,10 +310,10 @@ def _cudnn_kept() -> Iterator[None]:
 
 def run_official_loop(
     checkout: ref.Checkout, method: str, setting: Setting, *, train: Any, test: Any, backbone: nn.Module, lr: float,
-    prepare: Callable[[nn.Module], None], order: Optional[List[List[int]]] = None,
+    prepare: Callable[[nn.Module], None], setup: LoopSetup = LoopSetup(),
 ) -> OfficialRun:
     """``main.py``'s run of ``method`` (a key of ``reference_checkout.CLASSES``) on ``setting`` (see the
-    module docstring); ``order``, when given and unlike the sampler's, is fed to the sampler instead."""
+    module docstring), with ``setup``'s additions."""
     official_method = _METHOD_FLAGS.get(method, method)
     data = _DataSets(train, test)
     online_iter_dataset = _module_from_file(
@@ -301,12 +322,12 @@ def run_official_loop(
     substitutes = {"DATASETS": {DATASET: data}, "get_statistics": data.statistics,
                    "OnlineIterDataset": online_iter_dataset}
     with tempfile.TemporaryDirectory(prefix="fidelity-loop-") as logs:
-        argv = official_arguments(setting, official_method, lr, logs)
+        argv = [*official_arguments(setting, official_method, lr, logs), *setup.flags]
         args = _parse(checkout, official_method, checkout.trainers[method], argv)
         args.rnd_seed = args.seeds[0]  # main.py's loop over --seeds, for the one seed
         trainer = checkout.trainers[method](**vars(args))
         trainer.world_size, trainer.ngpus_per_nodes = 1, _CpuNode()
-        watcher = _Watcher(trainer, prepare, order)
+        watcher = _Watcher(trainer, prepare, setup)
         factory = CopiedBackbone(checkout, setting, backbone)
         with _replaced(checkout.base_trainer.main_worker.__globals__, substitutes), _cudnn_kept(), \
                 ref.backbone_factory(checkout, BACKBONE_NAME, factory), _captured_log() as log:
