@@ -15,6 +15,8 @@ Substituted from outside, nothing in the checkout written (docs/verification.md 
 * the backbone: ``--backbone`` names the checkout's ViT loaded with our backbone's weights;
 * the start: once ``main_worker`` has built the model, the model takes our method's initial state
   (the ``prepare`` callable), as in the side-by-side comparison;
+* what a pair's side-by-side row also gives the official trainer (``LoopSetup``): more flags, trainer
+  attributes once its training loader is built, the generator reseeded before each session end;
 * what is read: the batches ``online_step`` gets (their dataset indices), the evaluations
   ``online_evaluate`` makes (stream position, test samples, accuracy), the log records and files.
 """
@@ -178,7 +180,7 @@ class _Watcher:
     the data substitutions after ``setup_distributed_dataset``, our initial state after
     ``setup_distributed_model``, and the records of the batches and evaluations."""
 
-    def __init__(self, trainer: Any, prepare: Callable[[nn.Module], None], setup: "LoopSetup") -> None:
+    def __init__(self, trainer: Any, prepare: Callable[[nn.Module], None], setup: LoopSetup) -> None:
         self.trainer, self.prepare, self.setup = trainer, prepare, setup
         self.run, self.samples_seen = OfficialRun(), 0
         for name in ("setup_distributed_dataset", "setup_distributed_model", "online_step", "online_evaluate",
