@@ -20,6 +20,8 @@ from benchmarks.ablation.metrics import (
     a_last,
     bwt,
     class_accuracy_matrix,
+    class_backward_transfer,
+    class_forgetting,
     count_correct,
     f_last,
     first_exposure_sessions,
@@ -126,6 +128,22 @@ def test_code_definitions_match_reference_loops_on_random_logs():
         ref_f, ref_b = _reference_forgetting_and_bwt(cls)
         assert f_last(log) == pytest.approx(ref_f, abs=1e-12)
         assert bwt(log) == pytest.approx(ref_b, abs=1e-12)
+
+
+def test_float32_class_accuracies_are_the_references_and_move_f_last_by_rounding_only():
+    # The reference divides float32 tensors: correct / (count + 1e-5). dtype=np.float32 gives its values
+    # bit for bit; the float64 default differs by float32 rounding, and so do F_last and BWT.
+    log = hand_log()
+    expected = [(torch.tensor(r.correct, dtype=torch.float32) / (torch.tensor(r.total, dtype=torch.float32) + 1e-5))
+                .tolist() for r in log.session_ends]
+    rounded = class_accuracy_matrix(log, dtype=np.float32)
+    for row, values in zip(rounded, expected):
+        assert row[: len(values)].tolist() == values
+    exact = class_accuracy_matrix(log)
+    assert not np.array_equal(rounded, exact) and np.abs(rounded - exact).max() < 1e-7
+    assert class_forgetting(exact) == f_last(log) and class_backward_transfer(exact) == bwt(log)
+    assert 0 < abs(class_forgetting(rounded) - f_last(log)) < 1e-7
+    assert class_forgetting(rounded) == pytest.approx(_reference_forgetting_and_bwt(rounded)[0], abs=0)
 
 
 def test_zero_exposed_classes_never_divide_by_zero():

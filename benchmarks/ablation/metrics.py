@@ -27,6 +27,8 @@ __all__ = [
     "AnytimeEvalTrigger",
     "count_correct",
     "class_accuracy_matrix",
+    "class_forgetting",
+    "class_backward_transfer",
     "first_exposure_sessions",
     "session_accuracy_matrix",
     "a_auc",
@@ -143,11 +145,12 @@ class EvalRecord:
         total = int(self.total.sum())
         return int(self.correct.sum()) / total if total else math.nan
 
-    def class_accuracy(self, epsilon: float = 0.0) -> np.ndarray:
-        """``(K,)`` per-class accuracy ``correct / (total + epsilon)``; NaN for classes without samples
-        when ``epsilon == 0`` (the reference uses ``epsilon=1e-5``, which gives 0 there)."""
+    def class_accuracy(self, epsilon: float = 0.0, dtype: Any = np.float64) -> np.ndarray:
+        """``(K,)`` per-class accuracy ``correct / (total + epsilon)``, computed in ``dtype``; NaN for
+        classes without samples when ``epsilon == 0`` (the reference uses ``epsilon=1e-5``, which gives 0
+        there)."""
         with np.errstate(divide="ignore", invalid="ignore"):
-            return self.correct / (self.total + epsilon)
+            return self.correct.astype(dtype) / (self.total.astype(dtype) + dtype(epsilon))
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-serialisable form (plain ints and lists)."""
@@ -377,20 +380,23 @@ class AnytimeEvalTrigger:
 # ----------------------------------------------------------------------------------------------------
 
 
-def class_accuracy_matrix(log: EvaluationLog, epsilon: float = REFERENCE_EPSILON) -> np.ndarray:
+def class_accuracy_matrix(
+    log: EvaluationLog, epsilon: float = REFERENCE_EPSILON, dtype: Any = np.float64
+) -> np.ndarray:
     """``(T, K)`` per-class accuracies at the session ends, exposure-indexed (reference ``cls_acc``).
 
     ``K`` is the number of classes exposed at the last session end; classes not yet exposed at an
     earlier session end get 0 (as in the reference, whose vectors have one entry per class and zero
-    counts there). With the default ``epsilon=1e-5`` the entries are exactly the reference's
-    ``correct / (count + 1e-5)``.
+    counts there). The entries are ``correct / (count + epsilon)`` divided in ``dtype`` (the matrix
+    is float64 either way): the reference divides float32 tensors, so ``dtype=np.float32`` gives its
+    ``cls_acc`` exactly, and the float64 default differs from it by float32 rounding (about 6e-8).
     """
     ends = log.session_ends
     width = max((r.num_exposed for r in ends), default=0)
     matrix = np.zeros((len(ends), width), dtype=np.float64)
     for row, rec in enumerate(ends):
         if rec.num_exposed:
-            values = rec.class_accuracy(epsilon)
+            values = rec.class_accuracy(epsilon, dtype)
             matrix[row, : rec.num_exposed] = np.nan_to_num(values, nan=0.0)
     return matrix
 
@@ -504,12 +510,7 @@ def f_last(log: EvaluationLog, definition: Definition = "code", class_session: O
     """
     _check_definition(definition)
     if definition == "code":
-        cls = class_accuracy_matrix(log)
-        if cls.shape[0] < 2:
-            return math.nan
-        best_before = cls[:-1].max(axis=0)
-        counted = best_before > 0
-        return _nan_mean((best_before - cls[-1])[counted])
+        return class_forgetting(class_accuracy_matrix(log))
     matrix = session_accuracy_matrix(log, class_session)
     if matrix.size == 0:
         return math.nan
@@ -532,20 +533,35 @@ def bwt(log: EvaluationLog, definition: Definition = "code", class_session: Opti
     """
     _check_definition(definition)
     if definition == "code":
-        cls = class_accuracy_matrix(log)
-        if cls.shape[0] < 2:
-            return math.nan
-        before = cls[:-1]
-        nonzero = before > 0
-        counted = nonzero.any(axis=0)
-        first_row = np.argmax(nonzero, axis=0)  # first True per column
-        first_acc = before[first_row, np.arange(before.shape[1])]
-        return _nan_mean((cls[-1] - first_acc)[counted])
+        return class_backward_transfer(class_accuracy_matrix(log))
     matrix = session_accuracy_matrix(log, class_session)
     if matrix.shape[0] < 2:
         return math.nan
     diag = np.diagonal(matrix)[:-1]
     return _nan_mean(matrix[-1, :-1] - diag)
+
+
+def class_forgetting(cls: np.ndarray) -> float:
+    """F_last of the code from a ``(T, K)`` :func:`class_accuracy_matrix`: over the classes whose best
+    accuracy before the last session end is > 0, the mean of that best minus the final accuracy."""
+    if cls.shape[0] < 2:
+        return math.nan
+    best_before = cls[:-1].max(axis=0)
+    counted = best_before > 0
+    return _nan_mean((best_before - cls[-1])[counted])
+
+
+def class_backward_transfer(cls: np.ndarray) -> float:
+    """BWT of the code from a ``(T, K)`` :func:`class_accuracy_matrix`: over the classes with a
+    non-zero accuracy before the last session end, the mean of the final minus the first such one."""
+    if cls.shape[0] < 2:
+        return math.nan
+    before = cls[:-1]
+    nonzero = before > 0
+    counted = nonzero.any(axis=0)
+    first_row = np.argmax(nonzero, axis=0)  # first True per column
+    first_acc = before[first_row, np.arange(before.shape[1])]
+    return _nan_mean((cls[-1] - first_acc)[counted])
 
 
 def summarize(

@@ -13,15 +13,33 @@ from benchmarks.speed import reference_checkout as ref
 from .pairs import MethodPair
 from .setting import Setting
 
-__all__ = ["OfficialSide", "official_backbone_state"]
+__all__ = ["BACKBONE_NAME", "CopiedBackbone", "OfficialSide", "official_backbone_state"]
 
-_BACKBONE_NAME = "fidelity_vit"  # what the official model asks models.vit for, while it is built
+BACKBONE_NAME = "fidelity_vit"  # what the official model asks models.vit for, while it is built
 
 
 def official_backbone_state(timm_backbone: nn.Module) -> Dict[str, Tensor]:
     """Our timm backbone's weights under the official ViT's names (its classifier is ``fc``, the
     method's head, which is copied separately; timm's is unused and left out)."""
     return {name: tensor for name, tensor in timm_backbone.state_dict().items() if not name.startswith("head.")}
+
+
+class CopiedBackbone:
+    """What ``models.vit.<BACKBONE_NAME>`` is while an official model is built: the checkout's own
+    ``VisionTransformer`` in the setting's shape, loaded with our backbone's weights."""
+
+    def __init__(self, checkout: ref.Checkout, setting: Setting, backbone: nn.Module) -> None:
+        self.vision_transformer, self.shape = checkout.vit.VisionTransformer, setting.shape
+        self.state = official_backbone_state(backbone)
+
+    def __call__(self, pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        vit = self.vision_transformer(**self.shape, **kwargs)
+        missing, unexpected = vit.load_state_dict(self.state, strict=False)
+        if unexpected or [name for name in missing if not name.startswith("fc.")]:
+            raise ValueError(
+                f"the official ViT does not take our backbone's weights: missing {missing}, unexpected {unexpected}"
+            )
+        return vit
 
 
 class OfficialSide:
@@ -51,21 +69,9 @@ class OfficialSide:
     def _build(
         checkout: ref.Checkout, pair: MethodPair, setting: Setting, backbone: nn.Module, num_classes: int
     ) -> nn.Module:
-        state = official_backbone_state(backbone)
-        vision_transformer = checkout.vit.VisionTransformer
-
-        def factory(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-            vit = vision_transformer(**setting.shape, **kwargs)
-            missing, unexpected = vit.load_state_dict(state, strict=False)
-            if unexpected or [name for name in missing if not name.startswith("fc.")]:
-                raise ValueError(
-                    f"the official ViT does not take our backbone's weights: missing {missing}, unexpected {unexpected}"
-                )
-            return vit
-
-        with ref.backbone_factory(checkout, _BACKBONE_NAME, factory):
+        with ref.backbone_factory(checkout, BACKBONE_NAME, CopiedBackbone(checkout, setting, backbone)):
             return checkout.models[pair.official](
-                backbone_name=_BACKBONE_NAME, pretrained=True, num_classes=num_classes,
+                backbone_name=BACKBONE_NAME, pretrained=True, num_classes=num_classes,
                 task_num=setting.num_experts, rp_dim=setting.expansion_dim, rp_ridge=setting.ridge,
                 **pair.official_kwargs,
             )

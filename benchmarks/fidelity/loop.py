@@ -1,0 +1,101 @@
+"""``python -m benchmarks.fidelity.loop``: the official trainer's own online loop (FlyGCL's ``main.py``:
+its stream, evaluation points and summary metrics) against the cross-ablation's runner, method by
+method, on the fidelity setting (docs/verification.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import torch
+
+from benchmarks.speed import reference_checkout as ref
+
+from .loop_comparison import LOOP_METHODS, LOOP_SETUPS, LoopRow, compare_loop
+from .official_loop import missing_loop_files
+from .pairs import PAIRS
+from .setting import Setting
+
+__all__ = ["main", "markdown_table", "parse_args"]
+
+_COLUMNS = (
+    "method", "official trainer (commit)", "stream (batches)", "evaluation points (anytime + session ends)",
+    "accuracies: largest difference", "A_auc ours / official", "A_last ours / official", "A_avg ours / official",
+    "F_last ours - official (float32 per-class)", "BWT ours - official (float32 per-class)",
+    "trained tensors: relative difference",
+)
+
+
+def _percent(row: LoopRow, ours: str, official: str) -> str:
+    return f"{100 * row.our_metrics[ours]:.2f} / {100 * row.official_metrics[official]:.2f}"
+
+
+def _difference(row: LoopRow, ours: str, official: str) -> str:
+    plain = row.our_metrics[ours] - row.official_metrics[official]
+    rounded = row.our_float32[ours] - row.official_metrics[official]
+    return f"{plain:.1e} ({rounded:.1e})"
+
+
+def _cells(row: LoopRow) -> List[str]:
+    anytime = sum(point.kind == "anytime" for point in row.official_points)
+    ends = len(row.official_points) - anytime
+    points = f"{anytime} + {ends}, " + ("equal" if row.points_equal else f"differ (ours {len(row.our_points)})")
+    return [
+        row.method, f"{row.official} ({row.commit[:7]})", f"{row.stream} ({row.batches})", points,
+        f"{row.accuracy_difference:.1e}", _percent(row, "A_auc", "A_auc"), _percent(row, "A_last", "A_last"),
+        _percent(row, "A_avg", "A_avg"), _difference(row, "F_last", "F_last"), _difference(row, "BWT", "BWT_last"),
+        f"{row.weights_relative:.1e}",
+    ]
+
+
+def markdown_table(rows: Sequence[LoopRow]) -> str:
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity.loop", description=__doc__)
+    parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
+    parser.add_argument("--methods", nargs="+", choices=LOOP_METHODS, default=list(LOOP_METHODS))
+    parser.add_argument("--json", type=Path, help="write the rows, every evaluation included, to this JSON file")
+    parser.add_argument("--markdown", type=Path, help="write the table to this Markdown file")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    # The official trainers use torch.cuda.amp, which current torch flags on every call.
+    warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp")
+    pairs = [PAIRS[name] for name in args.methods]
+    try:
+        checkout = ref.load_checkout(args.flygcl, sorted({pair.official for pair in pairs}))
+        if missing := missing_loop_files(checkout.path):
+            raise FileNotFoundError(f"--flygcl {args.flygcl}: expected a checkout of AnAppleCore/FlyGCL, missing "
+                                    f"{', '.join(missing)}")
+    except (FileNotFoundError, ValueError) as error:
+        print(f"python -m benchmarks.fidelity.loop: {error}", file=sys.stderr)
+        return 2
+    setting = Setting()
+    rows = []
+    for name, pair in zip(args.methods, pairs):
+        rows.append(compare_loop(checkout, pair, setting, LOOP_SETUPS[name]))
+        print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
+    table = markdown_table(rows)
+    print(table)
+    if args.json is not None:
+        record = {"setting": vars(setting) | {"shape": setting.shape}, "rows": [row.to_dict() for row in rows]}
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+    if args.markdown is not None:
+        args.markdown.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
