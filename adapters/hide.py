@@ -290,7 +290,7 @@ class _ExpertModel(_PrefixModel):
     two share one pass (:class:`SharedPass`, through the wrapped ``backbone.forward_features``). In
     training the retrofit runs it at the stream batch's first ``forward_prompt`` and the gate's call that
     follows takes it; at inference the gate's pass is kept for the routed ``forward_prompt`` that follows
-    (a call whose loop did not run the gate first runs its own)."""
+    (a call whose loop did not run the gate first runs its own), as in training when the gate runs first."""
 
     def __init__(self, family: HiDe, run_query_module: bool) -> None:
         if not run_query_module:
@@ -330,11 +330,12 @@ class _ExpertModel(_PrefixModel):
 
     def forward_features(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
         """The backbone's prompt-free pass (the gate's): the retrofit's when it ran it for this very call;
-        at routed inference it is kept for the ``forward_prompt`` that follows."""
+        kept for a ``forward_prompt`` that follows and needs the router features (routed inference, or a
+        stream batch's first training forward in a loop that runs the gate first)."""
         handle = self.family.handle
         if not self.family.active or args or kwargs or not isinstance(x, Tensor):
             return self.shared.features(x, *args, **kwargs)
-        return self.shared.run(x, keep=not handle.training and handle.routing_active())
+        return self.shared.run(x, keep=handle.batch.query is None if handle.training else handle.routing_active())
 
     def query(self, x: Tensor, *, keep: bool) -> Tensor:
         """The router features of ``x``, from the shared pass (kept for the gate's call when ``keep``)."""

@@ -156,6 +156,13 @@ def test_a_pass_is_shared_only_for_the_same_unchanged_input_without_a_graph(adap
         assert routed_passes(ours, probe) == 1  # the gate's input changed in place since
         model.forward_gate(x)
         assert routed_passes(ours, x) == 0  # the gate's very pass
+    model.train()
+    x, _ = stream(1)
+    before = ours.passes.calls
+    model.forward_gate(x)  # a loop that runs the gate first: its pass gives the stream batch's query
+    model.forward_prompt(x, task_id=1)
+    assert ours.passes.calls - before == 1 and torch.equal(ours.handle.batch.query, ours.class_token(x))
+    ours.handle.end_batch()
     model.backbone.requires_grad_(True)  # the gate's pass would record a graph: it runs its own
     before = ours.passes.calls
     ours.online_train(*stream(1), 1)
