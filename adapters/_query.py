@@ -64,9 +64,10 @@ class SharedPass:
     """The prompt-free pass ``backbone.forward_features(images)`` run once for two readers: the model's own
     (a gate that reads the frozen class token) and the router. Whichever asks first runs the pass and, when
     told the other follows, keeps it; the other takes it if it asks for the very same input tensor,
-    unchanged, with the pass's output unchanged, in the same backbone mode and autocast state, neither
-    recording an autograd graph: the pass it would have run itself. Any other call runs its own pass. A
-    take drops what was kept, matching or not: a kept pass lives from one reader's call to the next call.
+    unchanged, with the pass's output and the backbone's weights unchanged, in the same backbone mode and
+    autocast state, neither recording an autograd graph: the pass it would have run itself. Any other call
+    runs its own pass. A take drops what was kept, matching or not: a kept pass lives from one reader's call
+    to the next call.
 
     Held by the retrofit only (no module of the model holds it): ``features`` is the backbone's own
     ``forward_features``, taken before the retrofit replaces that attribute.
@@ -78,12 +79,12 @@ class SharedPass:
         self.kept: Optional[Tuple[Tensor, Tuple[Any, ...], Any, int]] = None
 
     def context(self, images: Tensor) -> Tuple[Any, ...]:
-        """What the pass's result depends on besides the backbone's weights, which are frozen when no graph
-        would be recorded."""
-        graph = torch.is_grad_enabled() and (
-            images.requires_grad or any(p.requires_grad for p in self.backbone.parameters())
-        )
-        return images._version, bool(self.backbone.training), graph, _autocast(images.device.type)
+        """What the pass's result depends on besides the input tensor itself: its contents (version), the
+        backbone's weights (their objects and versions) and mode, autocast, and whether it records a graph."""
+        tensors = [*self.backbone.parameters(), *self.backbone.buffers()]
+        graph = torch.is_grad_enabled() and (images.requires_grad or any(t.requires_grad for t in tensors))
+        weights = tuple((id(t), t._version) for t in tensors)
+        return images._version, weights, bool(self.backbone.training), _autocast(images.device.type), graph
 
     def take(self, images: Tensor) -> Any:
         """The kept pass if it is this call's, else ``None``; nothing is kept afterwards."""
@@ -91,7 +92,7 @@ class SharedPass:
         if kept is None:
             return None
         held, context, output, version = kept
-        if held is images and class_token(output)._version == version and not context[2] \
+        if held is images and class_token(output)._version == version and not context[-1] \
                 and context == self.context(images):
             return output
         return None

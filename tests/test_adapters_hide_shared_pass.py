@@ -155,6 +155,9 @@ def test_a_pass_is_shared_only_for_the_same_unchanged_input_without_a_graph(adap
         probe.mul_(-1.0)
         assert routed_passes(ours, probe) == 1  # the gate's input changed in place since
         model.forward_gate(x)
+        model.backbone.norm.weight.mul_(1.0)
+        assert routed_passes(ours, x) == 1  # the backbone's weights written since
+        model.forward_gate(x)
         assert routed_passes(ours, x) == 0  # the gate's very pass
     model.train()
     x, _ = stream(1)
