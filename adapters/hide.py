@@ -289,8 +289,8 @@ class _ExpertModel(_PrefixModel):
     class token of the frozen pass ``backbone.forward_features(x)``, which the model's gate runs too: the
     two share one pass (:class:`SharedPass`, through the wrapped ``backbone.forward_features``). In
     training the retrofit runs it at the stream batch's first ``forward_prompt`` and the gate's call that
-    follows takes it; at inference the gate's pass is kept for the routed ``forward_prompt`` that follows
-    (a call whose loop did not run the gate first runs its own), as in training when the gate runs first."""
+    follows takes it; at inference (and in training when the loop runs the gate first) the gate's pass is
+    kept for the ``forward_prompt`` that follows (one whose loop did not run the gate first runs its own)."""
 
     def __init__(self, family: HiDe, run_query_module: bool) -> None:
         if not run_query_module:
