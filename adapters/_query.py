@@ -1,13 +1,15 @@
 """Where the router's query features come from: a module's output, a call's first tensor, or the
-prompt-free class token the retrofit computes itself."""
+prompt-free class token the retrofit computes itself, alone or sharing the pass with the model's own
+reader of that token."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+import torch
 from torch import Tensor, nn
 
-__all__ = ["ClassToken", "default_query", "first_tensor"]
+__all__ = ["ClassToken", "SharedPass", "class_token", "default_query", "first_tensor"]
 
 
 def default_query(output: Any) -> Tensor:
@@ -39,7 +41,70 @@ class ClassToken(nn.Module):
         self.__dict__["backbone"] = backbone  # not a submodule: the model holds it
 
     def forward(self, images: Tensor) -> Tensor:
-        features = self.backbone.forward_features(images)
-        if isinstance(features, (tuple, list)):
-            features = features[0]
-        return features[:, 0]
+        return class_token(self.backbone.forward_features(images))
+
+
+def class_token(features: Any) -> Tensor:
+    """The class token of a ``forward_features`` output: ``(B, N, D)`` (or a tuple starting with it) -> ``(B, D)``."""
+    if isinstance(features, (tuple, list)):
+        features = features[0]
+    return features[:, 0]
+
+
+def _autocast(device_type: str) -> Tuple[bool, torch.dtype]:
+    """Whether autocast is on for ``device_type``, and its dtype."""
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
+        return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+    if device_type == "cpu":
+        return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+
+
+class SharedPass:
+    """The prompt-free pass ``backbone.forward_features(images)`` run once for two readers: the model's own
+    (a gate that reads the frozen class token) and the router. Whichever asks first runs the pass and, when
+    told the other follows, keeps it; the other takes it if it asks for the very same input tensor,
+    unchanged, with the pass's output and the backbone's weights unchanged, in the same backbone mode and
+    autocast state, neither recording an autograd graph: the pass it would have run itself. Any other call
+    runs its own pass. A take drops what was kept, matching or not: a kept pass lives from one reader's call
+    to the next call.
+
+    Held by the retrofit only (no module of the model holds it): ``features`` is the backbone's own
+    ``forward_features``, taken before the retrofit replaces that attribute.
+    """
+
+    def __init__(self, backbone: nn.Module) -> None:
+        self.backbone = backbone
+        self.features: Callable[[Tensor], Any] = backbone.forward_features
+        self.kept: Optional[Tuple[Tensor, Tuple[Any, ...], Any, int]] = None
+
+    def context(self, images: Tensor) -> Tuple[Any, ...]:
+        """What the pass's result depends on besides the input tensor itself: its contents (version), the
+        backbone's weights (their objects and versions) and mode, autocast, and whether it records a graph."""
+        tensors = [*self.backbone.parameters(), *self.backbone.buffers()]
+        graph = torch.is_grad_enabled() and (images.requires_grad or any(t.requires_grad for t in tensors))
+        weights = tuple((id(t), t._version) for t in tensors)
+        return images._version, weights, bool(self.backbone.training), _autocast(images.device.type), graph
+
+    def take(self, images: Tensor) -> Any:
+        """The kept pass if it is this call's, else ``None``; nothing is kept afterwards."""
+        kept, self.kept = self.kept, None
+        if kept is None:
+            return None
+        held, context, output, version = kept
+        if held is images and class_token(output)._version == version and not context[-1] \
+                and context == self.context(images):
+            return output
+        return None
+
+    def run(self, images: Tensor, *, keep: bool) -> Any:
+        """``forward_features(images)``: the kept pass if it is this call's, else a new one (kept when ``keep``)."""
+        output = self.take(images)
+        if output is None:
+            output = self.features(images)
+            if keep:
+                self.kept = (images, self.context(images), output, class_token(output)._version)
+        return output
+
+    def clear(self) -> None:
+        self.kept = None

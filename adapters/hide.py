@@ -13,7 +13,8 @@ Minhchuyentoancbn/MoE_PromptCL) and FlyGCL's port. The routed task replaces the 
   the same two branches, with per-task LoRA (``lora_expert``) or adapters (``adapter_expert``) in place of
   the prefixes, which split the batch by task and put it back in order (batch independent). The routed task
   replaces ``forward_prompt``'s ``task_id`` as above; the router features are the prompt-free final-norm
-  class token of ``backbone.forward_features``, computed by the retrofit (FlyGCL gives these models no RP gate).
+  class token of ``backbone.forward_features`` (FlyGCL gives these models no RP gate), from the same frozen
+  pass as the gate's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from fly_modules._validation import InvalidParameterError
 
 from ._assembly import check_assembly
 from ._family import AdapterFamily, Plan
-from ._query import ClassToken, default_query
+from ._query import SharedPass, class_token, default_query
 from ._registry import register_family
 from ._seams import SeamError, backbone_of, count_experts, find_head, named_parameters
 
@@ -284,8 +285,12 @@ class _PrefixModel:
 # --------------------------------------------------------------------- FlyGCL's expert models
 class _ExpertModel(_PrefixModel):
     """FlyGCL's ``HiDeLoRAModel`` / ``HiDeAdapterModel``: ``forward_prompt`` wrapped as in the prefix
-    layout, the router features the prompt-free class token (computed once per stream batch in training,
-    once per routed inference call, under ``no_grad``), the task used read from the expert module's call."""
+    layout, the task used read from the expert module's call, and the router features the prompt-free
+    class token of the frozen pass ``backbone.forward_features(x)``, which the model's gate runs too: the
+    two share one pass (:class:`SharedPass`, through the wrapped ``backbone.forward_features``). In
+    training the retrofit runs it at the stream batch's first ``forward_prompt`` and the gate's call that
+    follows takes it; at inference (and in training when the loop runs the gate first) the gate's pass is
+    kept for the ``forward_prompt`` that follows (one whose loop did not run the gate first runs its own)."""
 
     def __init__(self, family: HiDe, run_query_module: bool) -> None:
         if not run_query_module:
@@ -295,22 +300,25 @@ class _ExpertModel(_PrefixModel):
             )
         super().__init__(family, run_query_module)
         self.experts: nn.Module = None  # type: ignore[assignment]  (set by plan)
-        self.token: ClassToken = None  # type: ignore[assignment]  (set by plan)
+        self.backbone: nn.Module = None  # type: ignore[assignment]  (set by plan)
+        self.shared: SharedPass = None  # type: ignore[assignment]  (set by install, router on)
 
     def plan(self, num_experts: Optional[int]) -> Plan:
         model = self.family.model
         self.experts = next(getattr(model, name) for name in _EXPERT_MODULES if isinstance(getattr(model, name, None),
                                                                                          nn.Module))
-        backbone = backbone_of(model, "the frozen ViT the experts run in", family=self.family.family,
-                               forward_features=True)
-        self.token = ClassToken(backbone)
+        self.backbone = backbone_of(model, "the frozen ViT the experts run in", family=self.family.family,
+                                    forward_features=True)
         return super().plan(num_experts)
 
     def install(self) -> None:
         family = self.family
         if family.options.router:
-            family.handle.query_source = "the prompt-free class token of model.backbone.forward_features (run by " \
-                "the retrofit)"
+            family.handle.query_source = "the prompt-free class token of model.backbone.forward_features (the pass " \
+                "of forward_gate, or one run by the retrofit)"
+            self.shared = SharedPass(self.backbone)
+            family.install.set_attribute(self.backbone, "forward_features", self.forward_features)
+            family.install.add_undo(self.shared.clear)
         family.install.forward_pre_hook(self.experts, self.experts_called, with_kwargs=True)
         family.install.set_attribute(family.model, "forward_prompt", self.forward_prompt)
 
@@ -320,20 +328,30 @@ class _ExpertModel(_PrefixModel):
         if self.family.active and self.in_prompt and isinstance(ids, Tensor):
             self.prefix_task = ids.detach().reshape(-1).long()
 
-    def query(self, x: Tensor) -> Tensor:
+    def forward_features(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        """The backbone's prompt-free pass (the gate's): the retrofit's when it ran it for this very call;
+        kept for a ``forward_prompt`` that follows and needs the router features (routed inference, or a
+        stream batch's first training forward in a loop that runs the gate first)."""
+        handle = self.family.handle
+        if not self.family.active or args or kwargs or not isinstance(x, Tensor):
+            return self.shared.features(x, *args, **kwargs)
+        return self.shared.run(x, keep=handle.batch.query is None if handle.training else handle.routing_active())
+
+    def query(self, x: Tensor, *, keep: bool) -> Tensor:
+        """The router features of ``x``, from the shared pass (kept for the gate's call when ``keep``)."""
         with torch.no_grad():
-            return self.token(x).detach()
+            return class_token(self.shared.run(x, keep=keep)).detach().clone()
 
     def routed(self, x: Tensor) -> Optional[Tensor]:
         family, handle = self.family, self.family.handle
         if not family.options.router or handle.training or not handle.routing_active():
             return None
-        return family.route(self.query(x))
+        return family.route(self.query(x, keep=False))
 
     def forward_prompt(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
         family, handle = self.family, self.family.handle
         if family.active and family.options.router and handle.training and handle.batch.query is None:
-            family.query_seen(self.query(x))  # the stream batch's first training forward
+            family.query_seen(self.query(x, keep=True))  # the stream batch's first training forward
         return super().forward_prompt(x, *args, **kwargs)
 
 
