@@ -17,6 +17,7 @@ STUDIES: Dict[str, str] = {
     "routers": "the five routers on REAR's expanded features, scored in the routed variants of one training",
     "aggregations": "the six TE2 aggregation rules, scored in the ensemble variants of one training",
     "cost": "parameters, BWT and seconds per batch of every method (python -m benchmarks.studies.cost)",
+    "components": "RanPAC†, the linear probe with and without EMA heads, FlyPrompt with and without them",
 }
 
 
@@ -36,6 +37,11 @@ def study_defaults(args: argparse.Namespace) -> None:
         args.variants = ["router", "both"]  # FlyPrompt: full, its own router replaced
     elif args.study == "aggregations" and args.variants is None:
         args.variants = ["ensemble", "both"]
+    elif args.study == "components":
+        from .components_table import STUDY_METHODS, STUDY_VARIANTS
+
+        args.methods = args.methods or list(STUDY_METHODS)
+        args.variants = args.variants or list(STUDY_VARIANTS)
 
 
 def run_cost_study(args: argparse.Namespace) -> int:
