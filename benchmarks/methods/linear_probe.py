@@ -28,8 +28,10 @@ def single_expert_ids(expert: Optional[Tensor], batch: int, device: torch.device
         return torch.zeros(batch, dtype=torch.long, device=device)
     if expert.shape != (batch,):
         raise ValueError(f"{caller}: expert ids must have shape ({batch},), found {tuple(expert.shape)}")
-    if bool((expert != 0).any()):
-        raise ValueError(f"{caller}: there is one expert, 0; found the expert ids {sorted(set(expert.tolist()))}")
+    others = expert[expert != 0]
+    if others.numel():
+        raise ValueError(f"{caller}: there is one expert, 0; found the expert ids {sorted(set(others.tolist()))}; "
+                         "pass expert=None or zeros")
     return expert.to(device=device, dtype=torch.long)
 
 
