@@ -115,7 +115,7 @@ def test_ranpac_trains_its_adaptation_in_the_first_session_then_solves_the_ridge
     expected = np.maximum(features.double().numpy() @ expansion.T, 0.0) @ weights
     # The features are float32: the classifier expands them with a float32 product (docs/router.md, "Precision").
     np.testing.assert_allclose(scores.numpy(), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
-    assert scores.dtype == torch.float64
+    assert scores.dtype == features.dtype
 
 
 @pytest.mark.parametrize("method,variants", [("ranpac", ["baseline", "oracle"]), ("linear-probe", ["baseline", "ensemble"])])

@@ -39,8 +39,8 @@ class RanPAC(PromptMethod):
     both freeze for good and :meth:`trains_online` turns false: the loop runs one forward without gradients
     per batch, whose class token (of the batch the router's features come from, ``Protocol.router_query``)
     ``on_batch_end`` adds to ``classifier`` with the batch's labels as targets. At inference after the first
-    session the scores are ``relu(h R^T) (G + ridge I)^-1 Q`` (float64), the head's until the classifier has
-    a sample.
+    session the scores are ``relu(h R^T) (G + ridge I)^-1 Q`` (computed in float64), the head's until the
+    classifier has a sample.
 
     Args:
         backbone: a timm ``VisionTransformer`` with a class token; frozen here. Its own classifier is never used.
@@ -149,12 +149,12 @@ class RanPAC(PromptMethod):
         return MethodOutput(self.scores(features), features, query, selection, selection, features.new_zeros(()))
 
     def scores(self, features: Tensor) -> Tensor:
-        """``(B, C)`` class scores: at inference after the first session the ridge classifier's (float64, solved
-        if its statistics changed), else the head's. A training forward never solves: after the first session
-        its scores are only reported."""
+        """``(B, C)`` class scores: at inference after the first session the ridge classifier's (solved in float64
+        if its statistics changed, in the features' dtype, whose precision they have), else the head's. A
+        training forward never solves: after the first session its scores are only reported."""
         if self.training or not self.first_session_done or self.classifier.num_samples == 0:
             return self.head(features)
-        return self.classifier(features)
+        return self.classifier(features).to(features.dtype)
 
     def trainable_parameters(self) -> List[nn.Parameter]:
         """The adapters and the head (frozen, without gradients, after the first session)."""
