@@ -62,13 +62,17 @@ def test_variants_they_cannot_run_are_refused_with_the_reason():
             method(torch.zeros(2, 3, 32, 32), expert=torch.tensor([0, 1]))
 
 
-def test_the_linear_probe_scores_both_variants_on_one_training_as_their_own_runs_do(data):
+def test_the_variants_of_one_training_equal_their_own_runs_through_the_reference_adapter(data):
     together = run_training("linear-probe", "synthetic", 1, ["baseline", "ensemble"], PROTOCOL, *data, device=CPU)
     for variant in ("baseline", "ensemble"):
         alone = run_reference(RunSpec("linear-probe", variant, "synthetic", 1), PROTOCOL, *data, device=CPU)
         assert log_text(together[variant]) == log_text(alone), variant
     assert log_text(together["baseline"]) != log_text(together["ensemble"])  # the EMA heads change predictions
     assert set(together["ensemble"]["diagnostics"]["members"]) == {"online", "ema_0.9", "ema_0.99", "ensemble"}
+    ranpac = run_training("ranpac", "synthetic", 1, ["baseline", "oracle"], PROTOCOL, *data, device=CPU)
+    alone = run_reference(RunSpec("ranpac", "baseline", "synthetic", 1), PROTOCOL, *data, device=CPU)
+    assert log_text(ranpac["baseline"]) == log_text(alone)
+    assert ranpac["oracle"]["log"]["records"] == ranpac["baseline"]["log"]["records"]  # one expert: the same
 
 
 class _Recorder:

@@ -24,7 +24,7 @@ from .paper_numbers import COST
 
 __all__ = ["count_parameters", "cost_rows", "format_cost", "main"]
 
-METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt")
+METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "flyprompt", "linear-probe", "ranpac")
 
 
 def count_parameters(model: torch.nn.Module) -> Dict[str, float]:
@@ -62,10 +62,11 @@ def _measured(results: Optional[Path], method: str) -> Dict[str, Optional[float]
 
 
 def cost_rows(methods: Sequence[str] = METHODS, results: Optional[Path] = None) -> List[Dict[str, Any]]:
-    """One row per method: our counts and measurements beside the paper's."""
+    """One row per method: our counts and measurements beside the paper's (none for a method its cost table
+    has not: the linear probe, RanPAC†)."""
     rows = []
     for method in methods:
-        paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST[method]))
+        paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST.get(method, ())))
         rows.append({"method": method, **method_parameters(method), **_measured(results, method),
                      "paper": paper})
     return rows
@@ -82,9 +83,9 @@ def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
     for row in rows:
         paper = row["paper"]
         lines.append(
-            f"| {row['method']} | {row['total']:.2f} | {paper['total']:.2f} | {row['trainable']:.2f} "
-            f"| {paper['trainable']:.2f} | {row['buffers']:.2f} | {_cell(row['BWT'])} | {paper['BWT']:.2f} "
-            f"| {_cell(row['train_s'], 3)} | {paper['train_s']:.2f} | {row['seeds']} |"
+            f"| {row['method']} | {row['total']:.2f} | {_cell(paper.get('total'))} | {row['trainable']:.2f} "
+            f"| {_cell(paper.get('trainable'))} | {row['buffers']:.2f} | {_cell(row['BWT'])} | {_cell(paper.get('BWT'))} "
+            f"| {_cell(row['train_s'], 3)} | {_cell(paper.get('train_s'))} | {row['seeds']} |"
         )
     return "\n".join(lines)
 
