@@ -81,10 +81,17 @@ class _Recorder:
 
     def __init__(self, model) -> None:
         self.model, self.rows, self.labels, self.frozen = model, [], [], None
-        update, end = model.classifier.update, model.on_session_end
+        self.later_forwards = self.later_batches = 0
+        update, end, forward, batch_end = model.classifier.update, model.on_session_end, model.forward, model.on_batch_end
         model.classifier.update = lambda rows, labels: (self.rows.append(rows.double()),
                                                         self.labels.append(labels), update(rows, labels))[-1]
         model.on_session_end = lambda session: (self.freeze_point(session), end(session))[-1]
+        model.forward = lambda *args, **kwargs: (self.count("later_forwards"), forward(*args, **kwargs))[-1]
+        model.on_batch_end = lambda *args, **kwargs: (self.count("later_batches"), batch_end(*args, **kwargs))[-1]
+
+    def count(self, name: str) -> None:
+        if self.model.training and self.model.first_session_done:
+            setattr(self, name, getattr(self, name) + 1)
 
     def freeze_point(self, session: int) -> None:
         if session == 0:
@@ -102,6 +109,7 @@ def test_ranpac_trains_its_adaptation_in_the_first_session_then_solves_the_ridge
     assert any(not torch.equal(initial[k], recorder.frozen[k]) for k in initial)
     assert all(torch.equal(recorder.frozen[k], model.state_dict()[k]) for k in initial)
     assert not model.trains_online() and not any(p.requires_grad for p in model.trainable_parameters())
+    assert recorder.later_forwards == recorder.later_batches > 0  # one forward per batch, no training step
     rows, labels = torch.cat(recorder.rows).numpy(), torch.cat(recorder.labels).numpy()
     assert len(rows) == len(run.stream) - len(run.stream.session_orders[0])  # every later sample, no first-session one
     # The reference: the same rows expanded in float64, G and Q summed, (G + ridge I) W = Q solved by scipy.
