@@ -19,7 +19,7 @@ from .base import MethodOutput, PromptMethod, QueryFeatures, frozen_cls, registe
 __all__ = ["LinearProbe", "SINGLE_EXPERT_ROUTER_REFUSAL", "single_expert_ids"]
 
 #: Why the routed variants of a method with one expert are skipped.
-SINGLE_EXPERT_ROUTER_REFUSAL = "it has one head and no experts: a router has nothing to choose between"
+SINGLE_EXPERT_ROUTER_REFUSAL = "it has one expert: a router has nothing to choose between"
 
 
 def single_expert_ids(expert: Optional[Tensor], batch: int, device: torch.device, caller: str) -> Tensor:
