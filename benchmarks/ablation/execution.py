@@ -272,6 +272,10 @@ def _write_tables(sweep: Sweep, specs: List[RunSpec], settings: Dict[str, Dict[s
             from benchmarks.studies.study_tables import write_study
 
             markdown += f"\n\n{study} study (study_{study}.md):\n\n" + write_study(sweep.output, results, study)
+    if sweep.study == "components":
+        from benchmarks.studies.components_table import write_components
+
+        markdown += "\n\ncomponents study (study_components.md):\n\n" + write_components(sweep.output, results)
     return markdown, failed
 
 

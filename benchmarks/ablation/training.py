@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -163,14 +163,18 @@ class OnlineTrainer:
             mask = self.training_mask(batch)
             clean = None if self.augment else self.train_set.get_batch(local)[0].to(self.device)
         first: Optional[MethodOutput] = None
-        for _ in range(self.protocol.online_iter):
+        for _ in range(self.protocol.online_iter if self.model.trains_online() else 0):
             with timer("train/augment"):
                 images = self.augment(raw).to(self.device) if self.augment else clean
             with timer("train/steps"):
                 output, loss = self.train_step(images, targets, mask, share)
             first = output if first is None else first
-        with timer("train/router_query"):
-            first = self.with_router_features(first, clean, local)
+        if first is None:  # nothing to train on this batch: one forward, for the hooks
+            with timer("train/forward_only"):
+                images, first, loss = self.forward_only(raw, clean, local, targets, mask, share)
+        else:
+            with timer("train/router_query"):
+                first = self.with_router_features(first, clean, local)
         with timer("train/batch_end"):
             self.model.on_batch_end(images, targets, first, share)
             self.components.end_batch(first.query.router, share)
@@ -193,6 +197,24 @@ class OnlineTrainer:
             self.model.on_optimizer_step(output)
             self.components.after_optimizer_step(output, share)
         return output, loss
+
+    @torch.no_grad()
+    def forward_only(
+        self, raw: Tensor, clean: Optional[Tensor], local: Tensor, targets: Tensor, mask: Tensor, share: BatchShare,
+    ) -> Tuple[Tensor, MethodOutput, Tensor]:
+        """``(images, output, loss)`` of the one forward of a batch the method trains nothing on
+        (``trains_online()`` false), over the images its router features come from (``Protocol.router_query``:
+        the un-augmented batch in fp32, or an augmented copy as a first iteration sees it), so that one pass
+        gives both; the loss is only reported."""
+        if self.protocol.router_query == "clean":
+            images = clean if clean is not None else self.train_set.get_batch(local)[0].to(self.device)
+            output = self.model(images, parallel=share)
+        else:
+            images = self.augment(raw).to(self.device) if self.augment else clean
+            with self.precision.autocast():
+                output = self.model(images, parallel=share)
+        self.usage.add(targets, self.model.expert_of(output.selection), share)
+        return images, output, self.model.loss(output, targets, mask, parallel=share)
 
     def training_mask(self, batch: StreamBatch) -> Tensor:
         """The classes of the global batch, or every exposed class for ``train_logit_mask == "seen"``."""

@@ -47,7 +47,8 @@ def variants_for(method_class: type, requested: Sequence[str]) -> List[str]:
 
     A method with the router and the ensemble built in (``builtin_components``) is one variant for all
     four ablation variants, ``full``; the oracle variants apply to every method. A method whose experts
-    a router cannot choose (``router_refusal``) runs no routed variant (:func:`skipped_variants`).
+    a router cannot choose (``router_refusal``) runs no routed variant, one whose head EMA copies cannot
+    stand for (``ensemble_refusal``) no ensemble variant (:func:`skipped_variants`).
     """
     unknown = [name for name in requested if name not in VARIANTS]
     if unknown:
@@ -69,8 +70,16 @@ def variants_for(method_class: type, requested: Sequence[str]) -> List[str]:
 
 def skipped_variants(method_class: type, requested: Sequence[str]) -> Dict[str, str]:
     """The requested variants ``method_class`` does not run, each with the reason: the routed ones of a
-    method with a ``router_refusal``."""
-    reason = getattr(method_class, "router_refusal", "")
-    if not reason:
-        return {}
-    return {name: reason for name in requested if name in VARIANTS and VARIANTS[name].selection == "routed"}
+    method with a ``router_refusal``, the ensemble ones of a method with an ``ensemble_refusal``."""
+    routed = getattr(method_class, "router_refusal", "")
+    ensembled = getattr(method_class, "ensemble_refusal", "")
+    skipped: Dict[str, str] = {}
+    for name in requested:
+        variant = VARIANTS.get(name)
+        if variant is None:
+            continue
+        if routed and variant.selection == "routed":
+            skipped[name] = routed
+        elif ensembled and variant.head == "ensemble":
+            skipped[name] = ensembled
+    return skipped

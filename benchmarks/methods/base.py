@@ -89,6 +89,9 @@ class PromptMethod(nn.Module, SeamContract):
     #: why a router cannot choose this method's experts per sample (every sample uses every expert,
     #: SD-LoRA); empty when it can. A benchmark skips the routed variants with this reason.
     router_refusal: ClassVar[str] = ""
+    #: why EMA copies of this method's head would not be its classifier (RanPAC: a ridge classifier replaces
+    #: the head after the first session); empty when they are. A benchmark skips the ensemble variants.
+    ensemble_refusal: ClassVar[str] = ""
 
     backbone: nn.Module
     head: nn.Linear
@@ -246,6 +249,12 @@ class PromptMethod(nn.Module, SeamContract):
 
     def on_evaluate(self) -> None:
         """Called before each evaluation."""
+
+    def trains_online(self) -> bool:
+        """Whether the next batch's online iterations train anything (``True`` by default). A method whose
+        trained parts are all frozen (RanPAC after its first session) returns ``False``: the loop then runs
+        one forward without gradients for the batch's hooks instead of the optimizer steps."""
+        return True
 
     def record_selection(self, selection: Tensor, parallel: BatchShare = WHOLE_BATCH) -> None:
         """Called by every training :meth:`forward`, last, with the batch's selection (L2P and MVP count

@@ -18,6 +18,7 @@ STUDIES: Dict[str, str] = {
     "routers": "the five routers on REAR's expanded features, scored in the routed variants of one training",
     "aggregations": "the six TE2 aggregation rules, scored in the ensemble variants of one training",
     "cost": "parameters, BWT and seconds per batch of every method (python -m benchmarks.studies.cost)",
+    "components": "RanPAC†, the linear probe with and without EMA heads, FlyPrompt with and without them",
 }
 
 
@@ -37,6 +38,11 @@ def study_defaults(args: argparse.Namespace) -> None:
         args.variants = ["router", "both"]  # FlyPrompt: full, its own router replaced
     elif args.study == "aggregations" and args.variants is None:
         args.variants = ["ensemble", "both"]
+    elif args.study == "components":
+        from .components_table import STUDY_METHODS, STUDY_VARIANTS
+
+        args.methods = args.methods or list(STUDY_METHODS)
+        args.variants = args.variants or list(STUDY_VARIANTS)
 
 
 #: the options ``--study cost`` reads (it trains nothing: every other option would be ignored)
@@ -46,15 +52,15 @@ COST_STUDY_OPTIONS = ("study", "methods", "output")
 def cost_study_error(args: argparse.Namespace, given: Sequence[str]) -> Optional[str]:
     """What is wrong with ``--study cost`` and the options ``given`` (set by the user), or ``None``: it trains
     nothing, so an option it would ignore is refused, as is a method the cost table lacks."""
-    from .paper_numbers import COST
+    from .cost import METHODS
 
     ignored = [name for name in given if name not in COST_STUDY_OPTIONS]
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
         return f"--study cost trains nothing and reads only --methods and --output; drop {flags}"
-    unknown = [name for name in args.methods or () if name not in COST]
+    unknown = [name for name in args.methods or () if name not in METHODS]
     if unknown:
-        return f"--methods: the cost table has no {', '.join(unknown)}; choose from {', '.join(COST)}"
+        return f"--methods: the cost table has no {', '.join(unknown)}; choose from {', '.join(METHODS)}"
     return None
 
 

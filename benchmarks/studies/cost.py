@@ -27,7 +27,8 @@ from .paper_numbers import COST
 
 __all__ = ["count_parameters", "cost_rows", "format_cost", "main"]
 
-METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "hide-lora", "hide-adapter", "sd-lora", "flyprompt")
+METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "hide-lora", "hide-adapter", "sd-lora", "flyprompt",
+           "linear-probe", "ranpac")
 
 
 def count_parameters(model: torch.nn.Module) -> Dict[str, float]:
@@ -83,10 +84,11 @@ def _inference(results: Optional[Path], method: str) -> Dict[str, Any]:
 
 
 def cost_rows(methods: Sequence[str] = METHODS, results: Optional[Path] = None) -> List[Dict[str, Any]]:
-    """One row per method: our counts and measurements beside the paper's."""
+    """One row per method: our counts and measurements beside the paper's (none for a method its cost table
+    has not: the linear probe, RanPAC†)."""
     rows = []
     for method in methods:
-        paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST[method]))
+        paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST.get(method, ())))
         rows.append({"method": method, **method_parameters(method), **_measured(results, method),
                      **_inference(results, method), "paper": paper})
     return rows
@@ -103,10 +105,10 @@ def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
     for row in rows:
         paper = row["paper"]
         lines.append(
-            f"| {row['method']} | {row['total']:.2f} | {paper['total']:.2f} | {row['trainable']:.2f} "
-            f"| {paper['trainable']:.2f} | {row['buffers']:.2f} | {_cell(row['BWT'])} | {paper['BWT']:.2f} "
-            f"| {_cell(row['train_s'], 3)} | {paper['train_s']:.2f} | {_cell(row.get('infer_s'), 3)} "
-            f"| {paper['infer_s']:.2f} | {row['seeds']} |"
+            f"| {row['method']} | {row['total']:.2f} | {_cell(paper.get('total'))} | {row['trainable']:.2f} "
+            f"| {_cell(paper.get('trainable'))} | {row['buffers']:.2f} | {_cell(row['BWT'])} | {_cell(paper.get('BWT'))} "
+            f"| {_cell(row['train_s'], 3)} | {_cell(paper.get('train_s'))} | {_cell(row.get('infer_s'), 3)} "
+            f"| {_cell(paper.get('infer_s'))} | {row['seeds']} |"
         )
     return "\n".join(lines)
 

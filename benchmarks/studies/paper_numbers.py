@@ -3,7 +3,7 @@ seconds per batch on the authors' GPU)."""
 
 from __future__ import annotations
 
-__all__ = ["AGGREGATIONS", "COST", "ROUTING"]
+__all__ = ["AGGREGATIONS", "COMPONENTS", "COST", "ROUTING"]
 
 #: routing algorithms on random expanded features (FlyPrompt): router -> {dataset: (A_auc, A_last)},
 #: and the training / inference seconds per batch on CIFAR-100
@@ -38,4 +38,16 @@ COST = {
     "hide-adapter": (79.52, -2.05, 87.41, 1.53, 6.68, 1.04),
     "sd-lora": (79.26, -6.66, 87.72, 1.92, 7.24, 0.82),
     "flyprompt": (83.24, 4.35, 87.08, 0.46, 4.96, 0.92),
+}
+
+#: the components table (``ablation_results``), Sup-21K: row -> {dataset: (A_auc, A_last)}; the rows are
+#: those of ``benchmarks.studies.components_table.COMPONENT_ROWS``
+COMPONENTS = {
+    "ranpac": {"cifar100": (69.91, 79.92), "imagenet-r": (47.29, 47.33)},
+    "linear_probe": {"cifar100": (71.33, 73.22), "imagenet-r": (41.73, 37.33)},
+    "linear_probe_ema": {"cifar100": (71.69, 73.30), "imagenet-r": (42.50, 38.35)},
+    "prompts": {"cifar100": (80.75, 83.65), "imagenet-r": (54.91, 52.58)},
+    "prompts_ema": {"cifar100": (82.17, 83.75), "imagenet-r": (55.90, 53.65)},
+    "prompts_rear": {"cifar100": (81.90, 84.23), "imagenet-r": (55.76, 52.76)},
+    "flyprompt": {"cifar100": (83.24, 86.76), "imagenet-r": (56.58, 55.27)},
 }

@@ -1,0 +1,125 @@
+"""The components study's table (the paper's ``ablation_results``), from a sweep's result files, beside the
+paper's Sup-21K numbers.
+
+Each row toggles FlyPrompt's components (REAR, prompt experts, EMA heads) or is RanPAC†; it is read from
+one run's metrics, or from one member of an ensemble run's diagnostics (FlyPrompt with the online head
+alone is the ``online`` member of its ``full`` run: its own routing, no EMA heads). A row no method here
+expresses says so instead of a number.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+
+from .paper_numbers import COMPONENTS
+
+__all__ = ["COMPONENT_ROWS", "NOT_RUN", "ComponentRow", "component_rows", "format_components", "write_components"]
+
+#: why the prompt-expert rows without REAR are not run
+NOT_RUN = ("FlyPrompt selects its prompt experts with REAR only; the official code has no switch for another "
+           "selection, and the paper does not say which one these rows use")
+
+
+@dataclass(frozen=True)
+class ComponentRow:
+    """One row: its key in ``paper_numbers.COMPONENTS``, the components (``"yes"``, ``"no"``, ``"-"``: not
+    applicable) and where its numbers come from (``method``/``variant`` and an ensemble ``member``, or
+    ``None``: not run)."""
+
+    key: str
+    label: str
+    rear: str
+    prompts: str
+    ema: str
+    method: Optional[str] = None
+    variant: Optional[str] = None
+    member: Optional[str] = None
+
+
+COMPONENT_ROWS = (
+    ComponentRow("ranpac", "RanPAC† (random-projection analytic classifier)", "-", "-", "-", "ranpac", "baseline"),
+    ComponentRow("linear_probe", "linear probe", "-", "no", "no", "linear-probe", "baseline"),
+    ComponentRow("linear_probe_ema", "linear probe + EMA heads", "-", "no", "yes", "linear-probe", "ensemble"),
+    ComponentRow("prompts", "prompt experts", "no", "yes", "no"),
+    ComponentRow("prompts_ema", "prompt experts + EMA heads", "no", "yes", "yes"),
+    ComponentRow("prompts_rear", "prompt experts + REAR (FlyPrompt, online head)", "yes", "yes", "no", "flyprompt",
+                 "full", "online"),
+    ComponentRow("flyprompt", "FlyPrompt", "yes", "yes", "yes", "flyprompt", "full"),
+)
+
+#: the methods and variants a sweep of the study runs
+STUDY_METHODS = tuple(dict.fromkeys(row.method for row in COMPONENT_ROWS if row.method))
+STUDY_VARIANTS = ("baseline", "ensemble")
+
+
+def _scores(result: Dict[str, Any], member: Optional[str]) -> Optional[Dict[str, float]]:
+    if member is None:
+        return result["metrics"]
+    return ((result.get("diagnostics") or {}).get("members") or {}).get(member)
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    finite = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
+
+
+def component_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per (dataset, component row): seed means of A_auc and A_last, the paper's beside them (its
+    CIFAR-100 numbers for a dataset it has not)."""
+    results = list(results)
+    datasets = list(dict.fromkeys(result["spec"]["dataset"] for result in results))
+    rows = []
+    for dataset in datasets:
+        for row in COMPONENT_ROWS:
+            found = [_scores(r, row.member) for r in results if r["spec"]["dataset"] == dataset
+                     and (r["spec"]["method"], r["spec"]["variant"]) == (row.method, row.variant)]
+            found = [scores for scores in found if scores is not None]
+            paper_dataset = dataset if dataset in COMPONENTS[row.key] else "cifar100"
+            paper = COMPONENTS[row.key][paper_dataset]
+            rows.append({
+                "dataset": dataset, "row": row.key, "label": row.label, "REAR": row.rear, "prompt_experts": row.prompts,
+                "EMA_heads": row.ema, "source": _source(row), "seeds": len(found),
+                "A_auc": _mean([s["A_auc"] for s in found]), "A_last": _mean([s["A_last"] for s in found]),
+                "paper_dataset": paper_dataset, "paper_A_auc": paper[0], "paper_A_last": paper[1],
+            })
+    return rows
+
+
+def _source(row: ComponentRow) -> str:
+    if row.method is None:
+        return "not run"
+    return f"{row.method}/{row.variant}" + (f" ({row.member} member)" if row.member else "")
+
+
+def _cell(value: Optional[float], scale: float) -> str:
+    return "-" if value is None else f"{scale * value:.2f}"
+
+
+def format_components(rows: Sequence[Dict[str, Any]]) -> str:
+    """The rows as a markdown table (percent) beside the paper's Sup-21K numbers of the dataset (of CIFAR-100
+    for a dataset the paper has not, the generated data)."""
+    head = ["dataset", "row", "REAR", "prompt experts", "EMA heads", "from", "seeds", "A_auc", "A_last", "paper",
+            "paper A_auc", "paper A_last"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row["dataset"], row["label"], row["REAR"], row["prompt_experts"], row["EMA_heads"], row["source"],
+                 str(row["seeds"]), _cell(row["A_auc"], 100), _cell(row["A_last"], 100), row["paper_dataset"],
+                 _cell(row["paper_A_auc"], 1), _cell(row["paper_A_last"], 1)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if any(row["source"] == "not run" for row in rows):
+        lines.append(f"\nnot run: {NOT_RUN}.")
+    return "\n".join(lines)
+
+
+def write_components(output: Path, results: Iterable[Dict[str, Any]]) -> str:
+    """Write ``study_components.md`` and ``.json`` into ``output``; returns the markdown."""
+    rows = component_rows(results)
+    text = format_components(rows)
+    (output / "study_components.md").write_text(text + "\n")
+    (output / "study_components.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return text
