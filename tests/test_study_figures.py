@@ -38,7 +38,9 @@ def test_the_series_are_the_rows_means_deviations_and_the_papers_numbers(tmp_pat
         assert cifar["errors"][i] == pytest.approx(np.std(values, ddof=1))
         assert cifar["paper"][i] == ROUTING[name]["cifar100"][0]
     assert cifar["seeds"] == [3, 3]
-    assert synthetic["errors"] == [None, None] and synthetic["paper"] == [None, None]  # one seed; no paper row
+    assert synthetic["errors"] == [None, None]  # one seed
+    # generated data: the paper's CIFAR-100 numbers, named
+    assert synthetic["paper"] == cifar["paper"] and synthetic["paper_dataset"] == "cifar100"
     write_study(tmp_path, results, "routers")
     assert (tmp_path / "study_routers.png").read_bytes().startswith(PNG)
     assert json.loads((tmp_path / "study_routers.json").read_text()) == rows

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .paper_numbers import COMPONENTS
+from .paper_numbers import COMPONENTS, paper_dataset
 
 __all__ = ["COMPONENT_ROWS", "NOT_RUN", "ComponentRow", "component_rows", "format_components", "write_components"]
 
@@ -79,13 +79,13 @@ def component_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             found = [_scores(r, row.member) for r in results if r["spec"]["dataset"] == dataset
                      and (r["spec"]["method"], r["spec"]["variant"]) == (row.method, row.variant)]
             found = [scores for scores in found if scores is not None]
-            paper_dataset = dataset if dataset in COMPONENTS[row.key] else "cifar100"
-            paper = COMPONENTS[row.key][paper_dataset]
+            compared = paper_dataset(dataset, COMPONENTS[row.key])
+            paper = COMPONENTS[row.key][compared]
             rows.append({
                 "dataset": dataset, "row": row.key, "label": row.label, "REAR": row.rear, "prompt_experts": row.prompts,
                 "EMA_heads": row.ema, "source": _source(row), "seeds": len(found),
                 "A_auc": _mean([s["A_auc"] for s in found]), "A_last": _mean([s["A_last"] for s in found]),
-                "paper_dataset": paper_dataset, "paper_A_auc": paper[0], "paper_A_last": paper[1],
+                "paper_dataset": compared, "paper_A_auc": paper[0], "paper_A_last": paper[1],
             })
     return rows
 

@@ -28,13 +28,13 @@ def _percent(value: Optional[float]) -> Optional[float]:
 
 def study_series(rows: Sequence[Dict[str, Any]], study: str, key: Optional[str] = None) -> List[Dict[str, Any]]:
     """One panel per (dataset, method, variant), in the rows' order: ``{"panel", "names", "measured", "errors",
-    "seeds", "paper"}``, in percent; an error or a paper number the rows lack is ``None``."""
+    "seeds", "paper", "paper_dataset"}``, in percent; an error or a paper number the rows lack is ``None``."""
     key = key or study[:-1]
     panels: Dict[tuple, Dict[str, Any]] = {}
     for row in rows:
         panel = tuple(row[name] for name in PANEL_KEYS if name in row)
         series = panels.setdefault(panel, {"panel": panel, "names": [], "measured": [], "errors": [], "seeds": [],
-                                           "paper": []})
+                                           "paper": [], "paper_dataset": row.get("paper_dataset")})
         series["names"].append(row[key])
         series["measured"].append(_percent(row["A_auc"]))
         series["errors"].append(_percent(row.get("A_auc_std")))
@@ -87,7 +87,8 @@ def _draw_panel(axis: Any, series: Dict[str, Any]) -> None:
                    f"{'' if np.isnan(errors).all() else ', bars: s.d.'})")
     paper = _nan(series["paper"])
     if not np.isnan(paper).all():
-        axis.bar(x + 0.2, paper, 0.4, label="paper (Sup-21K, 5 seeds)")
+        compared = series.get("paper_dataset") or ""
+        axis.bar(x + 0.2, paper, 0.4, label=f"paper ({compared + ', ' if compared else ''}Sup-21K, 5 seeds)")
     axis.set_xticks(x, series["names"], fontsize=7, rotation=20)
     axis.set_title(" / ".join(map(str, series["panel"])), fontsize=9)
     axis.set_ylabel("A_auc (%)")
