@@ -29,6 +29,10 @@ __all__ = ["Reference", "build_handle", "retrofit", "REQUIRED"]
 REQUIRED = SEAM_MEMBERS
 
 
+#: retrofit option -> the method attribute stating why that component cannot serve the method ("" when it can)
+REFUSALS = (("router", "router_refusal"), ("ensemble", "ensemble_refusal"))
+
+
 class Reference(AdapterFamily):
     """Add the analytic router and/or the temporal ensemble to a seam-contract method.
 
@@ -46,13 +50,15 @@ class Reference(AdapterFamily):
 
     @classmethod
     def retrofit(cls, model: nn.Module, options: RetrofitOptions, **family_options: Any) -> Retrofit:
-        """As every family's, but ``router=True`` is refused for a method stating a ``router_refusal`` (its
-        experts cannot be chosen per sample). :func:`build_handle` sizes the router all the same: a
-        benchmark trains it beside every method and skips the routed variants itself."""
-        refusal = getattr(model, "router_refusal", "")
-        if options.router and refusal:
-            raise SeamError(f"fly_modules.adapters.reference: router=True refused for {type(model).__name__}: "
-                            f"{refusal}; retrofit it with router=False (the ensemble works)")
+        """As every family's, but a component is refused for a method stating why it cannot serve it
+        (:data:`REFUSALS`: ``router_refusal``, its experts cannot be chosen per sample; ``ensemble_refusal``,
+        no prediction reads the head EMA copies would follow). :func:`build_handle` builds both all the
+        same: a benchmark trains them beside every method and skips the refused variants itself."""
+        for option, attribute in REFUSALS:
+            reason = getattr(model, attribute, "")
+            if getattr(options, option) and reason:
+                raise SeamError(f"fly_modules.adapters.reference: {option}=True refused for {type(model).__name__}: "
+                                f"{reason}; retrofit it with {option}=False")
         return super().retrofit(model, options, **family_options)
 
     def recognise(self) -> Plan:

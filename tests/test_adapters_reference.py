@@ -270,3 +270,13 @@ def test_a_method_with_a_router_refusal_refuses_the_router_with_its_reason():
     handle.remove()
     routed = create_method("hide-lora", make_vit(), CLASSES, num_experts=2)
     assert retrofit(routed, "reference", router=True).router is not None  # no refusal: routed as before
+
+
+def test_a_method_with_an_ensemble_refusal_refuses_the_ensemble_with_its_reason():
+    method = create_method("ranpac", make_vit(), CLASSES)
+    hooks = hook_counts(method)
+    with pytest.raises(SeamError, match=r"reference: ensemble=True refused for RanPAC: its head trains in the first"):
+        retrofit(method, "reference", router=False, ensemble=True)
+    assert hook_counts(method) == hooks
+    probe = create_method("linear-probe", make_vit(), CLASSES)
+    assert retrofit(probe, "reference", router=False, ensemble=True).ensemble is not None  # no refusal
