@@ -163,3 +163,25 @@ def test_ranpac_state_dict_round_trip_restores_the_frozen_phase_and_the_classifi
     fresh.eval()
     with torch.no_grad():
         assert torch.equal(fresh(images).logits, run.model(images).logits)
+
+
+def test_ranpac_adds_the_first_session_to_its_classifier_when_asked_as_flygcls_code_does(data):
+    from dataclasses import replace
+
+    default = build_run("ranpac", "synthetic", 1, ["baseline"], PROTOCOL, *data, device=CPU)
+    default.trainer.train()
+    options = PROTOCOL.method_kwargs["ranpac"]
+    kept = replace(PROTOCOL, method_kwargs={"ranpac": {**options, "first_session_statistics": True}})
+    run = build_run("ranpac", "synthetic", 1, ["baseline"], kept, *data, device=CPU)
+    run.trainer.train()
+    first_session = len(run.stream.session_orders[0])
+    assert default.model.classifier.num_samples == len(run.stream) - first_session
+    assert run.model.classifier.num_samples == len(run.stream)
+    # The first session's rows are the adapters' class tokens after each batch's steps: the classifier holds
+    # more than the default's, and the adaptation itself trained as the default's did.
+    assert not torch.equal(run.model.classifier.gram_matrix(), default.model.classifier.gram_matrix())
+    adapted = [k for k in default.model.state_dict() if k.startswith(("adapter", "head"))]
+    assert adapted and all(torch.equal(run.model.state_dict()[k], default.model.state_dict()[k]) for k in adapted)
+    with pytest.raises(TypeError, match="first_session_statistics must be True or False"):
+        build_run("ranpac", "synthetic", 1, ["baseline"], replace(kept, method_kwargs={"ranpac": {
+            **options, "first_session_statistics": "yes"}}), *data, device=CPU)

@@ -51,6 +51,10 @@ class RanPAC(PromptMethod):
         expansion_dim: M, the random expansion's width (the protocol's, 10,000 in the paper).
         ridge: the classifier's ridge (1e5, the reference's fixed value; a positive number or ``"auto"``).
         seed: seed of the random expansion.
+        first_session_statistics: also add each first-session batch to the classifier, its class token
+            computed after the batch's training steps, as FlyGCL's ``ranpac`` does (it collects them
+            while the adapters still train). Off by default: the paper describes RanPAC† as keeping
+            no feature of the first session.
 
     Attributes:
         adapter: ``TaskAdapter`` with one bank; head: ``nn.Linear(D, C, bias=False)``;
@@ -74,7 +78,7 @@ class RanPAC(PromptMethod):
     def __init__(
         self, backbone: nn.Module, num_classes: int, *, num_experts: int = 1,
         adapter_layers: Union[int, Sequence[int]] = 5, adapter_width: int = 64, expansion_dim: int = 10_000,
-        ridge: Union[float, Literal["auto"]] = 1e5, seed: int = 0,
+        ridge: Union[float, Literal["auto"]] = 1e5, seed: int = 0, first_session_statistics: bool = False,
     ) -> None:
         super().__init__()
         caller = type(self).__name__
@@ -83,6 +87,9 @@ class RanPAC(PromptMethod):
             raise ValueError(f"{caller}: one classifier, one expert; num_experts must be 1, found {num_experts!r}")
         self.num_experts, self.current_expert = 1, 0
         self.first_session_done = False
+        if not isinstance(first_session_statistics, bool):
+            raise TypeError(f"{caller}: first_session_statistics must be True or False, found {first_session_statistics!r}")
+        self.first_session_statistics = first_session_statistics
         self.backbone = backbone
         backbone.requires_grad_(False)
         backbone.eval()
@@ -100,7 +107,8 @@ class RanPAC(PromptMethod):
 
     def extra_repr(self) -> str:
         return (f"num_classes={self.num_classes}, adapter_layers={self.adapter_layers}, "
-                f"adapter_width={self.adapter.width}, first_session_done={self.first_session_done}")
+                f"adapter_width={self.adapter.width}, first_session_done={self.first_session_done}, "
+                f"first_session_statistics={self.first_session_statistics}")
 
     def get_extra_state(self) -> Any:
         return {"first_session_done": bool(self.first_session_done)}
@@ -170,9 +178,12 @@ class RanPAC(PromptMethod):
         self._sync_trainable()
 
     def on_batch_end(self, x: Tensor, y: Tensor, output: MethodOutput, parallel: BatchShare = WHOLE_BATCH) -> None:
-        """After the first session: the batch's class tokens (all processes' rows) and labels into the classifier."""
+        """After the first session (and in it with ``first_session_statistics``, from a pass after the batch's
+        training steps): the batch's class tokens (all processes' rows) and labels into the classifier."""
         if self.first_session_done:
             self.classifier.update(parallel.gather_rows(output.query.router), parallel.gather_rows(y))
+        elif self.first_session_statistics:
+            self.classifier.update(parallel.gather_rows(self.compute_query(x).router), parallel.gather_rows(y))
 
     def _sync_trainable(self) -> None:
         for parameter in self.trainable_parameters():
