@@ -19,8 +19,8 @@ from benchmarks.ablation.runner import build_backbone, build_run, run_reference,
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, skipped_variants, variants_for  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import create_method, method_class  # noqa: E402
-from benchmarks.methods.linear_probe import SINGLE_EXPERT_ROUTER_REFUSAL  # noqa: E402
 from benchmarks.methods.ranpac import RANPAC_ENSEMBLE_REFUSAL  # noqa: E402
+from benchmarks.methods.single_expert import SINGLE_EXPERT_ROUTER_REFUSAL  # noqa: E402
 
 CPU = torch.device("cpu")
 RIDGE = 10.0

@@ -8,35 +8,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Dict, Optional
 
-import torch
 from torch import Tensor, nn
 
 from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, PromptMethod, QueryFeatures, frozen_cls, register_method
+from .single_expert import SingleExpert
 
-__all__ = ["LinearProbe", "SINGLE_EXPERT_ROUTER_REFUSAL", "single_expert_ids"]
-
-#: Why the routed variants of a method with one expert are skipped.
-SINGLE_EXPERT_ROUTER_REFUSAL = "it has one expert: a router has nothing to choose between"
-
-
-def single_expert_ids(expert: Optional[Tensor], batch: int, device: torch.device, caller: str) -> Tensor:
-    """``(batch,)`` zeros, the one expert of every sample; ``expert`` (forced ids) is checked to be that."""
-    if expert is None:
-        return torch.zeros(batch, dtype=torch.long, device=device)
-    if expert.shape != (batch,):
-        raise ValueError(f"{caller}: expert ids must have shape ({batch},), found {tuple(expert.shape)}")
-    others = expert[expert != 0]
-    if others.numel():
-        raise ValueError(f"{caller}: there is one expert, 0; found the expert ids {sorted(set(others.tolist()))}; "
-                         "pass expert=None or zeros")
-    return expert.to(device=device, dtype=torch.long)
-
+__all__ = ["LinearProbe"]
 
 @register_method
-class LinearProbe(PromptMethod):
+class LinearProbe(SingleExpert, PromptMethod):
     """A linear head on the frozen final-norm class token: one backbone pass per forward, whose class token
     is both the query (the router's features) and the head's input.
 
@@ -52,7 +35,6 @@ class LinearProbe(PromptMethod):
     name: ClassVar[str] = "linear-probe"
     session_aware: ClassVar[bool] = False
     default_lr: ClassVar[float] = 0.005
-    router_refusal: ClassVar[str] = SINGLE_EXPERT_ROUTER_REFUSAL
 
     @classmethod
     def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
@@ -83,13 +65,6 @@ class LinearProbe(PromptMethod):
 
     def query_from_frozen(self, cls: Tensor) -> QueryFeatures:
         return QueryFeatures(query=cls, router=cls)
-
-    def select(self, query: Tensor, *, train: bool, expert: Optional[Tensor] = None) -> Tensor:
-        """Expert 0 for every sample (``expert``, when given, must say so)."""
-        return single_expert_ids(expert, query.shape[0], query.device, type(self).__name__)
-
-    def expert_of(self, selection: Tensor) -> Tensor:
-        return selection
 
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         return frozen_cls(self.backbone, x)

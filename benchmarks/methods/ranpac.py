@@ -19,8 +19,8 @@ from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, PromptMethod, QueryFeatures, register_method
-from .linear_probe import SINGLE_EXPERT_ROUTER_REFUSAL, single_expert_ids
 from .prefix_attention import check_prefixable_backbone, class_token_pass, expert_block, resolve_prefix_layers
+from .single_expert import SingleExpert
 from .task_experts import TaskAdapter
 
 __all__ = ["RanPAC", "RANPAC_ENSEMBLE_REFUSAL"]
@@ -31,7 +31,7 @@ RANPAC_ENSEMBLE_REFUSAL = ("its head trains in the first session only and a ridg
 
 
 @register_method
-class RanPAC(PromptMethod):
+class RanPAC(SingleExpert, PromptMethod):
     """RanPAC†: a first-session adaptation, then an analytic classifier on random expanded features.
 
     First session (``adapting``): every forward is the adapted pass (adapters in ``adapter_layers``) and the
@@ -64,7 +64,6 @@ class RanPAC(PromptMethod):
     name: ClassVar[str] = "ranpac"
     session_aware: ClassVar[bool] = True
     default_lr: ClassVar[float] = 0.005
-    router_refusal: ClassVar[str] = SINGLE_EXPERT_ROUTER_REFUSAL
     ensemble_refusal: ClassVar[str] = RANPAC_ENSEMBLE_REFUSAL
 
     @classmethod
@@ -129,13 +128,6 @@ class RanPAC(PromptMethod):
         """The adapted class token, without gradients: the classifier's and the router's features."""
         cls = self.adapted_cls(x)
         return QueryFeatures(query=cls, router=cls)
-
-    def select(self, query: Tensor, *, train: bool, expert: Optional[Tensor] = None) -> Tensor:
-        """Expert 0 for every sample (``expert``, when given, must say so)."""
-        return single_expert_ids(expert, query.shape[0], query.device, type(self).__name__)
-
-    def expert_of(self, selection: Tensor) -> Tensor:
-        return selection
 
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         return self.adapted_cls(x)
