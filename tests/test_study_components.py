@@ -3,6 +3,7 @@ table, each row from its run (or its ensemble member), the rows no method expres
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -46,3 +47,5 @@ def test_the_components_study_writes_every_row_of_the_papers_table(tmp_path, cap
     table = (tmp_path / "study_components.md").read_text()
     assert f"not run: {NOT_RUN}." in table and "| synthetic | FlyPrompt | yes | yes | yes | flyprompt/full |" in table
     assert "components study (study_components.md)" in out
+    if importlib.util.find_spec("matplotlib"):  # the figure: one bar per row that ran
+        assert (tmp_path / "study_components.png").read_bytes().startswith(b"\x89PNG")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-import numpy as np
-
 from .paper_numbers import COMPONENTS, paper_dataset
+from .study_figures import plot_study
+from .study_tables import seed_mean, seed_std
 
 __all__ = ["COMPONENT_ROWS", "NOT_RUN", "ComponentRow", "component_rows", "format_components", "write_components"]
 
@@ -63,11 +63,6 @@ def _scores(result: Dict[str, Any], member: Optional[str]) -> Optional[Dict[str,
     return ((result.get("diagnostics") or {}).get("members") or {}).get(member)
 
 
-def _mean(values: Sequence[float]) -> Optional[float]:
-    finite = [v for v in values if v is not None and np.isfinite(v)]
-    return float(np.mean(finite)) if finite else None
-
-
 def component_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per (dataset, component row): seed means of A_auc and A_last, the paper's beside them (its
     CIFAR-100 numbers for a dataset it has not)."""
@@ -84,7 +79,8 @@ def component_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             rows.append({
                 "dataset": dataset, "row": row.key, "label": row.label, "REAR": row.rear, "prompt_experts": row.prompts,
                 "EMA_heads": row.ema, "source": _source(row), "seeds": len(found),
-                "A_auc": _mean([s["A_auc"] for s in found]), "A_last": _mean([s["A_last"] for s in found]),
+                "A_auc": seed_mean([s["A_auc"] for s in found]), "A_last": seed_mean([s["A_last"] for s in found]),
+                "A_auc_std": seed_std([s["A_auc"] for s in found]),
                 "paper_dataset": compared, "paper_A_auc": paper[0], "paper_A_last": paper[1],
             })
     return rows
@@ -117,9 +113,10 @@ def format_components(rows: Sequence[Dict[str, Any]]) -> str:
 
 
 def write_components(output: Path, results: Iterable[Dict[str, Any]]) -> str:
-    """Write ``study_components.md`` and ``.json`` into ``output``; returns the markdown."""
+    """Write ``study_components.md``, ``.json`` and the figure ``.png`` into ``output``; returns the markdown."""
     rows = component_rows(results)
     text = format_components(rows)
     (output / "study_components.md").write_text(text + "\n")
     (output / "study_components.json").write_text(json.dumps(rows, indent=1) + "\n")
+    plot_study(output, rows, "components", key="label")
     return text

@@ -16,15 +16,15 @@ import numpy as np
 from .paper_numbers import AGGREGATIONS, ROUTING, paper_dataset
 from .study_figures import plot_study
 
-__all__ = ["study_rows", "format_study", "write_study"]
+__all__ = ["study_rows", "format_study", "write_study", "seed_mean", "seed_std"]
 
 
-def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
+def seed_mean(values: Sequence[Optional[float]]) -> Optional[float]:
     finite = [v for v in values if v is not None and np.isfinite(v)]
     return float(np.mean(finite)) if finite else None
 
 
-def _std(values: Sequence[Optional[float]]) -> Optional[float]:
+def seed_std(values: Sequence[Optional[float]]) -> Optional[float]:
     """The standard deviation over seeds (``ddof=1``, as the cross-ablation's table); ``None`` below two."""
     finite = [v for v in values if v is not None and np.isfinite(v)]
     return float(np.std(finite, ddof=1)) if len(finite) > 1 else None
@@ -40,13 +40,13 @@ def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, 
     rows = []
     for (dataset, method, variant, name), entries in groups.items():
         row = {"dataset": dataset, "method": method, "variant": variant, study[:-1]: name, "seeds": len(entries),
-               "A_auc": _mean([e["A_auc"] for e in entries]), "A_last": _mean([e["A_last"] for e in entries]),
-               "A_auc_std": _std([e["A_auc"] for e in entries])}
+               "A_auc": seed_mean([e["A_auc"] for e in entries]), "A_last": seed_mean([e["A_last"] for e in entries]),
+               "A_auc_std": seed_std([e["A_auc"] for e in entries])}
         if study == "routers":
-            row["routing_last"] = _mean([e["routing"]["modal"]["last"] for e in entries])
-            row["routing_anytime"] = _mean([e["routing"]["modal"]["anytime_mean"] for e in entries])
-            row["ms_per_update"] = _mean([1000 * e["seconds_per_update"] for e in entries if "seconds_per_update" in e])
-            row["ms_per_routed_batch"] = _mean([1000 * e["seconds_per_routed_batch"] for e in entries
+            row["routing_last"] = seed_mean([e["routing"]["modal"]["last"] for e in entries])
+            row["routing_anytime"] = seed_mean([e["routing"]["modal"]["anytime_mean"] for e in entries])
+            row["ms_per_update"] = seed_mean([1000 * e["seconds_per_update"] for e in entries if "seconds_per_update" in e])
+            row["ms_per_routed_batch"] = seed_mean([1000 * e["seconds_per_routed_batch"] for e in entries
                                                 if "seconds_per_routed_batch" in e])
         numbers = (ROUTING if study == "routers" else AGGREGATIONS)[name]
         row["paper_dataset"] = paper_dataset(dataset, numbers)
