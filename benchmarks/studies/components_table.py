@@ -118,5 +118,5 @@ def write_components(output: Path, results: Iterable[Dict[str, Any]]) -> str:
     text = format_components(rows)
     (output / "study_components.md").write_text(text + "\n")
     (output / "study_components.json").write_text(json.dumps(rows, indent=1) + "\n")
-    plot_study(output, rows, "components", key="label")
+    plot_study(output, rows, "components", key="row")
     return text

@@ -79,7 +79,7 @@ def _nan(values: Sequence[Optional[float]]) -> np.ndarray:
 def _draw_panel(axis: Any, series: Dict[str, Any]) -> None:
     """Measured bars (error bars where there are several seeds) and, where the paper has them, its bars."""
     x = np.arange(len(series["names"]))
-    seeds = sorted(set(series["seeds"]))
+    seeds = sorted({count for count in series["seeds"] if count}) or [0]  # of the entries measured
     errors = _nan(series["errors"])
     axis.bar(x - 0.2, _nan(series["measured"]), 0.4, yerr=None if np.isnan(errors).all() else np.nan_to_num(errors),
              capsize=2,
