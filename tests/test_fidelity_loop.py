@@ -106,3 +106,19 @@ def test_a_checkout_without_the_loops_files_is_a_one_line_error(tmp_path, capsys
     assert main(["--flygcl", str(tmp_path), "--methods", "l2p"]) == 2
     error = capsys.readouterr().err.strip()
     assert "\n" not in error and "missing configuration/config.py, datasets/OnlineIterDataset.py" in error
+
+
+def test_the_fidelity_command_runs_the_loop_too_with_loop(checkout, tmp_path, monkeypatch, capsys):
+    from benchmarks.fidelity.cli import main as fidelity
+
+    monkeypatch.setattr("benchmarks.fidelity.loop.Setting", lambda: SMALL)
+    monkeypatch.setattr("benchmarks.fidelity.cli.Setting", lambda **options: dataclasses.replace(SMALL, **options))
+    record, table = tmp_path / "rows.json", tmp_path / "table.md"
+    assert fidelity(["--flygcl", str(FAKE), "--methods", "l2p", "--loop", "--json", str(record),
+                     "--markdown", str(table)]) == 0
+    loop = json.loads(record.read_text())["loop"]["rows"]
+    assert [row["method"] for row in loop] == ["l2p"] and loop[0]["points_equal"]
+    assert "The official online loop against the runner" in table.read_text()
+    capsys.readouterr()
+    assert fidelity(["--misa", str(FAKE), "--loop"]) == 2
+    assert "--loop runs FlyGCL's loop: name its checkout with --flygcl" in capsys.readouterr().err

@@ -14,6 +14,9 @@ import torch
 from benchmarks.speed import reference_checkout as ref
 
 from .comparison import compare_method
+from .loop import load_loop_checkout, loop_record, run_loops
+from .loop import markdown_table as loop_table
+from .loop_comparison import LOOP_METHODS
 from .misa_checkout import load_misa
 from .misa_comparison import MISA_ROWS, compare_misa, misa_setting
 from .pairs import PAIRS
@@ -30,6 +33,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--misa-vit", choices=("base-16px", "micro"), default="base-16px",
                         help="the MISA rows' backbone (default ViT-B/16 on 16 x 16 images, the shipped prompts' width)")
     parser.add_argument("--methods", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
+    parser.add_argument("--loop", action="store_true",
+                        help="also run FlyGCL's own online loop against the runner for the methods it covers "
+                             "(python -m benchmarks.fidelity.loop): its table after the side-by-side one")
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--markdown", type=Path, help="write the table to this Markdown file")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -48,8 +54,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.flygcl is None and args.misa is None:
             raise ValueError("nothing to compare: name a checkout with --flygcl, --misa or both")
+        if args.loop and args.flygcl is None:
+            raise ValueError("--loop runs FlyGCL's loop: name its checkout with --flygcl")
         checkout = ref.load_checkout(args.flygcl, sorted({pair.official for pair in pairs})) if pairs else None
         misa = load_misa(args.misa) if args.misa else None
+        looped = [name for name in args.methods if name in LOOP_METHODS] if args.loop else []
+        loop_checkout = load_loop_checkout(args.flygcl, looped) if looped else None
     except (FileNotFoundError, ValueError) as error:
         print(f"python -m benchmarks.fidelity: {error}", file=sys.stderr)
         return 2
@@ -68,6 +78,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         shipped = "<--misa>/pretrained_prompt" if misa_options.misa_prompts else None
         settings["misa_setting"] = vars(misa_options) | {"shape": misa_options.shape, "misa_prompts": shipped}
     table = markdown_table(rows)
+    if loop_checkout is not None:
+        loop_setting, loop_rows = run_loops(loop_checkout, looped)
+        settings["loop"] = loop_record(loop_setting, loop_rows)
+        table += "\nThe official online loop against the runner:\n\n" + loop_table(loop_rows)
     print(table)
     if args.json is not None:
         record = {**settings, "rows": [row.to_dict() for row in rows]}

@@ -9,7 +9,7 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -20,7 +20,7 @@ from .official_loop import missing_loop_files
 from .pairs import PAIRS
 from .setting import Setting
 
-__all__ = ["main", "markdown_table", "parse_args"]
+__all__ = ["main", "markdown_table", "parse_args", "load_loop_checkout", "run_loops", "loop_record"]
 
 _COLUMNS = (
     "method", "official trainer (commit)", "stream (batches)", "evaluation points (anytime + session ends)",
@@ -68,30 +68,47 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def load_loop_checkout(flygcl: str, methods: Sequence[str]) -> ref.Checkout:
+    """The FlyGCL checkout at ``flygcl`` with the official models of ``methods`` and its loop's files; raises
+    ``FileNotFoundError`` / ``ValueError`` for one that cannot run the loop."""
+    checkout = ref.load_checkout(flygcl, sorted({PAIRS[name].official for name in methods}))
+    if missing := missing_loop_files(checkout.path):
+        raise FileNotFoundError(f"--flygcl {flygcl}: expected a checkout of AnAppleCore/FlyGCL, missing "
+                                f"{', '.join(missing)}")
+    return checkout
+
+
+def run_loops(checkout: ref.Checkout, methods: Sequence[str]) -> Tuple[Setting, List[LoopRow]]:
+    """Each of ``methods`` through the checkout's official loop and through the runner; a row each (printed as
+    it ends)."""
+    setting = Setting()
+    rows: List[LoopRow] = []
+    for name in methods:
+        rows.append(compare_loop(checkout, PAIRS[name], setting, LOOP_SETUPS[name]))
+        print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
+    return setting, rows
+
+
+def loop_record(setting: Setting, rows: Sequence[LoopRow]) -> dict:
+    """The JSON record of a comparison: its setting and every row, every evaluation included."""
+    return {"setting": vars(setting) | {"shape": setting.shape}, "rows": [row.to_dict() for row in rows]}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     # The official trainers use torch.cuda.amp, which current torch flags on every call.
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp")
-    pairs = [PAIRS[name] for name in args.methods]
     try:
-        checkout = ref.load_checkout(args.flygcl, sorted({pair.official for pair in pairs}))
-        if missing := missing_loop_files(checkout.path):
-            raise FileNotFoundError(f"--flygcl {args.flygcl}: expected a checkout of AnAppleCore/FlyGCL, missing "
-                                    f"{', '.join(missing)}")
+        checkout = load_loop_checkout(args.flygcl, args.methods)
     except (FileNotFoundError, ValueError) as error:
         print(f"python -m benchmarks.fidelity.loop: {error}", file=sys.stderr)
         return 2
-    setting = Setting()
-    rows = []
-    for name, pair in zip(args.methods, pairs):
-        rows.append(compare_loop(checkout, pair, setting, LOOP_SETUPS[name]))
-        print(markdown_table(rows[-1:]).splitlines()[-1], flush=True)
+    setting, rows = run_loops(checkout, args.methods)
     table = markdown_table(rows)
     print(table)
     if args.json is not None:
-        record = {"setting": vars(setting) | {"shape": setting.shape}, "rows": [row.to_dict() for row in rows]}
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        args.json.write_text(json.dumps(loop_record(setting, rows), indent=2) + "\n")
     if args.markdown is not None:
         args.markdown.write_text(table)
     return 0
