@@ -4,12 +4,14 @@ trainer does, and a difference in training is seen."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("timm")
+
+from fidelity_stand_in import FAKE_FLYGCL as FAKE  # noqa: E402
+from fidelity_stand_in import SMALL  # noqa: E402
 
 from benchmarks.fidelity.cli import main  # noqa: E402
 from benchmarks.fidelity.comparison import compare_method  # noqa: E402
@@ -18,10 +20,6 @@ from benchmarks.fidelity.ours import OursSide  # noqa: E402
 from benchmarks.fidelity.pairs import PAIRS  # noqa: E402
 from benchmarks.fidelity.setting import Setting  # noqa: E402
 from benchmarks.speed import reference_checkout as ref  # noqa: E402
-
-FAKE = Path(__file__).parent / "fixtures" / "fake_flygcl"
-SMALL = Setting(classes=4, train_per_class=8, test_per_class=2, batch_size=8, online_iter=2, num_sessions=2,
-                num_experts=2, eval_period=16)
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,13 @@ import dataclasses
 import functools
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("timm")
+
+from fidelity_stand_in import FAKE_FLYGCL as FAKE  # noqa: E402
+from fidelity_stand_in import SMALL  # noqa: E402
 
 from benchmarks.ablation import training  # noqa: E402
 from benchmarks.ablation.metrics import AnytimeEvalTrigger  # noqa: E402
@@ -19,12 +21,7 @@ from benchmarks.fidelity import official_loop  # noqa: E402
 from benchmarks.fidelity.loop import main  # noqa: E402
 from benchmarks.fidelity.loop_comparison import LOOP_SETUPS, compare_loop  # noqa: E402
 from benchmarks.fidelity.pairs import PAIRS  # noqa: E402
-from benchmarks.fidelity.setting import Setting  # noqa: E402
 from benchmarks.speed import reference_checkout as ref  # noqa: E402
-
-FAKE = Path(__file__).parent / "fixtures" / "fake_flygcl"
-SMALL = Setting(classes=4, train_per_class=8, test_per_class=2, batch_size=8, online_iter=2, num_sessions=2,
-                num_experts=2, eval_period=16)
 
 
 @pytest.fixture(scope="module")
