@@ -1,5 +1,6 @@
 """The components study's table (the paper's ``ablation_results``), from a sweep's result files, beside the
-paper's Sup-21K numbers.
+paper's numbers of the run's backbone (``paper_numbers.paper_backbone``: Sup-21K or Sup-21K/1K, the two
+backbones of that table; Sup-21K for the proxy's tiny ViT).
 
 Each row toggles FlyPrompt's components (REAR, prompt experts, EMA heads) or is RanPAC†; it is read from
 one run's metrics, or from one member of an ensemble run's diagnostics (FlyPrompt with the online head
@@ -14,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from .paper_numbers import COMPONENTS, paper_dataset
+from .paper_numbers import COMPONENTS_BY_BACKBONE, paper_backbone, paper_dataset
 from .study_figures import plot_study
-from .study_tables import seed_mean, seed_std
+from .study_tables import paper_label, seed_mean, seed_std
 
 __all__ = ["COMPONENT_ROWS", "NOT_RUN", "ComponentRow", "component_rows", "format_components", "write_components"]
 
@@ -67,23 +68,36 @@ def component_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per (dataset, component row): seed means of A_auc and A_last, the paper's beside them (its
     CIFAR-100 numbers for a dataset it has not)."""
     results = list(results)
-    datasets = list(dict.fromkeys(result["spec"]["dataset"] for result in results))
+    runs = list(dict.fromkeys((r["spec"]["dataset"], _backbone(r["protocol"])) for r in results))
     rows = []
-    for dataset in datasets:
+    for dataset, backbone in runs:
         for row in COMPONENT_ROWS:
             found = [_scores(r, row.member) for r in results if r["spec"]["dataset"] == dataset
+                     and _backbone(r["protocol"]) == backbone
                      and (r["spec"]["method"], r["spec"]["variant"]) == (row.method, row.variant)]
             found = [scores for scores in found if scores is not None]
-            compared = paper_dataset(dataset, COMPONENTS[row.key])
-            paper = COMPONENTS[row.key][compared]
+            numbers = COMPONENTS_BY_BACKBONE[backbone][row.key]
+            compared = paper_dataset(dataset, numbers)
+            paper = numbers[compared]
             rows.append({
                 "dataset": dataset, "row": row.key, "label": row.label, "REAR": row.rear, "prompt_experts": row.prompts,
                 "EMA_heads": row.ema, "source": _source(row), "seeds": len(found),
                 "A_auc": seed_mean([s["A_auc"] for s in found]), "A_last": seed_mean([s["A_last"] for s in found]),
                 "A_auc_std": seed_std([s["A_auc"] for s in found]),
-                "paper_dataset": compared, "paper_A_auc": paper[0], "paper_A_last": paper[1],
+                "paper_dataset": compared, "paper_backbone": backbone, "paper_A_auc": paper[0],
+                "paper_A_last": paper[1],
             })
     return rows
+
+
+def _backbone(protocol: Dict[str, Any]) -> str:
+    """The run's backbone, where the paper's components table has it; raises ``ValueError`` where not."""
+    backbone = paper_backbone(protocol)
+    if backbone not in COMPONENTS_BY_BACKBONE:
+        raise ValueError(f"the paper's components table has the backbones {', '.join(COMPONENTS_BY_BACKBONE)}, not "
+                         f"{backbone}: run the components study with --backbone "
+                         f"{' or --backbone '.join(COMPONENTS_BY_BACKBONE)}")
+    return backbone
 
 
 def _source(row: ComponentRow) -> str:
@@ -97,14 +111,14 @@ def _cell(value: Optional[float], scale: float) -> str:
 
 
 def format_components(rows: Sequence[Dict[str, Any]]) -> str:
-    """The rows as a markdown table (percent) beside the paper's Sup-21K numbers of the dataset (of CIFAR-100
-    for a dataset the paper has not, the generated data)."""
+    """The rows as a markdown table (percent) beside the paper's numbers of the dataset and backbone named in
+    "paper" (CIFAR-100 for a dataset the paper has not, the generated data)."""
     head = ["dataset", "row", "REAR", "prompt experts", "EMA heads", "from", "seeds", "A_auc", "A_last", "paper",
             "paper A_auc", "paper A_last"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["dataset"], row["label"], row["REAR"], row["prompt_experts"], row["EMA_heads"], row["source"],
-                 str(row["seeds"]), _cell(row["A_auc"], 100), _cell(row["A_last"], 100), row["paper_dataset"],
+                 str(row["seeds"]), _cell(row["A_auc"], 100), _cell(row["A_last"], 100), paper_label(row),
                  _cell(row["paper_A_auc"], 1), _cell(row["paper_A_last"], 1)]
         lines.append("| " + " | ".join(cells) + " |")
     if any(row["source"] == "not run" for row in rows):

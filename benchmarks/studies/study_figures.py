@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from ..ablation.report import save_figure
+from ..backbone import BACKBONES
 
 __all__ = ["PANEL_KEYS", "study_series", "plot_study"]
 
@@ -28,13 +29,15 @@ def _percent(value: Optional[float]) -> Optional[float]:
 
 def study_series(rows: Sequence[Dict[str, Any]], study: str, key: Optional[str] = None) -> List[Dict[str, Any]]:
     """One panel per (dataset, method, variant), in the rows' order: ``{"panel", "names", "measured", "errors",
-    "seeds", "paper", "paper_dataset"}``, in percent; an error or a paper number the rows lack is ``None``."""
+    "seeds", "paper", "paper_dataset", "paper_backbone"}``, in percent; an error or a paper number the rows lack
+    is ``None``."""
     key = key or study[:-1]
     panels: Dict[tuple, Dict[str, Any]] = {}
     for row in rows:
         panel = tuple(row[name] for name in PANEL_KEYS if name in row)
         series = panels.setdefault(panel, {"panel": panel, "names": [], "measured": [], "errors": [], "seeds": [],
-                                           "paper": [], "paper_dataset": row.get("paper_dataset")})
+                                           "paper": [], "paper_dataset": row.get("paper_dataset"),
+                                           "paper_backbone": row.get("paper_backbone")})
         series["names"].append(row[key])
         series["measured"].append(_percent(row["A_auc"]))
         series["errors"].append(_percent(row.get("A_auc_std")))
@@ -72,6 +75,11 @@ def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Op
     return path
 
 
+def _backbone_label(name: Optional[str]) -> Optional[str]:
+    """The paper's name of a ``BACKBONES`` preset (``None`` for rows that name none)."""
+    return None if name is None else BACKBONES[name].label
+
+
 def _nan(values: Sequence[Optional[float]]) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
@@ -87,8 +95,8 @@ def _draw_panel(axis: Any, series: Dict[str, Any]) -> None:
                    f"{'' if np.isnan(errors).all() else ', bars: s.d.'})")
     paper = _nan(series["paper"])
     if not np.isnan(paper).all():
-        compared = series.get("paper_dataset") or ""
-        axis.bar(x + 0.2, paper, 0.4, label=f"paper ({compared + ', ' if compared else ''}Sup-21K, 5 seeds)")
+        compared = [series.get("paper_dataset"), _backbone_label(series.get("paper_backbone"))]
+        axis.bar(x + 0.2, paper, 0.4, label=f"paper ({', '.join(filter(None, compared))}, 5 seeds)")
     axis.set_xticks(x, series["names"], fontsize=7, rotation=20)
     axis.set_title(" / ".join(map(str, series["panel"])), fontsize=9)
     axis.set_ylabel("A_auc (%)")

@@ -1,8 +1,11 @@
 """The tables of the routing and aggregation studies, from a sweep's result files, beside the paper's numbers.
 
 Each row is a (dataset, method, variant, router or rule) mean over the seeds found; the paper's A_auc /
-A_last are those of its FlyPrompt rows (Sup-21K, five seeds), so they compare with a FlyPrompt row; for a
-dataset the paper has not (the proxy's generated data) they are its CIFAR-100 numbers, named in a column.
+A_last are those of its FlyPrompt rows (five seeds), so they compare with a FlyPrompt row. The aggregation
+rows are the paper's of the backbone the run used (``paper_numbers.paper_backbone``), the routing rows its
+Sup-21K ones (the only backbone of its routing table); for a dataset the paper has not (the proxy's generated
+data) they are its CIFAR-100 numbers, and for a model none of its backbones (the proxy's tiny ViT) its
+Sup-21K numbers, both named in a column.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .paper_numbers import AGGREGATIONS, ROUTING, paper_dataset
+from .paper_numbers import AGGREGATIONS_BY_BACKBONE, ROUTING, ROUTING_BACKBONE, paper_backbone, paper_dataset
 from .study_figures import plot_study
 
-__all__ = ["study_rows", "format_study", "write_study", "seed_mean", "seed_std"]
+__all__ = ["study_rows", "format_study", "write_study", "paper_label", "seed_mean", "seed_std"]
 
 
 def seed_mean(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -35,10 +38,11 @@ def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, 
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for result in results:
         spec, entries = result["spec"], (result.get("diagnostics") or {}).get(study) or {}
+        backbone = ROUTING_BACKBONE if study == "routers" or not entries else paper_backbone(result["protocol"])
         for name, entry in entries.items():
-            groups.setdefault((spec["dataset"], spec["method"], spec["variant"], name), []).append(entry)
+            groups.setdefault((spec["dataset"], spec["method"], spec["variant"], name, backbone), []).append(entry)
     rows = []
-    for (dataset, method, variant, name), entries in groups.items():
+    for (dataset, method, variant, name, backbone), entries in groups.items():
         row = {"dataset": dataset, "method": method, "variant": variant, study[:-1]: name, "seeds": len(entries),
                "A_auc": seed_mean([e["A_auc"] for e in entries]), "A_last": seed_mean([e["A_last"] for e in entries]),
                "A_auc_std": seed_std([e["A_auc"] for e in entries])}
@@ -48,11 +52,16 @@ def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, 
             row["ms_per_update"] = seed_mean([1000 * e["seconds_per_update"] for e in entries if "seconds_per_update" in e])
             row["ms_per_routed_batch"] = seed_mean([1000 * e["seconds_per_routed_batch"] for e in entries
                                                 if "seconds_per_routed_batch" in e])
-        numbers = (ROUTING if study == "routers" else AGGREGATIONS)[name]
-        row["paper_dataset"] = paper_dataset(dataset, numbers)
+        numbers = (ROUTING if study == "routers" else AGGREGATIONS_BY_BACKBONE[backbone])[name]
+        row["paper_dataset"], row["paper_backbone"] = paper_dataset(dataset, numbers), backbone
         row["paper_A_auc"], row["paper_A_last"] = numbers[row["paper_dataset"]]
         rows.append(row)
     return rows
+
+
+def paper_label(row: Dict[str, Any]) -> str:
+    """The "paper" cell of a study's row: the paper's dataset and backbone its numbers are of."""
+    return f"{row['paper_dataset']}, {row['paper_backbone']}"
 
 
 def _cell(value: Optional[float], scale: float = 100.0, digits: int = 2) -> str:
@@ -66,7 +75,8 @@ RIDGE_TIMING_NOTE = ("\nms: the four alternatives as timed in the run, on the ex
 
 
 def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
-    """The rows as a markdown table (percent; the paper's columns are its CIFAR-100 / ImageNet-R / CUB-200 rows)."""
+    """The rows as a markdown table (percent); "paper" names the paper's dataset and backbone the last two
+    columns are of."""
     key = study[:-1]
     head = ["dataset", "method", "variant", key, "seeds", "A_auc", "A_last"]
     if study == "routers":
@@ -79,7 +89,7 @@ def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
         if study == "routers":
             cells += [_cell(row["routing_last"]), _cell(row["routing_anytime"]), _cell(row["ms_per_update"], 1, 3),
                       _cell(row["ms_per_routed_batch"], 1, 3)]
-        cells += [row["paper_dataset"], _cell(row["paper_A_auc"], 1), _cell(row["paper_A_last"], 1)]
+        cells += [paper_label(row), _cell(row["paper_A_auc"], 1), _cell(row["paper_A_last"], 1)]
         lines.append("| " + " | ".join(cells) + " |")
     if study == "routers":
         lines.append(RIDGE_TIMING_NOTE)
