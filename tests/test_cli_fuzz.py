@@ -60,6 +60,10 @@ MALFORMED = [
     (["--aggregations", ""], "--aggregations: expected comma-separated names"),
     (["--backbone", "bogus"], "--backbone: invalid choice: 'bogus'"), (["--backbone", ""], "--backbone: invalid choice"),
     (["--backbone", "sup21k", "--model", "vit_tiny_patch16_224"], "--backbone sup21k names the model"),
+    # a backbone whose numbers the paper's table of the study has not, or that the study cannot tell apart
+    (["--study", "components", "--backbone", "dino1k"],
+     "the components study: the paper's components table has the backbones sup21k, sup21k-1k, not dino1k"),
+    (["--aggregations", "mean", "--backbone", "ibot1k"], "is the model of the backbones ibot21k, ibot1k"),
 ]
 
 

@@ -12,8 +12,9 @@ from tiny_sweep import TINY_MODEL
 pytest.importorskip("timm")
 
 from benchmarks.ablation import cli  # noqa: E402
-from benchmarks.studies.components_table import COMPONENT_ROWS, NOT_RUN  # noqa: E402
-from benchmarks.studies.paper_numbers import COMPONENTS  # noqa: E402
+from benchmarks.backbone import BACKBONES  # noqa: E402
+from benchmarks.studies.components_table import COMPONENT_ROWS, NOT_RUN, component_rows, format_components  # noqa: E402
+from benchmarks.studies.paper_numbers import COMPONENTS, COMPONENTS_BY_BACKBONE  # noqa: E402
 
 FLAGS = ["--preset", "cpu", "--study", "components", "--synthetic-classes", "4", "--synthetic-train-per-class", "6",
          "--synthetic-test-per-class", "2", "--num-sessions", "2", "--num-experts", "2", "--batch-size", "4",
@@ -38,7 +39,8 @@ def test_the_components_study_writes_every_row_of_the_papers_table(tmp_path, cap
         "flyprompt": result["flyprompt/full/seed1.json"]["metrics"],
     }
     for key, row in rows.items():
-        assert (row["paper_A_auc"], row["paper_A_last"]) == COMPONENTS[key]["cifar100"], key
+        assert (row["paper_A_auc"], row["paper_A_last"]) == COMPONENTS[key]["cifar100"], key  # the proxy: Sup-21K's
+        assert (row["paper_dataset"], row["paper_backbone"]) == ("cifar100", "sup21k"), key
         if key in expected:
             assert row["seeds"] == 1 and (row["A_auc"], row["A_last"]) == (expected[key]["A_auc"],
                                                                             expected[key]["A_last"]), key
@@ -49,3 +51,24 @@ def test_the_components_study_writes_every_row_of_the_papers_table(tmp_path, cap
     assert "components study (study_components.md)" in out
     if importlib.util.find_spec("matplotlib"):  # the figure: one bar per row that ran
         assert (tmp_path / "study_components.png").read_bytes().startswith(b"\x89PNG")
+
+
+def _record(dataset, method, variant, protocol):
+    return {"spec": {"dataset": dataset, "method": method, "variant": variant}, "protocol": protocol,
+            "metrics": {"A_auc": 0.5, "A_last": 0.4}}
+
+
+def test_a_sup21k_1k_run_is_compared_with_the_papers_sup21k_1k_rows():
+    preset = BACKBONES["sup21k-1k"]
+    protocol = {"model": preset.model, "weights": None, "ridge": preset.ridge}
+    proxy = {"model": "vit_tiny_patch16_224", "weights": None, "ridge": "auto"}
+    rows = component_rows([_record("imagenet-r", "ranpac", "baseline", protocol),
+                           _record("imagenet-r", "ranpac", "baseline", proxy)])
+    ours = {row["row"]: row for row in rows if row["paper_backbone"] == "sup21k-1k"}
+    theirs = {row["row"]: row for row in rows if row["paper_backbone"] == "sup21k"}
+    assert list(ours) == list(theirs) == [row.key for row in COMPONENT_ROWS]
+    for key, row in ours.items():
+        assert (row["paper_A_auc"], row["paper_A_last"]) == COMPONENTS_BY_BACKBONE["sup21k-1k"][key]["imagenet-r"]
+        assert (theirs[key]["paper_A_auc"], theirs[key]["paper_A_last"]) == COMPONENTS[key]["imagenet-r"]
+    assert ours["ranpac"]["seeds"] == theirs["ranpac"]["seeds"] == 1  # each run in the rows of its backbone
+    assert "| imagenet-r, sup21k-1k | 52.91 | 54.79 |" in format_components(rows)

@@ -21,6 +21,7 @@ def _result(seed, dataset, a_auc):
     routers = {name: {"A_auc": value, "A_last": value / 2, "routing": {"modal": {"last": 0.5, "anytime_mean": 0.4}}}
                for name, value in a_auc.items()}
     return {"spec": {"dataset": dataset, "method": "flyprompt", "variant": "full", "seed": seed},
+            "protocol": {"model": "vit_tiny_patch16_224", "weights": None, "ridge": "auto"},
             "diagnostics": {"routers": routers}}
 
 
@@ -41,6 +42,7 @@ def test_the_series_are_the_rows_means_deviations_and_the_papers_numbers(tmp_pat
     assert synthetic["errors"] == [None, None]  # one seed
     # generated data: the paper's CIFAR-100 numbers, named
     assert synthetic["paper"] == cifar["paper"] and synthetic["paper_dataset"] == "cifar100"
+    assert synthetic["paper_backbone"] == cifar["paper_backbone"] == "sup21k"  # the routing table's only backbone
     write_study(tmp_path, results, "routers")
     assert (tmp_path / "study_routers.png").read_bytes().startswith(PNG)
     assert json.loads((tmp_path / "study_routers.json").read_text()) == rows

@@ -24,6 +24,7 @@ from benchmarks.backbone import BACKBONES, check_backbone_available
 from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
 from benchmarks.methods import list_methods
 from benchmarks.studies.command import with_backbone
+from benchmarks.studies.paper_numbers import compared_backbone
 
 
 @dataclass
@@ -58,6 +59,7 @@ def resolve(args: argparse.Namespace) -> Sweep:
         protocol = with_backbone(protocol, args)
         if protocol.pretrained and protocol.weights is None and BACKBONES[args.backbone].warning(args.backbone):
             print(f"warning: {BACKBONES[args.backbone].warning(args.backbone)}", file=sys.stderr, flush=True)
+    _check_compared_backbone(args, protocol)
     methods = args.methods or list(preset.get("methods", PAPER_METHODS))
     known = list_methods()
     _check_names("method", methods, known)
@@ -90,6 +92,17 @@ def resolve(args: argparse.Namespace) -> Sweep:
         preset["threads"], output=Path(args.output or Path("results") / args.preset), device=args.device, data=data,
         routers=_routers(args), study=getattr(args, "study", None), aggregations=_aggregations(args),
     )
+
+
+def _check_compared_backbone(args: argparse.Namespace, protocol: Protocol) -> None:
+    """Before any training: the tables of the studies asked for can name the paper's backbone they compare with."""
+    studies = [*(["aggregations"] if _aggregations(args) else []),
+               *(["components"] if getattr(args, "study", None) == "components" else [])]
+    for study in studies:
+        try:
+            compared_backbone(study, protocol.to_dict())
+        except ValueError as error:
+            raise UsageError(f"the {study} study: {error}") from None
 
 
 def _aggregations(args: argparse.Namespace) -> List[str]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from .paper_numbers import COMPONENTS_BY_BACKBONE, paper_backbone, paper_dataset
+from .paper_numbers import COMPONENTS_BY_BACKBONE, compared_backbone, paper_dataset
 from .study_figures import plot_study
 from .study_tables import paper_label, seed_mean, seed_std
 
@@ -65,15 +65,13 @@ def _scores(result: Dict[str, Any], member: Optional[str]) -> Optional[Dict[str,
 
 
 def component_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per (dataset, component row): seed means of A_auc and A_last, the paper's beside them (its
-    CIFAR-100 numbers for a dataset it has not)."""
-    results = list(results)
-    runs = list(dict.fromkeys((r["spec"]["dataset"], _backbone(r["protocol"])) for r in results))
+    """One row per (dataset, backbone compared with, component row): seed means of A_auc and A_last, the
+    paper's beside them (its CIFAR-100 numbers for a dataset it has not)."""
+    runs = [((r["spec"]["dataset"], compared_backbone("components", r["protocol"])), r) for r in results]
     rows = []
-    for dataset, backbone in runs:
+    for dataset, backbone in dict.fromkeys(compared for compared, _ in runs):
         for row in COMPONENT_ROWS:
-            found = [_scores(r, row.member) for r in results if r["spec"]["dataset"] == dataset
-                     and _backbone(r["protocol"]) == backbone
+            found = [_scores(r, row.member) for compared, r in runs if compared == (dataset, backbone)
                      and (r["spec"]["method"], r["spec"]["variant"]) == (row.method, row.variant)]
             found = [scores for scores in found if scores is not None]
             numbers = COMPONENTS_BY_BACKBONE[backbone][row.key]
@@ -88,16 +86,6 @@ def component_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "paper_A_last": paper[1],
             })
     return rows
-
-
-def _backbone(protocol: Dict[str, Any]) -> str:
-    """The run's backbone, where the paper's components table has it; raises ``ValueError`` where not."""
-    backbone = paper_backbone(protocol)
-    if backbone not in COMPONENTS_BY_BACKBONE:
-        raise ValueError(f"the paper's components table has the backbones {', '.join(COMPONENTS_BY_BACKBONE)}, not "
-                         f"{backbone}: run the components study with --backbone "
-                         f"{' or --backbone '.join(COMPONENTS_BY_BACKBONE)}")
-    return backbone
 
 
 def _source(row: ComponentRow) -> str:

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from ..backbone import BACKBONES
 
 __all__ = [
-    "FALLBACK_BACKBONE", "FALLBACK_DATASET", "paper_backbone", "paper_dataset", "AGGREGATIONS",
+    "FALLBACK_BACKBONE", "FALLBACK_DATASET", "compared_backbone", "paper_backbone", "paper_dataset", "AGGREGATIONS",
     "AGGREGATIONS_BY_BACKBONE", "COMPONENTS", "COMPONENTS_BY_BACKBONE", "COST", "ROUTING", "ROUTING_BACKBONE",
 ]
 
@@ -156,3 +156,17 @@ def paper_backbone(protocol: Mapping[str, Any]) -> str:
                          f"{', '.join(names)}: name the weights file NAME.safetensors (python -m benchmarks.backbone "
                          f"NAME FILE NAME.safetensors) and pass it with --weights, so that the study knows which")
     return names[0]
+
+
+def compared_backbone(study: str, protocol: Mapping[str, Any]) -> str:
+    """The backbone whose numbers of the paper the ``study``'s table shows beside a run of ``protocol``: the
+    run's (:func:`paper_backbone`), Sup-21K for the routers (the paper's routing table has no other); raises
+    ``ValueError`` for a backbone the paper's components table has not."""
+    if study == "routers":
+        return ROUTING_BACKBONE
+    backbone = paper_backbone(protocol)
+    if study == "components" and backbone not in COMPONENTS_BY_BACKBONE:
+        raise ValueError(f"the paper's components table has the backbones {', '.join(COMPONENTS_BY_BACKBONE)}, not "
+                         f"{backbone}: run the components study with --backbone "
+                         f"{' or --backbone '.join(COMPONENTS_BY_BACKBONE)}")
+    return backbone

@@ -2,7 +2,7 @@
 
 Each row is a (dataset, method, variant, router or rule) mean over the seeds found; the paper's A_auc /
 A_last are those of its FlyPrompt rows (five seeds), so they compare with a FlyPrompt row. The aggregation
-rows are the paper's of the backbone the run used (``paper_numbers.paper_backbone``), the routing rows its
+rows are the paper's of the backbone the run used (``paper_numbers.compared_backbone``), the routing rows its
 Sup-21K ones (the only backbone of its routing table); for a dataset the paper has not (the proxy's generated
 data) they are its CIFAR-100 numbers, and for a model none of its backbones (the proxy's tiny ViT) its
 Sup-21K numbers, both named in a column.
@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .paper_numbers import AGGREGATIONS_BY_BACKBONE, ROUTING, ROUTING_BACKBONE, paper_backbone, paper_dataset
+from .paper_numbers import AGGREGATIONS_BY_BACKBONE, ROUTING, compared_backbone, paper_dataset
 from .study_figures import plot_study
 
 __all__ = ["study_rows", "format_study", "write_study", "paper_label", "seed_mean", "seed_std"]
@@ -38,7 +38,7 @@ def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, 
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for result in results:
         spec, entries = result["spec"], (result.get("diagnostics") or {}).get(study) or {}
-        backbone = ROUTING_BACKBONE if study == "routers" or not entries else paper_backbone(result["protocol"])
+        backbone = compared_backbone(study, result["protocol"]) if entries else None
         for name, entry in entries.items():
             groups.setdefault((spec["dataset"], spec["method"], spec["variant"], name, backbone), []).append(entry)
     rows = []
