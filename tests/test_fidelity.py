@@ -24,7 +24,7 @@ from benchmarks.speed import reference_checkout as ref  # noqa: E402
 
 @pytest.fixture(scope="module")
 def checkout():
-    return ref.load_checkout(str(FAKE), ["l2p", "dualprompt", "mvp", "flyprompt", "hide", "norga"])
+    return ref.load_checkout(str(FAKE), ["l2p", "dualprompt", "mvp", "flyprompt", "hide", "norga", "ranpac"])
 
 
 @pytest.mark.parametrize("method", ["l2p", "dualprompt", "mvp", "misa", "flyprompt", "hide-no-orth", "norga-no-orth"])
@@ -36,7 +36,26 @@ def test_each_method_trains_and_decides_as_the_official_trainer(checkout, method
     assert row.predictions_trained == row.predictions_identical == row.selection_identical == 1.0
     assert row.a_auc_ours == pytest.approx(row.a_auc_official, abs=1e-9)
     assert row.a_last_ours == pytest.approx(row.a_last_official, abs=1e-9)
-    assert all(difference < 1e-5 for difference in row.other.values()), row.other  # FlyPrompt's router, EMA heads
+    assert all(difference < 1e-5 for difference in row.other.values()), row.other  # routers, EMA heads, RanPAC's G, Q
+
+
+def test_ranpac_trains_collects_and_solves_as_the_official_trainer(checkout):
+    # The default setting: SMALL's first session is one batch of one class, where the batch mask leaves
+    # nothing to train.
+    row = compare_method(checkout, PAIRS["ranpac"], Setting())
+    assert row.weights_moved > 1e-3
+    assert row.weights_relative < 1e-4, row
+    assert row.predictions_trained == row.predictions_identical == 1.0
+    assert row.a_auc_ours == pytest.approx(row.a_auc_official, abs=1e-9)
+    assert row.a_last_ours == pytest.approx(row.a_last_official, abs=1e-9)
+    assert set(row.other) == {"classifier G", "classifier Q", "classifier scores"}
+    assert all(difference < 1e-5 for difference in row.other.values()), row.other
+
+
+def test_ranpac_without_the_first_sessions_statistics_is_seen(checkout):
+    # The official trainer folds the first session's features in; our default leaves them out.
+    row = compare_method(checkout, dataclasses.replace(PAIRS["ranpac"], ours_kwargs={}), Setting())
+    assert row.other["classifier G"] > 1e-2
 
 
 def test_hide_prompts_orthogonality_term_is_where_the_official_code_differs(checkout):

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
-from . import expert_state, flyprompt_state, hide_state
+from . import expert_state, flyprompt_state, hide_state, ranpac_state
 from .setting import Setting
 
 __all__ = ["MethodPair", "PAIRS"]
@@ -159,4 +159,16 @@ PAIRS["sd-lora"] = MethodPair(
     setup_trainer=lambda trainer: setattr(trainer, "sdlora_ortho_weight", 0.0),
     note="the orthogonality term off on both sides (--sdlora_ortho_weight 0, the configuration's default); "
          "no selection (each class's logits come from every task's directions)",
+)
+
+# RanPAC with the first session's features in its statistics, as the official trainer collects them.
+PAIRS["ranpac"] = MethodPair(
+    "ranpac", "ranpac", ranpac_state.adapter_weights(expert_state.EXPERT_BLOCKS), official_selection=lambda model: None,
+    ours_kwargs={"first_session_statistics": True}, official_kwargs={"ranpac_M": Setting().expansion_dim},
+    align=ranpac_state.align, other_state=ranpac_state.other_state, load_official=ranpac_state.load_official,
+    official_predict=ranpac_state.official_predict, setup_trainer=ranpac_state.setup_trainer,
+    session_end_seed=ranpac_state.EXPANSION_SEED,
+    note="first_session_statistics=True; the official adapters' dropout (0.1) off (ours has none); the random "
+         "matrix drawn by the official side at the first session's end (seeded), ours the same draw; our "
+         "classifier solves in float64 (Cholesky), the official one in float32",
 )

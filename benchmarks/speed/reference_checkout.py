@@ -48,6 +48,7 @@ CLASSES: Dict[str, Tuple[str, str, str, str]] = {
     "hide-lora": ("hide_lora_vit", "HiDeLoRAModel", "hide_norga_trainer", "HiDeGCLTrainer"),
     "hide-adapter": ("hide_adapter_vit", "HiDeAdapterModel", "hide_norga_trainer", "HiDeGCLTrainer"),
     "sd-lora": ("sdlora", "SDLoRAModel", "sdlora", "SDLoRAGCL"),
+    "ranpac": ("ranpac", "RanPAC", "ranpac", "RanPAC"),
 }
 # What every load imports, relative to the checkout; checked (with the methods' modules) before anything is imported.
 REQUIRED_FILES = (
