@@ -52,8 +52,9 @@ class Reference(AdapterFamily):
     def retrofit(cls, model: nn.Module, options: RetrofitOptions, **family_options: Any) -> Retrofit:
         """As every family's, but a component is refused for a method stating why it cannot serve it
         (:data:`REFUSALS`: ``router_refusal``, its experts cannot be chosen per sample; ``ensemble_refusal``,
-        no prediction reads the head EMA copies would follow). :func:`build_handle` builds both all the
-        same: a benchmark trains them beside every method and skips the refused variants itself."""
+        no prediction reads the head EMA copies would follow). :func:`build_handle` builds what its
+        options ask for: a benchmark asks for no router for a method with a ``router_refusal`` and skips
+        the refused variants itself."""
         for option, attribute in REFUSALS:
             reason = getattr(model, attribute, "")
             if getattr(options, option) and reason:

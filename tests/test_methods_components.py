@@ -62,6 +62,15 @@ def test_variants_they_cannot_run_are_refused_with_the_reason():
             method(torch.zeros(2, 3, 32, 32), expert=torch.tensor([0, 1]))
 
 
+def test_a_method_no_router_can_choose_for_trains_no_router_beside_it(data):
+    """No routed variant runs for the linear probe, RanPAC† or SD-LoRA: the benchmark keeps no REAR statistics
+    for them (a second M x M G beside RanPAC's own classifier), and its checkpoint holds none."""
+    for name, router in (("linear-probe", False), ("ranpac", False), ("sd-lora", False), ("dualprompt", True)):
+        run = build_run(name, "synthetic", 1, ["baseline"], PROTOCOL, *data, device=CPU)
+        assert (run.trainer.components.router is not None) is router, name
+        assert ("router" in run.trainer.components.state_dict()) is router, name
+
+
 def test_the_variants_of_one_training_equal_their_own_runs_through_the_reference_adapter(data):
     together = run_training("linear-probe", "synthetic", 1, ["baseline", "ensemble"], PROTOCOL, *data, device=CPU)
     for variant in ("baseline", "ensemble"):

@@ -69,7 +69,8 @@ class AddedComponents:
 
     Args:
         model: the method (:class:`~fly_modules.adapters.SeamContract`); its classifier is TE2's online head.
-        expansion_dim, ridge, seed: the router's.
+        expansion_dim, ridge, seed: the router's. A method stating a ``router_refusal`` gets none: no variant
+            of it is routed, so statistics fed every batch (an ``M x M`` float64 ``G``) would serve nothing.
         decays, aggregate: the ensemble's.
     """
 
@@ -79,11 +80,11 @@ class AddedComponents:
     ) -> None:
         self.model = model
         options = RetrofitOptions(
-            optimizer=None, schedule=None, expansion_dim=expansion_dim, ridge=ridge, seed=seed, decays=decays,
-            aggregate=aggregate,
+            router=not getattr(model, "router_refusal", ""), optimizer=None, schedule=None,
+            expansion_dim=expansion_dim, ridge=ridge, seed=seed, decays=decays, aggregate=aggregate,
         )
         self.handle = reference_adapter.build_handle(model, options)
-        self.router: AnalyticRouter = self.handle.router
+        self.router: Optional[AnalyticRouter] = self.handle.router
         self.ensemble: TemporalEnsembleHead = self.handle.ensemble
 
     def start_expert(self, expert: int) -> None:
@@ -106,10 +107,12 @@ class AddedComponents:
         return self.handle.route(router_features) if self.handle.routing_active() else None
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"router": self.router.state_dict(), "ensemble": self.ensemble.state_dict()}
+        router = {} if self.router is None else {"router": self.router.state_dict()}
+        return {**router, "ensemble": self.ensemble.state_dict()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.router.load_state_dict(state["router"])
+        if self.router is not None:
+            self.router.load_state_dict(state["router"])
         self.ensemble.load_state_dict(state["ensemble"])
         # The router's target: the expert the restored method trains (the model is loaded first).
         self.handle.current_expert = int(self.model.current_expert)

@@ -166,6 +166,8 @@ def build_run(
             model, expansion_dim=protocol.expansion_dim, ridge=protocol.ridge, seed=seed, decays=protocol.decays,
             aggregate=protocol.aggregate,
         )
+    if getattr(components, "router", None) is None:
+        routers = []  # a method no router can choose for (router_refusal): no study router either
     if routers:
         from ..studies.router_components import WithRouters
         from ..studies.router_set import check_router_names

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from .paper_numbers import COMPONENTS_BY_BACKBONE, compared_backbone, paper_dataset
 from .study_figures import plot_study
-from .study_tables import paper_label, seed_mean, seed_std
+from .study_tables import paper_label, seed_mean, seed_std, table_cell
 
 __all__ = ["COMPONENT_ROWS", "NOT_RUN", "ComponentRow", "component_rows", "format_components", "write_components"]
 
@@ -94,10 +94,6 @@ def _source(row: ComponentRow) -> str:
     return f"{row.method}/{row.variant}" + (f" ({row.member} member)" if row.member else "")
 
 
-def _cell(value: Optional[float], scale: float) -> str:
-    return "-" if value is None else f"{scale * value:.2f}"
-
-
 def format_components(rows: Sequence[Dict[str, Any]]) -> str:
     """The rows as a markdown table (percent) beside the paper's numbers of the dataset and backbone named in
     "paper" (CIFAR-100 for a dataset the paper has not, the generated data)."""
@@ -106,8 +102,8 @@ def format_components(rows: Sequence[Dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["dataset"], row["label"], row["REAR"], row["prompt_experts"], row["EMA_heads"], row["source"],
-                 str(row["seeds"]), _cell(row["A_auc"], 100), _cell(row["A_last"], 100), paper_label(row),
-                 _cell(row["paper_A_auc"], 1), _cell(row["paper_A_last"], 1)]
+                 str(row["seeds"]), table_cell(row["A_auc"], 100), table_cell(row["A_last"], 100), paper_label(row),
+                 table_cell(row["paper_A_auc"], 1), table_cell(row["paper_A_last"], 1)]
         lines.append("| " + " | ".join(cells) + " |")
     if any(row["source"] == "not run" for row in rows):
         lines.append(f"\nnot run: {NOT_RUN}.")

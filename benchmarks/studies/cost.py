@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from .paper_numbers import COST
+from .study_tables import table_cell
 
 __all__ = ["count_parameters", "cost_rows", "format_cost", "main"]
 
@@ -94,10 +95,6 @@ def cost_rows(methods: Sequence[str] = METHODS, results: Optional[Path] = None) 
     return rows
 
 
-def _cell(value: Optional[float], digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
     """Markdown: ours / the paper's, per column."""
     lines = ["| method | total params (M) | paper | trainable (M) | paper | buffers (M) | BWT (%) | paper "
@@ -105,10 +102,10 @@ def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
     for row in rows:
         paper = row["paper"]
         lines.append(
-            f"| {row['method']} | {row['total']:.2f} | {_cell(paper.get('total'))} | {row['trainable']:.2f} "
-            f"| {_cell(paper.get('trainable'))} | {row['buffers']:.2f} | {_cell(row['BWT'])} | {_cell(paper.get('BWT'))} "
-            f"| {_cell(row['train_s'], 3)} | {_cell(paper.get('train_s'))} | {_cell(row.get('infer_s'), 3)} "
-            f"| {_cell(paper.get('infer_s'))} | {row['seeds']} |"
+            f"| {row['method']} | {row['total']:.2f} | {table_cell(paper.get('total'), 1)} | {row['trainable']:.2f} "
+            f"| {table_cell(paper.get('trainable'), 1)} | {row['buffers']:.2f} | {table_cell(row['BWT'], 1)} | {table_cell(paper.get('BWT'), 1)} "
+            f"| {table_cell(row['train_s'], 1, 3)} | {table_cell(paper.get('train_s'), 1)} | {table_cell(row.get('infer_s'), 1, 3)} "
+            f"| {table_cell(paper.get('infer_s'), 1)} | {row['seeds']} |"
         )
     return "\n".join(lines)
 

@@ -19,7 +19,7 @@ import numpy as np
 from .paper_numbers import AGGREGATIONS_BY_BACKBONE, ROUTING, compared_backbone, paper_dataset
 from .study_figures import plot_study
 
-__all__ = ["study_rows", "format_study", "write_study", "paper_label", "seed_mean", "seed_std"]
+__all__ = ["study_rows", "format_study", "write_study", "paper_label", "seed_mean", "seed_std", "table_cell"]
 
 
 def seed_mean(values: Sequence[Optional[float]]) -> Optional[float]:
@@ -64,7 +64,8 @@ def paper_label(row: Dict[str, Any]) -> str:
     return f"{row['paper_dataset']}, {row['paper_backbone']}"
 
 
-def _cell(value: Optional[float], scale: float = 100.0, digits: int = 2) -> str:
+def table_cell(value: Optional[float], scale: float = 100.0, digits: int = 2) -> str:
+    """``scale * value`` with ``digits`` decimals; ``-`` for a missing value."""
     return "-" if value is None else f"{scale * value:.{digits}f}"
 
 
@@ -84,12 +85,12 @@ def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
     head += ["paper", "paper A_auc", "paper A_last"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row["dataset"], row["method"], row["variant"], row[key], str(row["seeds"]), _cell(row["A_auc"]),
-                 _cell(row["A_last"])]
+        cells = [row["dataset"], row["method"], row["variant"], row[key], str(row["seeds"]), table_cell(row["A_auc"]),
+                 table_cell(row["A_last"])]
         if study == "routers":
-            cells += [_cell(row["routing_last"]), _cell(row["routing_anytime"]), _cell(row["ms_per_update"], 1, 3),
-                      _cell(row["ms_per_routed_batch"], 1, 3)]
-        cells += [paper_label(row), _cell(row["paper_A_auc"], 1), _cell(row["paper_A_last"], 1)]
+            cells += [table_cell(row["routing_last"]), table_cell(row["routing_anytime"]), table_cell(row["ms_per_update"], 1, 3),
+                      table_cell(row["ms_per_routed_batch"], 1, 3)]
+        cells += [paper_label(row), table_cell(row["paper_A_auc"], 1), table_cell(row["paper_A_last"], 1)]
         lines.append("| " + " | ".join(cells) + " |")
     if study == "routers":
         lines.append(RIDGE_TIMING_NOTE)
