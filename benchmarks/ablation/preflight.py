@@ -27,6 +27,7 @@ import torch
 
 from ..methods import method_class
 from .protocol import Protocol
+from .proxy_datasets import is_generated
 from .runner import BackboneLoadError, build_backbone
 
 __all__ = ["PreflightError", "USER_ERRORS", "check", "check_output", "check_device", "check_models", "class_counts"]
@@ -149,7 +150,7 @@ def _check_method(method: str, backbone: Any, classes: int, protocol: Protocol, 
 
 def class_counts(data: dict) -> dict:
     """Classes of each dataset of a sweep (``data``: dataset -> generated-data settings)."""
-    return {name: settings["num_classes"] if name == "synthetic" else _CLASSES[name] for name, settings in data.items()}
+    return {name: settings["num_classes"] if is_generated(name) else _CLASSES[name] for name, settings in data.items()}
 
 
 def check(sweep: Any) -> None:

@@ -19,6 +19,7 @@ import torch
 from benchmarks.ablation.arguments import UsageError
 from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.protocol import PAPER_METHODS, Protocol
+from benchmarks.ablation.proxy_datasets import PROXY_DATASETS, is_generated
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.backbone import BACKBONES, check_backbone_available
 from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
@@ -70,7 +71,7 @@ def resolve(args: argparse.Namespace) -> Sweep:
     variants = args.variants or [*ABLATION_VARIANTS, *ORACLE_VARIANTS]
     _check_names("variant", variants, [*ABLATION_VARIANTS, *ORACLE_VARIANTS])
     datasets = [canonical_dataset_name(d) for d in (args.datasets or preset["datasets"])]
-    _check_names("dataset", datasets, list(DATASETS))
+    _check_names("dataset", datasets, [*DATASETS, *PROXY_DATASETS])
     if args.device is not None:
         try:
             device = torch.device(args.device)
@@ -83,9 +84,9 @@ def resolve(args: argparse.Namespace) -> Sweep:
     if not (args.plan and protocol.weights is None):  # a plan times random weights where pretrained ones are absent
         check_backbone_available(protocol.model, protocol.pretrained, protocol.weights)
     for name in datasets:  # a plan prices a missing dataset by its sizes
-        if name != "synthetic" and not args.plan:
+        if not is_generated(name) and not args.plan:
             check_dataset(name, args.data_root, download=args.download)
-    data = {name: synthetic_settings(args, preset) if name == "synthetic" else {} for name in datasets}
+    data = {name: generated_data_settings(name, args, preset) if is_generated(name) else {} for name in datasets}
     return Sweep(
         preset=args.preset, protocol=protocol, methods=methods, variants=variants, datasets=datasets,
         seeds=args.seeds or list(preset["seeds"]), threads=args.threads if args.threads is not None else
@@ -136,9 +137,13 @@ def timm_has_model(name: str) -> bool:
     return bool(timm.is_model(name)) or bool(timm.list_models(name.split(".")[0]))
 
 
-def synthetic_settings(args: argparse.Namespace, preset: Dict[str, Any]) -> Dict[str, Any]:
-    """The generated dataset's settings: the preset's, overridden by the command line."""
-    settings = dict(preset.get("synthetic", {}))
+def generated_data_settings(name: str, args: argparse.Namespace, preset: Dict[str, Any]) -> Dict[str, Any]:
+    """The generated dataset ``name``'s settings: the preset's (a proxy dataset's own where the preset has
+    none), overridden by the command line's ``--synthetic-*`` flags."""
+    if name == "synthetic":
+        settings = dict(preset.get("synthetic", {}))
+    else:
+        settings = dict(preset.get("generated", {}).get(name) or PROXY_DATASETS[name].settings())
     for key, flag in (("num_classes", "synthetic_classes"), ("train_per_class", "synthetic_train_per_class"),
                       ("test_per_class", "synthetic_test_per_class")):
         if getattr(args, flag) is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
+from benchmarks.ablation.proxy_datasets import is_generated
 from benchmarks.ablation.sweep import Sweep
 
 
@@ -11,7 +12,7 @@ def load_data(name: str, sweep: Sweep, data_root: str, download: bool) -> Tuple[
     """``(train, test)`` of the dataset ``name``: read from ``data_root``, or generated from the sweep's settings."""
     from benchmarks import data
 
-    if name == "synthetic":
+    if is_generated(name):
         settings = sweep.data[name]
         # class_offset: skip the first ids (the proxy's upstream, pretraining classes).
         _, class_ids = data.synthetic_class_split(settings.get("class_offset", 0), settings["num_classes"])
