@@ -1,4 +1,4 @@
-"""The committed study results (docs/results/studies): each table is what the study code computes from the
+"""The committed study results (docs/results/proxy-10-studies): each table is what the study code computes from the
 committed run files, and the numbers docs/proxy.md quotes are those of the tables."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from benchmarks.studies.components_table import component_rows
 from benchmarks.studies.study_tables import study_rows
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "studies"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results" / "proxy-10-studies"
 
 
 def _runs():

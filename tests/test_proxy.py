@@ -115,7 +115,7 @@ def test_committed_checkpoint_matches_its_sidecar_and_loads():
     assert sidecar["quick"] is False and sidecar["model_kwargs"] == MODEL_KWARGS
     assert sidecar["command"].startswith("python -m benchmarks.proxy.pretrain")
     _assert_loads_through_runner(CHECKPOINT, MODEL_KWARGS)
-    for name in ("proxy", "proxy-short"):
+    for name in ("proxy", "proxy-short", "proxy-10"):
         protocol = PRESETS[name]["protocol"]
         assert Path(protocol.weights) == CHECKPOINT and protocol.model_kwargs == MODEL_KWARGS
 
@@ -133,7 +133,7 @@ def test_reduced_proxy_cross_ablation_end_to_end(tmp_path):
     assert {(r["method"], r["variant"]) for r in rows} == {
         ("dualprompt", "baseline"), ("dualprompt", "router"), ("dualprompt", "oracle"),
         ("flyprompt", "full"), ("flyprompt", "oracle")}
-    run = json.loads((output / "runs" / "synthetic" / "dualprompt" / "baseline" / "seed1.json").read_text())
+    run = json.loads((output / "runs" / "cifar100-like" / "dualprompt" / "baseline" / "seed1.json").read_text())
     (baseline,) = [r for r in rows if (r["method"], r["variant"]) == ("dualprompt", "baseline")]
     assert baseline["A_auc_mean"] == pytest.approx(100 * run["metrics"]["A_auc"])  # percent of the run's fraction
     assert run["stream_length"] == 240 and run["protocol"]["weights"] == "benchmarks/proxy/weights/proxy_vit.safetensors"
@@ -142,18 +142,20 @@ def test_reduced_proxy_cross_ablation_end_to_end(tmp_path):
     diagnostics = run["diagnostics"]
     routing = diagnostics["routing"]
     assert routing["rear"]["modal"]["last"] <= routing["rear"]["any"]["last"]  # the modal expert is one that trained
-    router = json.loads((output / "runs" / "synthetic" / "dualprompt" / "router" / "seed1.json").read_text())
+    router = json.loads((output / "runs" / "cifar100-like" / "dualprompt" / "router" / "seed1.json").read_text())
     assert router["diagnostics"]["routing"] == routing  # one training scored both variants
     assert len(diagnostics["expert_matrix"]["accuracy"]) == len(diagnostics["expert_matrix"]["groups"])
     assert json.loads((output / "protocol.json").read_text())["preset"] == "proxy"
 
 
-@pytest.mark.parametrize("name", ["proxy", "proxy-short"])
+@pytest.mark.parametrize("name", ["proxy", "proxy-short", "proxy-10"])
 def test_proxy_presets_follow_the_papers_comparisons(name):
     """Reference baselines, clean router query, and the documented router rule (docs/proxy.md): ridge by
     generalised cross-validation, M a tenth of the stream; the stream's classes are not pretraining classes."""
     preset = PRESETS[name]
-    protocol, data = preset["protocol"], preset["synthetic"]
+    (dataset,) = preset["datasets"]
+    protocol = preset["protocol"]
+    data = preset["synthetic"] if dataset == "synthetic" else preset["generated"][dataset]
     assert protocol.method_kwargs == PRESETS["paper"]["protocol"].method_kwargs
     assert protocol.method_kwargs is not PRESETS["paper"]["protocol"].method_kwargs
     assert protocol.router_query == "clean" and protocol.ridge == "auto"
@@ -161,7 +163,7 @@ def test_proxy_presets_follow_the_papers_comparisons(name):
     assert (protocol.num_sessions, protocol.disjoint_ratio, protocol.blurry_ratio) == (5, 0.5, 0.1)
     assert data["difficulty"] == "hard"
     assert data["class_offset"] == json.loads(SIDECAR.read_text())["data"]["upstream_class_ids"][1] + 1
-    expert_methods = ["hide-lora", "hide-adapter", "sd-lora"] if name == "proxy" else []
+    expert_methods = ["hide-lora", "hide-adapter", "sd-lora"] if name != "proxy-short" else []
     assert preset["methods"] == ["l2p", "dualprompt", "mvp", "misa", "hide", "norga", *expert_methods, "flyprompt"]
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
 from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.protocol import ROUTER_QUERIES, Protocol
+from benchmarks.ablation.proxy_datasets import PROXY_DATASETS
 from benchmarks.ablation.shard import parse_shard
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.backbone import BACKBONES
@@ -239,7 +240,8 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
                              + " (default: all; FlyPrompt runs the first four as 'full'; one training per "
                                "method and seed scores them all)")
     parser.add_argument("--datasets", type=parse_names, default=None,
-                        help="comma-separated datasets, from " + ", ".join(DATASETS) + " (default: the preset's)")
+                        help="comma-separated datasets, from " + ", ".join([*DATASETS, *PROXY_DATASETS]) +
+                             " (the last three: the CPU proxy's generated stand-ins; default: the preset's)")
     parser.add_argument("--seeds", type=_seeds, default=None, help="comma-separated seeds (default: the preset's)")
     parser.add_argument("--data-root", default="data", help="folder holding the datasets")
     parser.add_argument("--download", action="store_true",
@@ -247,11 +249,12 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
                              "(imagenet-r.tar, about 2 GB) into --data-root if absent, and the backbone's "
                              "pretrained weights from the Hugging Face hub into its cache. CUB-200 has no "
                              "download. Without this flag nothing leaves the machine")
-    parser.add_argument("--synthetic-classes", type=_integer(2), default=None, help="classes of the generated dataset")
+    parser.add_argument("--synthetic-classes", type=_integer(2), default=None,
+                        help="classes of every generated dataset of the sweep (synthetic and the proxy's)")
     parser.add_argument("--synthetic-train-per-class", type=_integer(1), default=None,
-                        help="generated training images per class")
+                        help="training images per class of every generated dataset")
     parser.add_argument("--synthetic-test-per-class", type=_integer(1), default=None,
-                        help="generated test images per class")
+                        help="test images per class of every generated dataset")
     parser.add_argument("--output", default=None, help="output folder (default: results/<preset>)")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if "
                                                        "available, else cpu)")

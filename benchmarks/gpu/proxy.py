@@ -76,7 +76,9 @@ TINY_SCALE = ProxyScale(
 
 
 def _proxy_data() -> Dict[str, Any]:
-    return dict(PRESETS[PRESET]["synthetic"])
+    """The generated settings of the proxy preset's stream (its first dataset)."""
+    preset = PRESETS[PRESET]
+    return dict(preset["generated"][preset["datasets"][0]])
 
 
 def upstream_classes(scale: ProxyScale) -> int:
