@@ -85,7 +85,7 @@ class ProxySummary:
             if (method, "baseline") not in self.runs:
                 continue
             mean, std = self.mean_std(method, "baseline")
-            cells = [METHOD_NAMES.get(method, method), f"{mean:.2f} ± {std:.2f}"]
+            cells = [METHOD_NAMES.get(method, method), f"{mean:.2f} ± " + ("n/a" if np.isnan(std) else f"{std:.2f}")]
             for column, (variant, reference) in DELTAS.items():
                 deltas = self.deltas(method, column)
                 paper = _paper_delta(method, variant, reference) if column != "oracle" else None
@@ -129,7 +129,7 @@ class ProxySummary:
         others = [(m, v, a) for m, v, a in ranked if m != "flyprompt"]
         best = others[0] if others else None
         per_seed = []
-        for seed in self.seeds:
+        for seed in sorted(self.runs[("flyprompt", "full")]):
             scores = sorted(((s[seed], m) for (m, v), s in self.runs.items() if "oracle" not in v and seed in s),
                             reverse=True)
             per_seed.append(str([m for _, m in scores].index("flyprompt") + 1))
