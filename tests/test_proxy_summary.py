@@ -4,6 +4,7 @@ run files, and the summary's deltas, counts and ranks are those of the runs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,16 @@ def test_a_page_without_the_markers_or_a_folder_without_runs_is_one_line(tmp_pat
     assert summary.main(["--results", str(tmp_path / "none"), "--dataset", "toy"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and "add that line" in errors[0] and "no run files" in errors[1]
+
+
+def test_every_number_the_results_list_quotes_is_a_committed_one():
+    page = PAGE.read_text()
+    _, end = summary.markers("docs/results/proxy", "cifar100-like")
+    quoted_part = page.split("## Results")[1].split(end)[1].split("## The earlier proxy")[0]
+    committed = " ".join([page.split("## Results")[1].split(end)[0],
+                          page.split(summary.markers("docs/results/proxy-10", "synthetic")[0])[1],
+                          (REPO / "docs" / "results" / "proxy" / "table.md").read_text()])
+    numbers = re.findall(r"[+-]?\d+\.\d\d\b", quoted_part)
+    assert len(numbers) > 20
+    missing = [n for n in numbers if n not in committed]
+    assert not missing, f"docs/proxy.md quotes numbers no committed file has: {missing}"
