@@ -10,9 +10,10 @@ these methods and variants) it trains nothing either.
 from __future__ import annotations
 
 import argparse
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence
 
 __all__ = ["AnalysisStudy", "ANALYSIS_STUDIES", "analysis_defaults", "write_analysis_study",
            "components_cost_error", "run_components_cost"]
@@ -20,28 +21,29 @@ __all__ = ["AnalysisStudy", "ANALYSIS_STUDIES", "analysis_defaults", "write_anal
 
 @dataclass(frozen=True)
 class AnalysisStudy:
-    """A study's default methods and variants, and its writer (``module:function``, imported when used)."""
+    """A study's module (imported when used: its ``STUDY_METHODS`` and ``STUDY_VARIANTS`` are the defaults)
+    and the function of it writing the table."""
 
-    methods: Tuple[str, ...]
-    variants: Tuple[str, ...]
+    module: str
     writer: str
+
+    def load(self) -> Any:
+        return importlib.import_module(f"{__package__}.{self.module}")
 
 
 ANALYSIS_STUDIES: Dict[str, AnalysisStudy] = {
-    "cka": AnalysisStudy(("mvp", "misa", "flyprompt"), ("baseline",), "cka_table:write_cka"),
-    "routing": AnalysisStudy(("dualprompt", "mvp", "misa", "flyprompt"), ("baseline", "router", "oracle", "oracle_both"),
-                             "routing_oracle:write_routing"),
-    "ranpac": AnalysisStudy(("ranpac", "ranpac-frozen", "ranpac-collect", "flyprompt"), ("baseline", "full"),
-                            "ranpac_table:write_ranpac"),
+    "cka": AnalysisStudy("cka_table", "write_cka"),
+    "routing": AnalysisStudy("routing_oracle", "write_routing"),
+    "ranpac": AnalysisStudy("ranpac_table", "write_ranpac"),
 }
 
 
 def analysis_defaults(args: argparse.Namespace) -> None:
     """Fill the methods and variants ``args.study`` runs where the user left them unset; for ``cka``, refuse
     a method that defines no common representation of its experts (before any data or training)."""
-    study = ANALYSIS_STUDIES[args.study]
-    args.methods = args.methods or list(study.methods)
-    args.variants = args.variants or list(study.variants)
+    module = ANALYSIS_STUDIES[args.study].load()
+    args.methods = args.methods or list(module.STUDY_METHODS)
+    args.variants = args.variants or list(module.STUDY_VARIANTS)
     if args.study == "cka":
         from ..ablation.arguments import UsageError
         from ..methods import method_class
@@ -65,10 +67,7 @@ def write_analysis_study(study: Optional[str], output: Path, results: Iterable[D
     sweep's printout; ``""`` when ``study`` is none of :data:`ANALYSIS_STUDIES`."""
     if study not in ANALYSIS_STUDIES:
         return ""
-    import importlib
-
-    module, function = ANALYSIS_STUDIES[study].writer.split(":")
-    writer = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+    writer = getattr(ANALYSIS_STUDIES[study].load(), ANALYSIS_STUDIES[study].writer)
     return f"\n\n{study} study (study_{study}.md):\n\n" + writer(output, list(results))
 
 

@@ -21,7 +21,7 @@ __all__ = ["RANPAC_ROWS", "STUDY_METHODS", "STUDY_VARIANTS", "ranpac_rows", "for
 RANPAC_ROWS = (("ranpac", "baseline", "RanPAC†"), ("ranpac-frozen", "baseline", "RanPAC‡"),
                ("ranpac-collect", "baseline", "RanPAC*"), ("flyprompt", "full", "FlyPrompt"))
 STUDY_METHODS = tuple(method for method, _, _ in RANPAC_ROWS)
-STUDY_VARIANTS = ("baseline", "full")
+STUDY_VARIANTS = ("baseline",)  # FlyPrompt runs it as "full"
 
 
 def ranpac_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
