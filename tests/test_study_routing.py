@@ -40,7 +40,7 @@ def test_the_routing_study_and_its_standalone_command_agree(tmp_path, capsys):
              "--model-kwargs", json.dumps(TINY_MODEL), "--no-progress"]
     assert cli.main([*flags, "--output", str(tmp_path)]) == 0
     variants = {p.relative_to(tmp_path / "runs/synthetic").parent.as_posix() for p in tmp_path.glob("runs/*/*/*/*.json")}
-    assert variants == {"mvp/baseline", "mvp/router", "mvp/oracle", "mvp/oracle_both", "flyprompt/full",
+    assert variants == {"mvp/baseline", "mvp/oracle", "mvp/oracle_both", "flyprompt/full",
                         "flyprompt/oracle", "flyprompt/oracle_both"}
     written = json.loads((tmp_path / "study_routing.json").read_text())
     assert [row["method"] for row in written] == ["mvp", "flyprompt"]

@@ -81,8 +81,7 @@ def run_training(
     process_group: Optional[Any] = None,
     checkpointing: Optional[CheckpointPolicy] = None,
     routers: Sequence[str] = (),
-    aggregations: Sequence[str] = (),
-    cka: bool = False,
+    aggregations: Sequence[str] = (), cka: bool = False,
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 

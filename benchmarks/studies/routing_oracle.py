@@ -29,7 +29,8 @@ __all__ = ["STUDY_METHODS", "STUDY_VARIANTS", "ROUTING_VERSION", "routing_rows",
 
 #: the methods with explicit expert routing the paper's figure shows, in its order
 STUDY_METHODS = ("dualprompt", "mvp", "misa", "flyprompt")
-STUDY_VARIANTS = ("baseline", "router", "oracle", "oracle_both")
+#: REAR's routing is in every record of a routable method (it is trained beside it): no routed variant needed
+STUDY_VARIANTS = ("baseline", "oracle", "oracle_both")
 #: the paper's rule: a selection is right when the expert trained the class (docs/diagnostics.md, ``any``)
 ROUTING_VERSION = "any"
 #: (published, oracle) variant of a method: FlyPrompt's head is its ensemble
