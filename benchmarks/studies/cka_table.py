@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ..ablation.report import METHOD_NAMES, save_figure
+from ..ablation.report import METHOD_NAMES, METHOD_ORDER, save_figure
 from .study_tables import table_cell
 
 __all__ = ["STUDY_METHODS", "STUDY_VARIANTS", "cka_rows", "format_cka", "write_cka"]
@@ -39,7 +39,7 @@ def cka_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for (dataset, method, _), cka in trainings.items():
         groups.setdefault((dataset, method, tuple(cka["experts"])), []).append(cka)
     rows = []
-    for (dataset, method, experts), found in groups.items():
+    for (dataset, method, experts), found in sorted(groups.items(), key=lambda item: _order(item[0])):
         residual = np.mean([np.array(c["residual"], dtype=float) for c in found], axis=0)
         raw = np.mean([np.array(c["raw"], dtype=float) for c in found], axis=0)
         off = _off_diagonal(residual)
@@ -48,6 +48,11 @@ def cka_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
                      "residual_off_diagonal_mean": float(np.nanmean(off)) if off.size else None,
                      "raw_off_diagonal_mean": float(np.nanmean(_off_diagonal(raw))) if off.size else None})
     return rows
+
+
+def _order(key: tuple) -> tuple:
+    dataset, method, experts = key
+    return dataset, METHOD_ORDER.get(method, len(METHOD_ORDER)), method, experts
 
 
 def format_cka(rows: Sequence[Dict[str, Any]]) -> str:
@@ -84,7 +89,7 @@ def plot_cka(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[Path]:
         return None
     methods = list(dict.fromkeys(r["method"] for r in rows))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    figure, axes = plt.subplots(len(methods), len(datasets), figsize=(3.4 * len(datasets), 3.0 * len(methods)),
+    figure, axes = plt.subplots(len(methods), len(datasets), figsize=(3.6 * len(datasets), 3.0 * len(methods)),
                                 squeeze=False)
     for axis in axes.flat:
         axis.axis("off")
@@ -92,7 +97,7 @@ def plot_cka(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[Path]:
         axis = axes[methods.index(r["method"]), datasets.index(r["dataset"])]
         _heatmap(axis, np.array(r["residual"], dtype=float), [f"E{e + 1}" for e in r["experts"]])
         axis.set_title(f"{METHOD_NAMES.get(r['method'], r['method'])}, {r['dataset']}", fontsize=9)
-    figure.tight_layout()
+    figure.tight_layout(pad=1.5)
     path = output / "study_cka.png"
     save_figure(figure, path)
     plt.close(figure)
@@ -101,13 +106,16 @@ def plot_cka(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[Path]:
 
 def _heatmap(axis: Any, matrix: np.ndarray, names: Sequence[str]) -> None:
     axis.axis("on")
-    image = axis.imshow(matrix, vmin=0.0, vmax=1.0, cmap="viridis")
+    low = float(np.nanmin(matrix)) if np.isfinite(matrix).any() else 0.0
+    low = low if low < 1.0 else 0.0
+    # The colours span the matrix's own range (CKA near 1 everywhere would be one colour on [0, 1]).
+    image = axis.imshow(matrix, vmin=low, vmax=1.0, cmap="viridis")
     axis.set_xticks(range(len(names)), names, fontsize=7)
     axis.set_yticks(range(len(names)), names, fontsize=7)
     for (i, j), value in np.ndenumerate(matrix):
         if np.isfinite(value):
-            axis.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
-                      color="black" if value > 0.6 else "white")
+            bright = (value - low) / (1.0 - low) > 0.6
+            axis.text(j, i, f"{value:.3f}", ha="center", va="center", fontsize=6, color="black" if bright else "white")
     axis.figure.colorbar(image, ax=axis, fraction=0.046, pad=0.04)
 
 

@@ -20,14 +20,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ..ablation.report import METHOD_NAMES, save_figure
+from ..ablation.report import METHOD_NAMES, METHOD_ORDER, save_figure
 from ..ablation.results import load_results
 from .study_tables import seed_mean, table_cell
 
 __all__ = ["STUDY_METHODS", "STUDY_VARIANTS", "ROUTING_VERSION", "routing_rows", "format_routing", "write_routing",
            "main"]
 
-#: the methods with explicit expert routing the paper's figure shows, in its order
+#: the methods with explicit expert routing the paper's figure shows
 STUDY_METHODS = ("dualprompt", "mvp", "misa", "flyprompt")
 #: REAR's routing is in every record of a routable method (it is trained beside it): no routed variant needed
 STUDY_VARIANTS = ("baseline", "oracle", "oracle_both")
@@ -47,17 +47,26 @@ def _routing(records: Sequence[Dict[str, Any]], who: str) -> Optional[float]:
     return seed_mean([_finite(v) for v in values])
 
 
+def routes(method: str) -> bool:
+    """Whether ``method`` selects an expert per sample (not so: SD-LoRA, every expert for every sample; the
+    linear probe and the RanPACs, one expert): only those have a routing accuracy to draw."""
+    from ..methods import list_methods, method_class
+
+    return method in list_methods() and not method_class(method).router_refusal
+
+
 def routing_rows(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One row per (dataset, method) that has its published variant: routing accuracies (own, REAR, chance)
-    and A_last as published and under the oracle, seed means (fractions)."""
+    """One row per (dataset, method that :func:`routes`) that has its published variant: routing accuracies
+    (own, REAR, chance) and A_last as published and under the oracle, seed means (fractions); the paper's
+    method order."""
     runs: Dict[tuple, List[Dict[str, Any]]] = {}
     for result in results:
         spec = result["spec"]
         runs.setdefault((spec["dataset"], spec["method"], spec["variant"]), []).append(result)
     rows = []
     for dataset in dict.fromkeys(key[0] for key in runs):
-        methods = dict.fromkeys(key[1] for key in runs if key[0] == dataset)
-        for method in sorted(methods, key=lambda m: (STUDY_METHODS + (m,)).index(m)):
+        methods = [key[1] for key in runs if key[0] == dataset and routes(key[1])]
+        for method in sorted(set(methods), key=lambda m: (METHOD_ORDER.get(m, len(METHOD_ORDER)), m)):
             published, oracle = _PAIRS.get(method, ("baseline", "oracle"))
             records = runs.get((dataset, method, published), [])
             if not records:
