@@ -36,6 +36,8 @@ KWARGS = {
     "sd-lora": dict(num_tasks=2, lora_rank=2),
     "linear-probe": dict(),
     "ranpac": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
+    "ranpac-frozen": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
+    "ranpac-collect": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
 }
 
 
@@ -55,7 +57,7 @@ def _method(name: str, mixed_assembly: bool = False):
     if name == "flyprompt":  # its predict routes: fit the router on a few samples of each expert
         for expert in range(method.num_experts):
             method.router.update(method.compute_query(_images(4, seed=10 + expert)).router, expert)
-    if name == "ranpac":  # after its first session: the ridge classifier, fitted on a few samples
+    if name.startswith("ranpac"):  # after its first session: the ridge classifier, fitted on a few samples
         method.on_session_end(0)
         method.classifier.update(method.compute_query(_images(8, seed=10)).query, torch.arange(8) % CLASSES)
     return method.eval()

@@ -32,6 +32,7 @@ from benchmarks.ablation.results import ProtocolMismatchError, WriteError
 from benchmarks.ablation.sweep import resolve
 from benchmarks.backbone import BackboneLoadError, downloads_allowed
 from benchmarks.data.records import DatasetNotFoundError
+from benchmarks.studies.analysis_studies import components_cost_error, run_components_cost
 from benchmarks.studies.command import cost_study_error, run_cost_study, study_defaults
 
 #: what a user's values or environment provoke: one line on stderr and exit status 2, no traceback
@@ -55,6 +56,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if error:
                     raise UsageError(error)
                 return run_cost_study(args)
+            if args.study == "components-cost":  # trains nothing either (benchmarks.studies.analysis_studies)
+                error = components_cost_error(_given_options(args))
+                if error:
+                    raise UsageError(error)
+                return run_components_cost(args)
             study_defaults(args)
         sweep = resolve(args)
         if sum((args.plan, args.shard is not None, args.merge)) > 1:

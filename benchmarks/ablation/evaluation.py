@@ -155,13 +155,15 @@ class VariantEvaluator:
             router), scored as ``<variant>@<router>``, with its routing accuracy.
         aggregations: TE2 aggregation rules (``fly_modules.ensemble.AGGREGATION_RULES``) each scored on
             the ensemble variants' members as ``<variant>~<rule>`` (the aggregation study).
+        cka: at the last evaluation, the linear CKA between the trained experts' features of the forced
+            passes (the CKA study, ``benchmarks.studies.cka``; the method needs ``common_features``).
     """
 
     def __init__(
         self, model: PromptMethod, components: ScoredComponents, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
         exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
         member_names: Sequence[str], meta: Dict[str, Dict[str, Any]], timer: PartTimer = NO_TIMER,
-        reuse: bool = True, routers: Sequence[str] = (), aggregations: Sequence[str] = (),
+        reuse: bool = True, routers: Sequence[str] = (), aggregations: Sequence[str] = (), cka: bool = False,
     ) -> None:
         self.model, self.components, self.usage = model, components, usage
         self.variants = [VARIANTS[name] for name in variants]
@@ -194,6 +196,7 @@ class VariantEvaluator:
         self.per_class_counts += list(self.aggregation_logs)
         alternatives = [r for r in routers if r != "ridge"]
         self.routing_counts = _ROUTING_COUNTS + tuple(f"{r}_{version}" for r in alternatives for version in ROUTING_VERSIONS)
+        self.cka, self.cka_summary, self.cka_moments = bool(cka), None, None
 
     # -------------------------------------------------------------------------- one evaluation
     @torch.no_grad()
@@ -205,6 +208,11 @@ class VariantEvaluator:
             raise RuntimeError("an exposed test class has no training sample counted: the usage table is out of step")
         tally = _Tally(self.per_class_counts, exposed, self.usage.num_experts, self.subset.device, self.routing_counts)
         matrix_experts = torch.nonzero(trained).flatten().tolist() if final else []
+        if final and self.cka:
+            from ..studies.cka import ExpertFeatureMoments
+
+            width = self.model.get_classifier().in_features
+            self.cka_moments = ExpertFeatureMoments(len(matrix_experts) + 1, width, self.subset.device)
         batches = iter(self.subset.batches(indices, targets, self.batch_size))
         while True:
             with self.timer("eval/images"):
@@ -229,6 +237,11 @@ class VariantEvaluator:
                                                     self.routing_counts))
         if final:
             self.expert_matrix = expert_matrix_summary(counts["matrix"], counts["group_sizes"], trained)
+            if self.cka_moments is not None:
+                from ..studies.cka import cka_matrices
+
+                self.cka_moments.reduce(self.parallel)
+                self.cka_summary, self.cka_moments = cka_matrices(self.cka_moments, matrix_experts), None
             self.true_experts = modal[:exposed].tolist()
 
     def _query(self, indices: Tensor, images: Tensor) -> QueryFeatures:
@@ -292,9 +305,13 @@ class VariantEvaluator:
             return
         with timer("eval/forced"):
             tally.add_groups(true_expert)
+            features = []
             for expert in matrix_experts:
                 forced = self._prompted(images, query, torch.full_like(labels, expert), made)
                 tally.add_forced(expert, forced.logits + mask, labels, true_expert)
+                features.append(forced.features)
+            if self.cka_moments is not None:
+                self.cka_moments.add([*features, model.common_features(images)])
 
     def _score_routers(
         self, images: Tensor, query: QueryFeatures, labels: Tensor, mask: Tensor, truth: Tuple[Tensor, Tensor, Tensor],
@@ -355,6 +372,8 @@ class VariantEvaluator:
         if self.aggregations and variant in self.member_logs:
             logs = [self.aggregation_logs[f"{variant}~{rule}"] for rule in self.aggregations]
             result["aggregations"] = member_summary(self.aggregations, logs)
+        if self.cka_summary is not None:
+            result["cka"] = self.cka_summary
         return result
 
     def _router_summary(self, variant: str) -> Dict[str, Any]:
@@ -382,6 +401,7 @@ class VariantEvaluator:
             **({"router_logs": {name: log.to_dict() for name, log in self.router_logs.items()}} if self.router_logs else {}),
             **({"aggregation_logs": {name: log.to_dict() for name, log in self.aggregation_logs.items()}}
                if self.aggregation_logs else {}),
+            **({"cka": self.cka_summary} if self.cka_summary is not None else {}),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -391,6 +411,7 @@ class VariantEvaluator:
         self.routing = [dict(entry) for entry in state["routing"]]
         self.expert_matrix = state["expert_matrix"]
         self.true_experts = state["true_experts"]
+        self.cka_summary = state.get("cka")
         if self.router_logs:
             self.router_logs = {name: EvaluationLog.from_dict(log) for name, log in state["router_logs"].items()}
         if self.aggregation_logs:

@@ -42,6 +42,7 @@ from benchmarks.ablation.sweep_data import SweepData
 from benchmarks.ablation.variants import skipped_variants
 from benchmarks.methods import method_class
 from benchmarks.parallel import DataParallel
+from benchmarks.studies.analysis_studies import write_analysis_study
 
 
 def execute(
@@ -155,7 +156,8 @@ class SweepProcess:
         try:
             records = run_training(first.method, first.dataset, first.seed, variants, self.sweep.protocol, train,
                                    test, device=self.device, progress=self.progress, checkpointing=checkpointing,
-                                   routers=self.sweep.routers, aggregations=self.sweep.aggregations)
+                                   routers=self.sweep.routers, aggregations=self.sweep.aggregations,
+                                   cka=self.sweep.study == "cka")
         except RunInterrupted:
             raise
         except Exception as error:  # one failed training must not lose the others' results
@@ -276,6 +278,7 @@ def _write_tables(sweep: Sweep, specs: List[RunSpec], settings: Dict[str, Dict[s
         from benchmarks.studies.components_table import write_components
 
         markdown += "\n\ncomponents study (study_components.md):\n\n" + write_components(sweep.output, results)
+    markdown += write_analysis_study(sweep.study, sweep.output, results)  # cka, routing, ranpac: "" for the others
     return markdown, failed
 
 

@@ -81,7 +81,7 @@ def run_training(
     process_group: Optional[Any] = None,
     checkpointing: Optional[CheckpointPolicy] = None,
     routers: Sequence[str] = (),
-    aggregations: Sequence[str] = (),
+    aggregations: Sequence[str] = (), cka: bool = False,
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
@@ -103,10 +103,11 @@ def run_training(
     written and where the training resumed (``checkpoints``).
 
     ``routers`` and ``aggregations`` add the studies (docs/benchmark.md, "Studies"): each router trained
-    beside REAR, scored in the routed variants; each TE2 rule scored in the ensemble variants.
+    beside REAR, scored in the routed variants; each TE2 rule scored in the ensemble variants. ``cka`` adds
+    the linear CKA between the experts at the end of the stream (``benchmarks.studies.cka``).
     """
     built = build_run(method, dataset, seed, variants, protocol, train, test, device=device,
-                      process_group=process_group, routers=routers, aggregations=aggregations)
+                      process_group=process_group, routers=routers, aggregations=aggregations, cka=cka)
     cls, variants, parallel = method_class(method), built.variants, built.parallel
     trainer, evaluator, stream, exposure, specs = built.trainer, built.evaluator, built.stream, built.exposure, built.specs
     key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
@@ -145,7 +146,7 @@ class Run:
 def build_run(
     method: str, dataset: str, seed: int, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
     device: torch.device, process_group: Optional[Any] = None, timer: PartTimer = NO_TIMER, routers: Sequence[str] = (),
-    aggregations: Sequence[str] = (),
+    aggregations: Sequence[str] = (), cka: bool = False,
 ) -> Run:
     """The method, its components, the evaluator and the trainer of :func:`run_training` (``timer``
     times their parts: the profile and the plan's probe)."""
@@ -182,7 +183,7 @@ def build_run(
         model, components, usage, variants, test=test, exposure=exposure, parallel=parallel, device=device,
         batch_size=protocol.test_batch_size, member_names=members,
         meta={name: {"spec": asdict(spec), "lr": lr} for name, spec in specs.items()}, timer=timer, routers=routers,
-        aggregations=_check_aggregations(aggregations),
+        aggregations=_check_aggregations(aggregations), cka=cka,
     )
     trainer = OnlineTrainer(model, components, evaluator, usage, protocol=protocol, train=train, stream=stream,
                             exposure=exposure, parallel=parallel, device=device, lr=lr, timer=timer)

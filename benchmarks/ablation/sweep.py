@@ -159,4 +159,6 @@ def run_setting(sweep: Sweep, dataset: str) -> Dict[str, Any]:
     for study in ("routers", "aggregations"):  # only when asked: the cross-ablation's setting stays what it was
         if getattr(sweep, study):
             setting[study] = list(getattr(sweep, study))
+    if sweep.study == "cka":  # its runs record what the others do not: a run without it is not reused
+        setting["cka"] = True
     return json.loads(json.dumps(setting))

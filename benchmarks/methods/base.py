@@ -166,6 +166,11 @@ class PromptMethod(nn.Module, SeamContract):
         """Prompted backbone pass with per-sample ``selection``; returns the head input ``(B, D)``."""
         raise NotImplementedError
 
+    def common_features(self, x: Tensor) -> Tensor:
+        """The head input ``(B, D)`` of a pass with the parameters every expert shares and no expert's own
+        (the CKA study's common representation, docs/benchmark.md); not defined by default."""
+        raise NotImplementedError(f"{type(self).__name__} defines no common representation of its experts")
+
     def transform_logits(self, logits: Tensor, selection: Tensor) -> Tensor:
         """Method-specific transform of head outputs ``(B, C)`` or ``(B, H, C)``; identity by default."""
         return logits

@@ -130,15 +130,22 @@ class DualPrompt(ConcatPromptMethod):
     def banks_of_expert(self, expert: int) -> List[int]:
         return [int(slot) for slot in torch.nonzero(self.slot_step == int(expert)).flatten()]
 
+    def _g_tokens(self, batch: int) -> Tensor:
+        """``(B, G layers, G length, D)``: the shared G-prompt of every sample."""
+        g = self.g_prompts + cls_position(self.backbone)
+        return g.view(1, len(self.g_layers), self.g_prompt_length, self.embed_dim).expand(batch, -1, -1, -1)
+
     def _layer_prompts(self, selection: Tensor) -> Dict[int, List[Tensor]]:
         batch, dim = selection.shape[0], self.embed_dim
-        pos = cls_position(self.backbone)
-        g = (self.g_prompts + pos).view(1, len(self.g_layers), self.g_prompt_length, dim).expand(batch, -1, -1, -1)
-        e = (self.e_prompts[selection] + pos).view(batch, len(self.e_layers), self.e_prompt_length, dim)
-        return prompts_by_layer((self.g_layers, g), (self.e_layers, e))
+        e = (self.e_prompts[selection] + cls_position(self.backbone)).view(batch, len(self.e_layers), self.e_prompt_length, dim)
+        return prompts_by_layer((self.g_layers, self._g_tokens(batch)), (self.e_layers, e))
 
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         return self._prompted_cls(x, self._layer_prompts(selection))
+
+    def common_features(self, x: Tensor) -> Tensor:
+        """The class token with the G-prompt alone, shared by every step (the CKA study's common representation)."""
+        return self._prompted_cls(x, prompts_by_layer((self.g_layers, self._g_tokens(x.shape[0]))))
 
     def auxiliary_loss(
         self, query: QueryFeatures, selection: Tensor, features: Tensor, parallel: BatchShare = WHOLE_BATCH

@@ -113,6 +113,11 @@ class FlyPrompt(ConcatPromptMethod):
         layer_prompts: Dict[int, List[Tensor]] = {layer: [prompts[i]] for i, layer in enumerate(self.prompt_layers)}
         return self._prompted_cls(x, layer_prompts)
 
+    def common_features(self, x: Tensor) -> Tensor:
+        """The prompt-free final-norm class token: every parameter FlyPrompt's experts share is the frozen
+        backbone's (the CKA study's common representation)."""
+        return self._prompted_cls(x, {})
+
     @torch.no_grad()
     def predict(self, x: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
         """Routed prompted pass + temporal ensemble of the routed experts' heads, mask on each member."""

@@ -149,14 +149,21 @@ class MVP(ConcatPromptMethod):
     def expert_of(self, selection: Tensor) -> Tensor:
         return selection
 
+    def _g_tokens(self, batch: int) -> Tensor:
+        """``(B, G layers, G length, D)``: the shared G-prompt of every sample."""
+        return self.g_prompts.view(1, len(self.g_layers), self.g_prompt_length, self.embed_dim).expand(batch, -1, -1, -1)
+
     def _layer_prompts(self, selection: Tensor) -> Dict[int, List[Tensor]]:
         batch, dim = selection.shape[0], self.embed_dim
-        g = self.g_prompts.view(1, len(self.g_layers), self.g_prompt_length, dim).expand(batch, -1, -1, -1)
         e = self.e_prompts[selection].view(batch, len(self.e_layers), self.e_prompt_length, dim)
-        return prompts_by_layer((self.g_layers, g), (self.e_layers, e))
+        return prompts_by_layer((self.g_layers, self._g_tokens(batch)), (self.e_layers, e))
 
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
         return self._prompted_cls(x, self._layer_prompts(selection))
+
+    def common_features(self, x: Tensor) -> Tensor:
+        """The class token with the G-prompt alone, shared by every prompt (the CKA study's common representation)."""
+        return self._prompted_cls(x, prompts_by_layer((self.g_layers, self._g_tokens(x.shape[0]))))
 
     def mask_scale(self, selection: Tensor) -> Tensor:
         """``(B, C)`` multiplicative class mask ``2 * sigmoid(logit_mask[selection])``."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from ..backbone import BACKBONES
+from .analysis_studies import ANALYSIS_STUDIES, analysis_defaults
 
 __all__ = ["STUDIES", "cost_study_error", "run_cost_study", "study_defaults", "with_backbone"]
 
@@ -19,6 +20,10 @@ STUDIES: Dict[str, str] = {
     "aggregations": "the six TE2 aggregation rules, scored in the ensemble variants of one training",
     "cost": "parameters, BWT and seconds per batch of every method (python -m benchmarks.studies.cost)",
     "components": "RanPAC†, the linear probe with and without EMA heads, FlyPrompt with and without them",
+    "cka": "linear CKA between each pair of experts' features on the test set (Fig. 3 and the appendix CKA figures)",
+    "routing": "each method's own routing accuracy and REAR's, A_last with the oracle (Fig. 2b, 2c), from the diagnostics",
+    "ranpac": "RanPAC†, ‡ and * beside FlyPrompt (the appendix RanPAC table)",
+    "components-cost": "parameters and storage of G, Q, the router head, the prompts and the TE2 heads (appendix)",
 }
 
 
@@ -43,6 +48,8 @@ def study_defaults(args: argparse.Namespace) -> None:
 
         args.methods = args.methods or list(STUDY_METHODS)
         args.variants = args.variants or list(STUDY_VARIANTS)
+    elif args.study in ANALYSIS_STUDIES:  # benchmarks.studies.analysis_studies
+        analysis_defaults(args)
 
 
 #: the options ``--study cost`` reads (it trains nothing: every other option would be ignored)
