@@ -36,6 +36,8 @@ KWARGS = {
     "sd-lora": dict(num_tasks=2, lora_rank=2),
     "linear-probe": dict(),
     "ranpac": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
+    "seq-ft": dict(),
+    "seq-ft-sl": dict(),
 }
 
 

@@ -70,6 +70,8 @@ class OfficialSide:
         checkout: ref.Checkout, pair: MethodPair, setting: Setting, backbone: nn.Module, num_classes: int
     ) -> nn.Module:
         with ref.backbone_factory(checkout, BACKBONE_NAME, CopiedBackbone(checkout, setting, backbone)):
+            if pair.build_official is not None:
+                return pair.build_official(checkout, BACKBONE_NAME, num_classes)
             return checkout.models[pair.official](
                 backbone_name=BACKBONE_NAME, pretrained=True, num_classes=num_classes,
                 task_num=setting.num_experts, rp_dim=setting.expansion_dim, rp_ridge=setting.ridge,
