@@ -1,8 +1,11 @@
 """benchmarks.fidelity's Seq FT rows on the stand-in checkout: ``seq-ft`` and ``seq-ft-sl`` train the whole ViT
 as the stand-in's ``slca`` trainer with its ``sgd_sl`` optimiser does, and a change planted in that official
-code (the slow learner taken out of ``sgd_sl``) is seen."""
+code (the slow learner taken out of ``sgd_sl``) is seen; the official loop, which builds the model by
+``select_model`` and the optimiser from ``--opt_name sgd_sl``, agrees with the runner."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from fidelity_stand_in import FAKE_FLYGCL as FAKE  # noqa: E402
 from fidelity_stand_in import SMALL  # noqa: E402
 
 from benchmarks.fidelity.comparison import compare_method  # noqa: E402
+from benchmarks.fidelity.loop_comparison import LOOP_SETUPS, compare_loop  # noqa: E402
 from benchmarks.fidelity.pairs import PAIRS  # noqa: E402
 from benchmarks.speed import reference_checkout as ref  # noqa: E402
 
@@ -64,3 +68,17 @@ def test_the_stand_in_optimiser_is_the_slow_learner(checkout):
     backbone, head = select_optimizer("sgd_sl", 5e-5, model).param_groups
     assert (backbone["lr"], head["lr"]) == (5e-5, 0.005)
     assert head["params"] == list(model.fc.parameters())
+
+
+def test_the_official_loop_and_the_runner_agree(checkout):
+    row = compare_loop(checkout, PAIRS["seq-ft-sl"], SMALL, LOOP_SETUPS["seq-ft-sl"])
+    assert row.stream == "equal" and row.points_equal and row.accuracy_difference == 0.0
+    assert row.weights_relative < 1e-6
+    for name in ("A_auc", "A_last", "A_avg"):
+        assert row.our_metrics[name] == pytest.approx(row.official_metrics[name], abs=1e-12)
+
+
+def test_the_official_loop_with_another_optimiser_is_seen(checkout):
+    # --opt_name adam (the launch scripts' flag for the other methods) in place of sgd_sl
+    row = compare_loop(checkout, PAIRS["seq-ft-sl"], SMALL, dataclasses.replace(LOOP_SETUPS["seq-ft-sl"], flags=()))
+    assert row.weights_relative > 1e-2

@@ -4,11 +4,14 @@ and the official optimiser ``sgd_sl`` set up by the trainer's own ``reset_opt``.
 
 from __future__ import annotations
 
-from typing import Any, Dict
+import contextlib
+import sys
+import types
+from typing import Any, Dict, Iterator
 
 from torch import nn
 
-__all__ = ["OPTIMIZER", "build_official", "setup_trainer", "vit_weights"]
+__all__ = ["OPTIMIZER", "build_official", "official_namespace", "setup_trainer", "vit_importable", "vit_weights"]
 
 #: the official optimiser of both rows (``--opt_name``): Seq FT w/ SL is ``sgd_sl`` at 5e-5, Seq FT the same
 #: optimiser at 0.005, where the backbone's rate equals the head's (docs/methods.md)
@@ -26,12 +29,35 @@ def vit_weights(depth: int) -> Dict[str, str]:
     return {**{name: f"backbone.{name}" for name in names}, "fc.weight": "head.weight", "fc.bias": "head.bias"}
 
 
+@contextlib.contextmanager
+def vit_importable(checkout: Any) -> Iterator[None]:
+    """While open, ``import models.vit`` gives the checkout's module (``select_model``'s ``slca`` branch
+    imports it when it builds the model); ``sys.modules`` as it was afterwards."""
+    package = types.ModuleType("models", "the checkout's models package, as far as select_model imports it")
+    package.vit = checkout.vit
+    saved = {name: sys.modules.get(name) for name in ("models", "models.vit")}
+    sys.modules.update({"models": package, "models.vit": checkout.vit})
+    try:
+        yield
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+def official_namespace(checkout: Any) -> Dict[str, Any]:
+    """``methods/_trainer.py``'s globals: the official ``select_model``, ``select_optimizer``, ... it imports."""
+    return checkout.base_trainer.update_schedule.__globals__
+
+
 def build_official(checkout: Any, backbone_name: str, num_classes: int) -> nn.Module:
-    """``select_model``'s ``slca`` branch: the checkout's ViT factory ``backbone_name`` with dropout and
-    drop-path 0. Its ``drop_block_rate=None`` is left out: the checkout's ``VisionTransformer`` takes no such
-    argument (called with it, as ``select_model`` calls it, the build raises ``TypeError`` under timm 1.0)."""
-    factory = getattr(checkout.vit, backbone_name)
-    return factory(pretrained=True, num_classes=num_classes, drop_rate=0.0, drop_path_rate=0.0)
+    """The official ``select_model("slca", backbone_name, num_classes)``: the checkout's ViT factory
+    ``backbone_name`` with dropout and drop-path 0 (its ``drop_block_rate=None`` is dropped by
+    ``official.CopiedBackbone``: the checkout's ``VisionTransformer`` takes no such argument)."""
+    with vit_importable(checkout):
+        return official_namespace(checkout)["select_model"]("slca", backbone_name, num_classes)
 
 
 def setup_trainer(trainer: Any) -> None:
