@@ -41,8 +41,9 @@ def test_the_router_is_refused_and_the_ensemble_admitted():
                                                             "both": SINGLE_EXPERT_ROUTER_REFUSAL}
     with pytest.raises(ValueError, match="num_experts must be 1, found 3"):
         create_method("seq-ft", build_backbone(PROTOCOL), 6, num_experts=3)
-    with pytest.raises(ValueError, match="head_lr must be a number >= 0, found -1"):
-        create_method("seq-ft", build_backbone(PROTOCOL), 6, head_lr=-1)
+    for bad in ({"head_lr": 0}, {"head_lr": float("nan")}, {"weight_decay": -1e-4}, {"weight_decay": True}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be"):
+            create_method("seq-ft", build_backbone(PROTOCOL), 6, **bad)
 
 
 def test_the_optimizer_is_sgd_with_the_backbones_and_the_heads_learning_rates(data):

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Dict, List, Optional
 import torch
 from torch import Tensor, nn
 
-from fly_modules._validation import check_int
+from fly_modules._validation import InvalidParameterError, check_float, check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, PromptMethod, QueryFeatures, register_method
@@ -74,10 +74,10 @@ class SeqFT(SingleExpert, PromptMethod):
         self.num_classes = check_int(num_classes, "num_classes", caller=caller, minimum=1)
         if num_experts != 1:
             raise ValueError(f"{caller}: one head, one expert; num_experts must be 1, found {num_experts!r}")
-        for value, what in ((head_lr, "head_lr"), (weight_decay, "weight_decay")):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{caller}: {what} must be a number >= 0, found {value!r}")
-        self.head_lr, self.weight_decay = float(head_lr), float(weight_decay)
+        self.head_lr = check_float(head_lr, "head_lr", caller=caller, above=0.0)
+        self.weight_decay = check_float(weight_decay, "weight_decay", caller=caller)
+        if self.weight_decay < 0:
+            raise InvalidParameterError(f"{caller}: weight_decay must be >= 0, got {weight_decay!r}")
         self.num_experts, self.current_expert = 1, 0
         self.backbone = backbone
         backbone.requires_grad_(True)
