@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_errors import one_line_error
 
 pytest.importorskip("timm")
 
@@ -117,6 +118,23 @@ def test_a_folder_that_is_not_a_misa_checkout_fails_with_one_line(tmp_path, caps
     assert main(["--misa", str(tmp_path)]) == 2
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and "missing configuration/config.py" in message
+
+
+def test_a_flygcl_checkout_given_as_misa_fails_with_one_line(tmp_path, capsys):
+    # FlyGCL has every file MISA's loader needs (its layout is MISA's), and its trainers import scikit-learn.
+    flygcl = tmp_path / "FlyGCL"
+    shutil.copytree(FAKE, flygcl)
+    (flygcl / "models" / "flyprompt.py").write_text("")
+    error = one_line_error(capsys, main, ["--misa", str(flygcl)])
+    assert "expected a checkout of kangzhiq/MISA, found one of AnAppleCore/FlyGCL (models/flyprompt.py)" in error
+
+
+def test_a_checkout_whose_imports_fail_fails_with_one_line(tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(FAKE, other)
+    (other / "models" / "dualprompt.py").write_text("import a_package_this_machine_lacks\n")
+    error = one_line_error(capsys, main, ["--misa", str(other)])
+    assert "importing its code failed: No module named 'a_package_this_machine_lacks'" in error
 
 
 def test_nothing_to_compare_fails_with_one_line(capsys):

@@ -38,6 +38,8 @@ KWARGS = {
     "ranpac": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
     "ranpac-frozen": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
     "ranpac-collect": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
+    "seq-ft": dict(),
+    "seq-ft-sl": dict(),
 }
 
 

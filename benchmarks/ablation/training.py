@@ -86,7 +86,7 @@ class OnlineTrainer:
         usage: the class x expert counts of the training forwards.
         protocol: ``benchmarks.ablation.runner.Protocol``.
         train: the training set (``benchmarks.data`` record: ``get_raw_batch``, ``get_batch``, ``train_transform``).
-        lr: Adam's learning rate.
+        lr: the run's learning rate (``model.make_optimizer``'s).
         timer: times the parts of each batch (``benchmarks.ablation.timer``; the profile and the plan's probe).
     """
 
@@ -104,7 +104,7 @@ class OnlineTrainer:
         else:
             self.schedule = SampleBudgetSchedule.from_stream_size(len(stream), model.num_experts)
         self.parameters = list(model.trainable_parameters())
-        self.optimizer = torch.optim.Adam(self.parameters, lr=lr)
+        self.optimizer = model.make_optimizer(lr)
         self.precision = MixedPrecision(protocol.amp and device.type == "cuda")
         self.augment = train.train_transform if protocol.augment else None
         self.trigger = AnytimeEvalTrigger(protocol.eval_period)

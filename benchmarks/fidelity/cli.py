@@ -61,7 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         looped = [name for name in args.methods if name in LOOP_METHODS] if args.loop else []
         loop_checkout = load_loop_checkout(args.flygcl, looped) if looped else None
     except (FileNotFoundError, ValueError) as error:
-        print(f"python -m benchmarks.fidelity: {error}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)
         return 2
     setting = Setting(explicit_attention=not args.fused_attention)
     rows: List[FidelityRow] = []

@@ -38,6 +38,7 @@ LOOP_SETUPS: Dict[str, LoopSetup] = {
     "hide": LoopSetup(attributes=_ALIGNMENT), "hide-no-orth": LoopSetup(("--lam_orth", "0"), _ALIGNMENT),
     "norga": LoopSetup(attributes=_ALIGNMENT), "norga-no-orth": LoopSetup(("--lam_orth", "0"), _ALIGNMENT),
     "sd-lora": LoopSetup(),
+    "seq-ft": LoopSetup(("--opt_name", "sgd_sl")), "seq-ft-sl": LoopSetup(("--opt_name", "sgd_sl")),
 }
 LOOP_METHODS = tuple(LOOP_SETUPS)
 #: (our ``summarize`` key, the official summary's key)

@@ -28,12 +28,14 @@ from typing import Any, Callable, Dict, Iterator
 
 from benchmarks.speed.reference_checkout import timm_registry_kept
 
-__all__ = ["MISACheckout", "load_misa", "REQUIRED_FILES"]
+__all__ = ["FLYGCL_FILES", "MISACheckout", "load_misa", "REQUIRED_FILES"]
 
 REQUIRED_FILES = (
     "configuration/config.py", "models/vit.py", "models/dualprompt.py", "methods/_trainer.py",
     "methods/dualprompt.py", "utils/train_utils.py", "utils/memory.py",
 )
+#: files of an AnAppleCore/FlyGCL checkout that a MISA checkout lacks (FlyGCL has MISA's layout too)
+FLYGCL_FILES = ("models/flyprompt.py", "methods/flyprompt.py")
 _TOP_LEVEL = ("models", "methods", "utils", "datasets", "optim", "configuration")
 # Imported by the trainer modules for the full run only (plots, data frames, t-SNE, logs).
 _INERT = ("pandas", "sklearn", "sklearn.manifold", "matplotlib", "matplotlib.pyplot", "torch.utils.tensorboard",
@@ -84,6 +86,17 @@ def load_misa(path: str) -> MISACheckout:
     missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
     if missing:
         raise FileNotFoundError(f"--misa {path}: expected a checkout of kangzhiq/MISA, missing {', '.join(missing)}")
+    flygcl = [name for name in FLYGCL_FILES if (root / name).is_file()]
+    if flygcl:
+        raise ValueError(f"--misa {path}: expected a checkout of kangzhiq/MISA, found one of AnAppleCore/FlyGCL "
+                         f"({', '.join(flygcl)}); pass it to --flygcl")
+    try:
+        return _import_misa(root)
+    except ImportError as error:  # another repository, or a MISA version of other imports
+        raise ValueError(f"--misa {path}: expected a checkout of kangzhiq/MISA; importing its code failed: {error}") from None
+
+
+def _import_misa(root: Path) -> MISACheckout:
     with _isolated_imports(root):
         config = importlib.import_module("configuration.config")
         vit = importlib.import_module("models.vit")

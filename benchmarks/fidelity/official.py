@@ -33,6 +33,10 @@ class CopiedBackbone:
         self.state = official_backbone_state(backbone)
 
     def __call__(self, pretrained: bool = False, **kwargs: Any) -> nn.Module:
+        # select_model's slca branch passes drop_block_rate=None, which the checkout's ViT does not take
+        # (its own factories raise TypeError on it; timm's create_model drops None-valued options)
+        if kwargs.get("drop_block_rate", 0) is None:
+            del kwargs["drop_block_rate"]
         vit = self.vision_transformer(**self.shape, **kwargs)
         missing, unexpected = vit.load_state_dict(self.state, strict=False)
         if unexpected or [name for name in missing if not name.startswith("fc.")]:
@@ -70,6 +74,8 @@ class OfficialSide:
         checkout: ref.Checkout, pair: MethodPair, setting: Setting, backbone: nn.Module, num_classes: int
     ) -> nn.Module:
         with ref.backbone_factory(checkout, BACKBONE_NAME, CopiedBackbone(checkout, setting, backbone)):
+            if pair.build_official is not None:
+                return pair.build_official(checkout, BACKBONE_NAME, num_classes)
             return checkout.models[pair.official](
                 backbone_name=BACKBONE_NAME, pretrained=True, num_classes=num_classes,
                 task_num=setting.num_experts, rp_dim=setting.expansion_dim, rp_ridge=setting.ridge,

@@ -12,7 +12,8 @@ Substituted from outside, nothing in the checkout written (docs/verification.md 
   augmentation, as on our side);
 * the device: ``main_worker`` takes the node's GPU count as the world size and ``rank % count`` as its
   device; here one process whose device is the CPU;
-* the backbone: ``--backbone`` names the checkout's ViT loaded with our backbone's weights;
+* the backbone: ``--backbone`` names the checkout's ViT loaded with our backbone's weights (and
+  ``import models.vit``, which ``select_model`` makes for ``slca``, gives the loaded module);
 * the start: once ``main_worker`` has built the model, the model takes our method's initial state
   (the ``prepare`` callable), as in the side-by-side comparison;
 * what a pair's side-by-side row also gives the official trainer (``LoopSetup``): more flags, trainer
@@ -43,6 +44,7 @@ from torch.utils.data import Dataset
 from benchmarks.speed import reference_checkout as ref
 
 from .official import BACKBONE_NAME, CopiedBackbone
+from .seqft_state import vit_importable
 from .setting import Setting
 
 __all__ = ["DATASET", "LOOP_FILES", "LoopEvaluation", "LoopSetup", "OfficialRun", "missing_loop_files", "official_arguments",
@@ -332,7 +334,7 @@ def run_official_loop(
         watcher = _Watcher(trainer, prepare, setup)
         factory = CopiedBackbone(checkout, setting, backbone)
         with _replaced(checkout.base_trainer.main_worker.__globals__, substitutes), _cudnn_kept(), \
-                ref.backbone_factory(checkout, BACKBONE_NAME, factory), _captured_log() as log:
+                ref.backbone_factory(checkout, BACKBONE_NAME, factory), vit_importable(checkout), _captured_log() as log:
             trainer.run()
         run = watcher.run
         run.summary, run.model = log.summary(), trainer.model_without_ddp

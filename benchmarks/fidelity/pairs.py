@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
-from . import expert_state, flyprompt_state, hide_state, ranpac_state
+from . import expert_state, flyprompt_state, hide_state, ranpac_state, seqft_state
 from .setting import Setting
 
 __all__ = ["MethodPair", "PAIRS"]
@@ -43,6 +43,8 @@ class MethodPair:
             not the model's forward plus the seen-class mask.
         setup_trainer: sets what the official run's configuration gives the trainer beyond
             ``reference_checkout.make_trainer``.
+        build_official: ``(checkout, backbone name, classes) -> model`` where the official model is not
+            its class's constructor (Seq FT: ``select_model`` builds the checkout's ViT itself).
         variant: what sets this row apart from the method's main row ("" for the main row).
         session_end_seed: both sides reseed the global generator with ``session_end_seed + session``
             right before their session-end hook (for draws made there, HiDe-Prompt's alignment).
@@ -63,6 +65,7 @@ class MethodPair:
     load_official: Optional[Callable[[nn.Module, nn.Module], None]] = None
     official_predict: Optional[Callable[[Any, Tensor], Tuple[Tensor, Tensor]]] = None
     setup_trainer: Optional[Callable[[Any], None]] = None
+    build_official: Optional[Callable[[Any, str, int], nn.Module]] = None
     session_end_seed: Optional[int] = None
     variant: str = ""
     note: str = ""
@@ -172,3 +175,12 @@ PAIRS["ranpac"] = MethodPair(
          "matrix drawn by the official side at the first session's end (seeded), ours the same draw; our "
          "classifier solves in float64 (Cholesky), the official one in float32",
 )
+
+# Seq FT and Seq FT w/ SL: FlyGCL's slca (the whole ViT and its fc trained), both by the optimiser sgd_sl.
+for _name, _lr in (("seq-ft", 0.005), ("seq-ft-sl", 5e-5)):
+    PAIRS[_name] = MethodPair(
+        _name, "slca", seqft_state.vit_weights(Setting().shape["depth"]), official_selection=lambda model: None,
+        official_lr=_lr, build_official=seqft_state.build_official, setup_trainer=seqft_state.setup_trainer,
+        note=f"sgd_sl at {_lr:g} on both sides (backbone {_lr:g}, head 0.005); the official build's "
+             "drop_block_rate=None left out (its ViT takes no such argument); no selection (one head)",
+    )

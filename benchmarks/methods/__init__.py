@@ -1,7 +1,19 @@
 """Reference implementations of the prompt, LoRA and adapter methods, the linear probe and RanPAC† on a frozen
-timm ViT (registered by name)."""
+timm ViT, and sequential fine-tuning of one (registered by name)."""
 
-from . import dualprompt, flyprompt, hide, hide_experts, l2p, linear_probe, mvp, ranpac, ranpac_variants, sdlora  # noqa: F401,E501  (registration side effects)
+from . import (  # noqa: F401  (registration side effects)
+    dualprompt,
+    flyprompt,
+    hide,
+    hide_experts,
+    l2p,
+    linear_probe,
+    mvp,
+    ranpac,
+    ranpac_variants,
+    sdlora,
+    seq_ft,
+)
 from .base import MethodOutput, PromptMethod, QueryFeatures, create_method, list_methods, method_class, register_method
 
 __all__ = [

@@ -188,6 +188,11 @@ class PromptMethod(nn.Module, SeamContract):
         """The parameters the optimizer trains (everything with ``requires_grad``)."""
         return [p for p in self.parameters() if p.requires_grad]
 
+    def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """The optimizer a loop trains :meth:`trainable_parameters` with at the run's learning rate ``lr``:
+        Adam without weight decay (the launch scripts' ``--opt_name adam``) unless the method says otherwise."""
+        return torch.optim.Adam(self.trainable_parameters(), lr=lr)
+
     # ------------------------------------------------------------------------------- forward
     def forward(
         self,

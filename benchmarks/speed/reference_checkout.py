@@ -49,6 +49,7 @@ CLASSES: Dict[str, Tuple[str, str, str, str]] = {
     "hide-adapter": ("hide_adapter_vit", "HiDeAdapterModel", "hide_norga_trainer", "HiDeGCLTrainer"),
     "sd-lora": ("sdlora", "SDLoRAModel", "sdlora", "SDLoRAGCL"),
     "ranpac": ("ranpac", "RanPAC", "ranpac", "RanPAC"),
+    "slca": ("vit", "VisionTransformer", "slca", "SLCA"),  # Seq FT: the ViT itself, its fc the head
 }
 # What every load imports, relative to the checkout; checked (with the methods' modules) before anything is imported.
 REQUIRED_FILES = (
@@ -107,7 +108,8 @@ def load_checkout(path: str, methods: Sequence[str] = METHODS) -> Checkout:
         sys.modules["methods"] = package
         sys.modules["datasets"] = _stand_in("datasets", {"__all__": []})
         importlib.import_module("utils")
-        sys.modules["utils.data_loader"] = _stand_in("utils.data_loader", {"get_statistics": _no_data})
+        # cutmix_data: imported by methods/slca.py, never called with augmentation off
+        sys.modules["utils.data_loader"] = _stand_in("utils.data_loader", {"get_statistics": _no_data, "cutmix_data": _no_data})
         with warnings.catch_warnings(), timm_registry_kept():
             # models.vit re-registers timm model names (timm warns about each overwrite).
             warnings.simplefilter("ignore")

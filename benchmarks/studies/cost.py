@@ -29,7 +29,7 @@ from .study_tables import table_cell
 __all__ = ["count_parameters", "cost_rows", "format_cost", "main"]
 
 METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "hide-lora", "hide-adapter", "sd-lora", "flyprompt",
-           "linear-probe", "ranpac")
+           "linear-probe", "ranpac", "seq-ft", "seq-ft-sl")
 
 
 def count_parameters(model: torch.nn.Module) -> Dict[str, float]:
@@ -86,7 +86,7 @@ def _inference(results: Optional[Path], method: str) -> Dict[str, Any]:
 
 def cost_rows(methods: Sequence[str] = METHODS, results: Optional[Path] = None) -> List[Dict[str, Any]]:
     """One row per method: our counts and measurements beside the paper's (none for a method its cost table
-    has not: the linear probe, RanPAC†)."""
+    has not: the linear probe, RanPAC†, Seq FT)."""
     rows = []
     for method in methods:
         paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST.get(method, ())))
