@@ -164,3 +164,15 @@ def test_quick_pretraining_is_deterministic_and_its_prompts_load(tmp_path):
     misa = method_class("misa").from_protocol(build_backbone(protocol), 10, protocol, seed=1)
     assert torch.equal(misa.g_prompts.data, safetensors_torch.load_file(str(output))["g_prompt"])
     assert digests[0] == digests[1]
+
+
+def test_the_update_against_the_fam_command_on_the_stand_in_checkout(capsys, tmp_path):
+    from benchmarks.fidelity import misa_fam
+
+    stand_in = REPO / "tests" / "fixtures" / "fake_misa"
+    assert misa_fam.main(["--misa", str(stand_in), "--updates", "5"]) == 0
+    assert "largest parameter difference 0.0e+00" in capsys.readouterr().out
+    fam = misa_fam.load_fam(stand_in)
+    wider = lambda params, base, rho, **kwargs: fam(params, base, rho=2 * rho, **kwargs)  # noqa: E731
+    assert misa_fam.largest_difference(wider, updates=3) > 0  # the comparison sees a different radius
+    assert misa_fam.main(["--misa", str(tmp_path)]) == 2

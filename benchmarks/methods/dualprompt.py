@@ -169,7 +169,7 @@ class MISA(DualPrompt):
             release ships ``e_prompt.pt`` of shape (10, 60, 768). When ``P != pool_size`` it is tiled
             along the pool axis and cut to ``pool_size`` (the reference's rule).
         prompt_weights: a ``.safetensors`` file holding exactly ``g_prompt`` and ``e_prompt`` (the proxy's:
-            ``benchmarks/proxy/weights/proxy_misa_prompts.safetensors``, docs/misa-prompts.md).
+            ``benchmarks/proxy/weights/proxy_misa_prompts.safetensors``, docs/methods.md).
         g_prompt_length: G tokens per layer (10 for MISA).
         **kwargs: the other ``DualPrompt`` arguments. The keys are not loaded (random, as in MISA).
     """

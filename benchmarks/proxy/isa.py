@@ -1,4 +1,4 @@
-"""MISA's initial session adaptation: the model and the update that pretrain MISA's prompts (docs/misa-prompts.md).
+"""MISA's initial session adaptation: the model and the update that pretrain MISA's prompts (docs/methods.md).
 
 The model is DualPrompt as MISA's adaptation run builds it: 10 G-prompt tokens per layer, a pool of 10
 E-prompts whose training match ranges over the whole pool, and a residual projector on the selected

@@ -1,6 +1,6 @@
-"""Pretrain MISA's prompts for the CPU proxy by MISA's initial session adaptation (docs/misa-prompts.md).
+"""Pretrain MISA's prompts for the CPU proxy by MISA's initial session adaptation (docs/methods.md).
 
-    python -m benchmarks.proxy.pretrain_misa_prompts      # the committed prompts (about 20 CPU minutes, 1 thread)
+    python -m benchmarks.proxy.pretrain_misa_prompts      # the committed prompts (about 15 CPU minutes, 1 thread)
     python -m benchmarks.proxy.pretrain_misa_prompts --quick --output /tmp/p.safetensors   # a few steps (tests)
 
 MISA starts DualPrompt from a G-prompt and an E-prompt pool adapted beforehand on data of the backbone's
