@@ -240,9 +240,9 @@ def _announce(sweep: Sweep, specs: List[RunSpec], todo: List[RunSpec], groups: L
     print(f"{len(specs)} runs, {len(specs) - len(todo)} already finished, {resuming}; results in {sweep.output}",
           flush=True)
     for method in sweep.methods:
-        note = method_class(method).protocol_notes(sweep.protocol)
-        if note:
-            print(f"warning: the {method!r} rows: {note}", file=sys.stderr, flush=True)
+        warning = method_class(method).protocol_warning(sweep.protocol)
+        if warning:
+            print(f"warning: the {method!r} rows: {warning}", file=sys.stderr, flush=True)
         skipped = skipped_variants(method_class(method), sweep.variants)
         for reason in dict.fromkeys(skipped.values()):
             names = ", ".join(name for name, why in skipped.items() if why == reason)

@@ -14,6 +14,8 @@ __all__ = ["PAPER_METHODS", "ROUTER_QUERIES", "Protocol", "RunSpec"]
 PAPER_METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga")
 ROUTER_QUERIES = ("clean", "first_iteration")
 _REPOSITORY = Path(__file__).resolve().parents[2]
+#: method arguments that name a file (recorded by their path in the checkout, as ``weights`` is)
+_FILE_KWARGS = frozenset({"prompt_weights"})
 
 
 @dataclass
@@ -52,10 +54,17 @@ class Protocol:
         does not depend on where the repository lies (and names no folder of the machine)."""
         record = asdict(self)
         if self.weights is not None:
-            path = Path(self.weights).resolve()
-            if path.is_relative_to(_REPOSITORY):
-                record["weights"] = path.relative_to(_REPOSITORY).as_posix()
+            record["weights"] = _portable(self.weights)
+        for kwargs in record["method_kwargs"].values():
+            for name in _FILE_KWARGS.intersection(kwargs):
+                kwargs[name] = _portable(kwargs[name])
         return record
+
+
+def _portable(path: Any) -> str:
+    """``path`` relative to the checkout when it lies in it, otherwise as given."""
+    resolved = Path(path).resolve()
+    return resolved.relative_to(_REPOSITORY).as_posix() if resolved.is_relative_to(_REPOSITORY) else str(path)
 
 
 @dataclass(frozen=True)

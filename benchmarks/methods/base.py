@@ -118,6 +118,12 @@ class PromptMethod(nn.Module, SeamContract):
         """What a run record should say about how the protocol built this method ("" when nothing)."""
         return ""
 
+    @classmethod
+    def protocol_warning(cls, protocol: Any) -> str:
+        """What a sweep should warn of before it starts: the protocol builds a lesser form of the method
+        ("" when it does not)."""
+        return ""
+
     # ----------------------------------------------------------------------------------- seams
     def compute_query(self, x: Tensor) -> QueryFeatures:
         """One frozen, prompt-free pass (no grad) giving the query and the router features.

@@ -5,7 +5,9 @@ Expert = step, ensemble bank = slot (docs/methods.md, "DualPrompt and MISA").
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -24,7 +26,7 @@ from .prompting import (
     resolve_layers,
 )
 
-__all__ = ["DualPrompt", "MISA"]
+__all__ = ["DualPrompt", "MISA", "load_prompt_weights"]
 
 
 @register_method
@@ -135,9 +137,15 @@ class DualPrompt(ConcatPromptMethod):
         g = self.g_prompts + cls_position(self.backbone)
         return g.view(1, len(self.g_layers), self.g_prompt_length, self.embed_dim).expand(batch, -1, -1, -1)
 
+    def selected_e_prompts(self, selection: Tensor) -> Tensor:
+        """``(B, len(e_prompt_layers) * e_prompt_length, D)`` E-prompt tokens of the selected slots (the seam
+        MISA's session adaptation overrides to add its projector)."""
+        return self.e_prompts[selection]
+
     def _layer_prompts(self, selection: Tensor) -> Dict[int, List[Tensor]]:
         batch, dim = selection.shape[0], self.embed_dim
-        e = (self.e_prompts[selection] + cls_position(self.backbone)).view(batch, len(self.e_layers), self.e_prompt_length, dim)
+        e = (self.selected_e_prompts(selection) + cls_position(self.backbone)).view(
+            batch, len(self.e_layers), self.e_prompt_length, dim)
         return prompts_by_layer((self.g_layers, self._g_tokens(batch)), (self.e_layers, e))
 
     def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
@@ -159,6 +167,8 @@ class DualPrompt(ConcatPromptMethod):
 class MISA(DualPrompt):
     """DualPrompt initialised from pretrained G/E prompts (MISA).
 
+    The prompts come either as ``g_prompt`` and ``e_prompt``, or together as ``prompt_weights``.
+
     Args:
         g_prompt: tensor or file (``.safetensors``, or ``torch.save`` read with ``weights_only=True``) of
             shape ``(1, len(g_prompt_layers) * g_prompt_length, D)`` (or without the leading 1); the
@@ -166,6 +176,8 @@ class MISA(DualPrompt):
         e_prompt: tensor or file of shape ``(P, len(e_prompt_layers) * e_prompt_length, D)``; the
             release ships ``e_prompt.pt`` of shape (10, 60, 768). When ``P != pool_size`` it is tiled
             along the pool axis and cut to ``pool_size`` (the reference's rule).
+        prompt_weights: a ``.safetensors`` file holding exactly ``g_prompt`` and ``e_prompt`` (the proxy's:
+            ``benchmarks/proxy/weights/proxy_misa_prompts.safetensors``, docs/methods.md).
         g_prompt_length: G tokens per layer (10 for MISA).
         **kwargs: the other ``DualPrompt`` arguments. The keys are not loaded (random, as in MISA).
     """
@@ -175,7 +187,12 @@ class MISA(DualPrompt):
     @classmethod
     def protocol_kwargs(cls, protocol: Any, *, seed: int, backbone: nn.Module, num_classes: int) -> Dict[str, Any]:
         kwargs = super().protocol_kwargs(protocol, seed=seed, backbone=backbone, num_classes=num_classes)
-        if "g_prompt" in kwargs:
+        if "prompt_weights" in kwargs and protocol.misa_prompts:
+            raise ValueError(
+                f"MISA: pretrained prompts given twice, --misa-prompts {protocol.misa_prompts} and prompt_weights "
+                f"{kwargs['prompt_weights']}; expected one of them"
+            )
+        if "g_prompt" in kwargs or "prompt_weights" in kwargs:
             return kwargs
         if protocol.misa_prompts:
             kwargs["g_prompt"] = f"{protocol.misa_prompts}/g_prompt.pt"
@@ -192,7 +209,20 @@ class MISA(DualPrompt):
 
     @classmethod
     def protocol_notes(cls, protocol: Any) -> str:
+        """Whether the run loaded pretrained prompts, and from where."""
+        given = protocol.method_kwargs.get(cls.name, {})
+        if "prompt_weights" in given:
+            return f"pretrained prompts loaded from {Path(given['prompt_weights']).name} (prompt_weights)"
+        if "g_prompt" in given:
+            return "prompts given as g_prompt and e_prompt in the method's arguments"
         if protocol.misa_prompts:
+            return "pretrained prompts loaded from --misa-prompts (g_prompt.pt, e_prompt.pt)"
+        return cls.protocol_warning(protocol)
+
+    @classmethod
+    def protocol_warning(cls, protocol: Any) -> str:
+        given = protocol.method_kwargs.get(cls.name, {})
+        if protocol.misa_prompts or "prompt_weights" in given or "g_prompt" in given:
             return ""
         return ("no --misa-prompts: DualPrompt with MISA's 10 G-prompt tokens and a uniform prompt initialisation, "
                 "not MISA's pretrained prompts")
@@ -202,14 +232,14 @@ class MISA(DualPrompt):
         backbone: nn.Module,
         num_classes: int,
         *,
-        g_prompt: PromptSource,
-        e_prompt: PromptSource,
+        g_prompt: Optional[PromptSource] = None,
+        e_prompt: Optional[PromptSource] = None,
+        prompt_weights: Optional[Union[str, "os.PathLike[str]"]] = None,
         g_prompt_length: int = 10,
         **kwargs,
     ) -> None:
         super().__init__(backbone, num_classes, g_prompt_length=g_prompt_length, **kwargs)
-        g = load_prompt_tensor(g_prompt, "MISA g_prompt")
-        e = load_prompt_tensor(e_prompt, "MISA e_prompt")
+        g, e = _initial_prompts(g_prompt, e_prompt, prompt_weights)
         if g.dim() == 2:
             g = g.unsqueeze(0)
         self._check_prompt_shape(g, self.g_prompts, "g_prompt", "g_prompt_layers", "g_prompt_length", pool_axis=False)
@@ -239,3 +269,39 @@ class MISA(DualPrompt):
             )
         if not loaded.is_floating_point():
             raise TypeError(f"MISA {what}: expected a floating-point tensor, got {loaded.dtype}")
+
+
+def _initial_prompts(
+    g_prompt: Optional[PromptSource], e_prompt: Optional[PromptSource], prompt_weights: Optional[Any]
+) -> Tuple[Tensor, Tensor]:
+    """MISA's ``(g, e)`` from ``g_prompt`` and ``e_prompt``, or from ``prompt_weights``: exactly one source."""
+    if prompt_weights is None:
+        if g_prompt is None or e_prompt is None:
+            raise ValueError("MISA: expected pretrained prompts, g_prompt and e_prompt or prompt_weights; got neither")
+        return load_prompt_tensor(g_prompt, "MISA g_prompt"), load_prompt_tensor(e_prompt, "MISA e_prompt")
+    if g_prompt is not None or e_prompt is not None:
+        raise ValueError("MISA: expected g_prompt and e_prompt or prompt_weights, not both")
+    return load_prompt_weights(prompt_weights)
+
+
+def load_prompt_weights(path: Union[str, "os.PathLike[str]"]) -> Tuple[Tensor, Tensor]:
+    """``(g_prompt, e_prompt)`` from a ``.safetensors`` file holding exactly those two tensors."""
+    path = os.fspath(path)
+    if not path.endswith(".safetensors"):
+        raise ValueError(f"MISA prompt_weights: expected a .safetensors file with g_prompt and e_prompt, got {path!r}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"MISA prompt_weights: {path!r} does not exist; expected a .safetensors file with g_prompt and e_prompt "
+            "(the proxy's is written by python -m benchmarks.proxy.pretrain_misa_prompts)"
+        )
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path, device="cpu")
+    except SafetensorError as error:
+        raise ValueError(f"MISA prompt_weights: {path!r} is not a readable safetensors file ({error})") from None
+    if set(tensors) != {"g_prompt", "e_prompt"}:
+        raise ValueError(f"MISA prompt_weights: {path!r} holds {sorted(tensors)}; expected exactly e_prompt and g_prompt")
+    return tensors["g_prompt"], tensors["e_prompt"]
+
