@@ -95,6 +95,12 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         error = capsys.readouterr().err
         assert re.fullmatch(r"error: .*another setting .*--no-resume.*\n", error), error
     assert calls == []
+    # Another method's keyword arguments do not decide a run's numbers: its finished runs are reused; its own do.
+    others = ["--methods", "mvp,hide", "--method-kwargs", '{"l2p": {"pool_size": 7}}']
+    assert cross_ablation.main([*REDUCED, *others, "--output", str(output)]) == 0 and calls == []
+    own = ["--methods", "mvp,hide", "--method-kwargs", '{"mvp": {"reference_quirks": true}}']
+    assert cross_ablation.main([*REDUCED, *own, "--output", str(output)]) == 2 and calls == []
+    assert "method_kwargs: {'mvp': {}} -> {'mvp': {'reference_quirks': True}}" in capsys.readouterr().err
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):

@@ -156,7 +156,9 @@ def test_proxy_presets_follow_the_papers_comparisons(name):
     (dataset,) = preset["datasets"]
     protocol = preset["protocol"]
     data = preset["synthetic"] if dataset == "synthetic" else preset["generated"][dataset]
-    assert protocol.method_kwargs == PRESETS["paper"]["protocol"].method_kwargs
+    misa = {"reference_quirks": True, "prompt_weights": str(CHECKPOINT.with_name("proxy_misa_prompts.safetensors"))}
+    own = {} if name == "proxy-10" else {"misa": misa}  # the earlier proxy's MISA had no pretrained prompts
+    assert protocol.method_kwargs == {**PRESETS["paper"]["protocol"].method_kwargs, **own}
     assert protocol.method_kwargs is not PRESETS["paper"]["protocol"].method_kwargs
     assert protocol.router_query == "clean" and protocol.ridge == "auto"
     assert protocol.expansion_dim == data["num_classes"] * data["train_per_class"] // 10

@@ -15,6 +15,9 @@ __all__ = ["PRESETS", "EXPERT_METHODS"]
 EXPERT_METHODS = ("hide-lora", "hide-adapter", "sd-lora")
 
 _PROXY_WEIGHTS = str(Path(__file__).resolve().parents[1] / "proxy" / "weights" / "proxy_vit.safetensors")
+_PROXY_MISA_PROMPTS = str(Path(_PROXY_WEIGHTS).with_name("proxy_misa_prompts.safetensors"))
+
+
 def _reference_baselines() -> Dict[str, Dict[str, Any]]:
     """The baselines as the paper compares them (docs/protocol.md §4.2, 4.5, 4.9): DualPrompt/MISA select
     over the whole pool at test time, MVP's loss terms are batch-global, HiDe-Prompt/NoRGa's router reads
@@ -23,6 +26,14 @@ def _reference_baselines() -> Dict[str, Dict[str, Any]]:
         "dualprompt": {"reference_quirks": True}, "misa": {"reference_quirks": True}, "mvp": {"reference_quirks": True},
         "hide": {"router_features": "g_mlp"}, "norga": {"router_features": "g_mlp"},
     }
+
+
+def _proxy_method_kwargs() -> Dict[str, Dict[str, Any]]:
+    """The reference baselines, MISA started from the prompts adapted by its own recipe on the proxy
+    backbone's pretraining classes (benchmarks/proxy/pretrain_misa_prompts.py, docs/methods.md)."""
+    kwargs = _reference_baselines()
+    kwargs["misa"]["prompt_weights"] = _PROXY_MISA_PROMPTS
+    return kwargs
 
 
 #: The CPU proxy of the paper's setting (docs/proxy.md): a tiny timm ViT pretrained by
@@ -36,7 +47,7 @@ _PROXY_PROTOCOL = Protocol(
     model_kwargs=dict(img_size=32, patch_size=8, embed_dim=128, depth=6, num_heads=4),
     pretrained=True, weights=_PROXY_WEIGHTS, image_size=32, batch_size=16, online_iter=3, eval_period=1000,
     test_batch_size=200, expansion_dim=1000, ridge="auto", amp=False, router_query="clean",
-    method_kwargs=_reference_baselines(),
+    method_kwargs=_proxy_method_kwargs(),
 )
 #: The earlier proxy's stream: 10 disjoint downstream classes with 1,000 images each.
 _PROXY_10_DATA = dict(num_classes=10, class_offset=400, difficulty="hard", train_per_class=1000, test_per_class=40,
@@ -80,7 +91,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "description": "the earlier CPU proxy: 10 generated classes (2 per session), every method, 3 seeds",
         "caption": "the earlier CPU proxy (docs/proxy.md): 10 generated classes, 2 per session; compare the "
                    "direction of the effects with the paper, not the numbers",
-        "protocol": _PROXY_PROTOCOL,
+        "protocol": replace(_PROXY_PROTOCOL, method_kwargs=_reference_baselines()),  # MISA as it was run
         "datasets": ["synthetic"],
         "seeds": [1, 2, 3],
         "synthetic": dict(_PROXY_10_DATA),

@@ -58,16 +58,25 @@ def load_results(output: Path, specs: Optional[Sequence[RunSpec]] = None) -> Lis
     return [read_result(path) for path in (result_path(output, spec) for spec in specs) if path.exists()]
 
 
-def setting_differences(stored: Dict[str, Any], wanted: Dict[str, Any]) -> List[str]:
+def _own_method_kwargs(protocol: Dict[str, Any], method: Optional[str]) -> Dict[str, Any]:
+    """``protocol`` with ``method_kwargs`` narrowed to ``method``'s: another method's keyword arguments do not
+    decide this method's numbers (``None``: the protocol as it is)."""
+    if method is None:
+        return protocol
+    return {**protocol, "method_kwargs": {method: (protocol.get("method_kwargs") or {}).get(method, {})}}
+
+
+def setting_differences(stored: Dict[str, Any], wanted: Dict[str, Any], method: Optional[str] = None) -> List[str]:
     """``name: stored -> wanted`` for each differing entry (a result that records its protocol only, no
-    data setting, is compared on its protocol)."""
+    data setting, is compared on its protocol); with ``method``, of the method keyword arguments only
+    ``method``'s are compared."""
     differences = []
     for part in ("protocol", "data"):
         if part not in stored:
             continue
         old, new = stored[part], wanted[part]
         if part == "protocol":  # a field a stored result lacks: the value it was run with
-            old = {**LEGACY_PROTOCOL, **old}
+            old, new = _own_method_kwargs({**LEGACY_PROTOCOL, **old}, method), _own_method_kwargs(new, method)
         for name in sorted(set(old) | set(new)):
             if old.get(name) != new.get(name):
                 differences.append(f"{name}: {old.get(name)!r} -> {new.get(name)!r}")
@@ -82,7 +91,7 @@ def check_resumable(output: Path, specs: Sequence[RunSpec], settings: Dict[str, 
             continue
         result = read_result(path)
         stored = result.get("setting", {"protocol": result.get("protocol", {})})
-        _refuse_differences(path, setting_differences(stored, settings[spec.dataset]), "recompute such runs")
+        _refuse_differences(path, setting_differences(stored, settings[spec.dataset], spec.method), "recompute such runs")
 
 
 def _refuse_differences(path: Path, differences: List[str], remedy: str) -> None:
@@ -106,7 +115,8 @@ def check_checkpoints(output: Path, groups: Sequence[Sequence[RunSpec]], setting
         if found is None:
             continue
         path, payload = found
-        _refuse_differences(path, setting_differences(payload["setting"], settings[group[0].dataset]), "restart such runs")
+        _refuse_differences(path, setting_differences(payload["setting"], settings[group[0].dataset], group[0].method),
+                            "restart such runs")
         trained = payload["run"]["variants"]
         missing = [spec.variant for spec in group if spec.variant not in trained]
         if missing:

@@ -28,6 +28,7 @@ from .evaluation import PredictEvaluator, VariantEvaluator
 from .metrics import EvaluationLog, summarize
 from .preemption import RunInterrupted, any_process
 from .protocol import ROUTER_QUERIES, Protocol, RunSpec
+from .results import setting_differences
 from .stream import Exposure, SiBlurryStream, build_si_blurry_stream
 from .timer import NO_TIMER, PartTimer
 from .training import OnlineTrainer
@@ -325,7 +326,7 @@ class _CheckpointHook:
         payload = self.config.resume
         if payload is None:
             return
-        if payload["run"] != self.run or payload["setting"] != self.config.setting:
+        if payload["run"] != self.run or setting_differences(payload["setting"], self.config.setting, self.run["method"]):
             raise CheckpointError(
                 f"the checkpoint of {self.key} was written by another run or setting "
                 f"({payload['run']} -> {self.run}); the sweep compares settings before it starts"
