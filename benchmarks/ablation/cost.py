@@ -52,7 +52,7 @@ def run_plan(sweep: Sweep, *, data_root: str, argv: Optional[Sequence[str]] = No
                              device=_device(sweep), protocol_record=run_setting(sweep, sweep.datasets[0])["protocol"],
                              command=list(sys.argv[1:] if argv is None else argv),
                              log=lambda line: print(line, file=sys.stderr, flush=True),
-                             studies={"routers": sweep.routers, "aggregations": sweep.aggregations},
+                             studies={"routers": sweep.routers, "aggregations": sweep.aggregations, "heads": sweep.heads},
                              random_weights=random_weights)
     sweep.output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(sweep.output / PLAN_FILE, document)

@@ -29,6 +29,7 @@ from ..methods.base import MethodOutput, PromptMethod, QueryFeatures
 from ..parallel import DataParallel
 from .components import ScoredComponents
 from .diagnostics import ROUTING_VERSIONS, ExpertUsage, expert_matrix_summary, member_summary, routing_summary
+from .head_sets import head_set_members
 from .metrics import EvaluationLog, count_correct
 from .stream import Exposure
 from .timer import NO_TIMER, PartTimer
@@ -155,13 +156,15 @@ class VariantEvaluator:
             router), scored as ``<variant>@<router>``, with its routing accuracy.
         aggregations: TE2 aggregation rules (``fly_modules.ensemble.AGGREGATION_RULES``) each scored on
             the ensemble variants' members as ``<variant>~<rule>`` (the aggregation study).
+        heads: subsets of the ensemble's heads (``benchmarks.ablation.head_sets``) each scored with the run's
+            rule on the ensemble variants as ``<variant>#<subset>`` (the EMA-decay study).
     """
 
     def __init__(
         self, model: PromptMethod, components: ScoredComponents, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
         exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
         member_names: Sequence[str], meta: Dict[str, Dict[str, Any]], timer: PartTimer = NO_TIMER,
-        reuse: bool = True, routers: Sequence[str] = (), aggregations: Sequence[str] = (),
+        reuse: bool = True, routers: Sequence[str] = (), aggregations: Sequence[str] = (), heads: Sequence[str] = (),
     ) -> None:
         self.model, self.components, self.usage = model, components, usage
         self.variants = [VARIANTS[name] for name in variants]
@@ -192,6 +195,10 @@ class VariantEvaluator:
         self.aggregation_logs = {f"{v.name}~{rule}": EvaluationLog() for v in self.variants if v.head == "ensemble"
                                  for rule in self.aggregations}
         self.per_class_counts += list(self.aggregation_logs)
+        self.heads = {name: head_set_members(name, self.member_names) for name in heads}
+        self.head_logs = {f"{v.name}#{name}": EvaluationLog() for v in self.variants if v.head == "ensemble"
+                          for name in self.heads}
+        self.per_class_counts += list(self.head_logs)
         alternatives = [r for r in routers if r != "ridge"]
         self.routing_counts = _ROUTING_COUNTS + tuple(f"{r}_{version}" for r in alternatives for version in ROUTING_VERSIONS)
 
@@ -222,7 +229,7 @@ class VariantEvaluator:
                 for member, log in enumerate(logs):
                     log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
                                correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
-            for name, log in {**self.router_logs, **self.aggregation_logs}.items():
+            for name, log in {**self.router_logs, **self.aggregation_logs, **self.head_logs}.items():
                 log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
                            correct=counts[name].cpu(), total=counts["total"].cpu())
             self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained,
@@ -280,6 +287,9 @@ class VariantEvaluator:
                     for rule in self.aggregations:
                         tally.add_correct(f"{variant.name}~{rule}", aggregate_logits(members[variant.selection], rule),
                                           labels)
+                    for head, chosen in self.heads.items():
+                        tally.add_correct(f"{variant.name}#{head}", self.components.ensemble.aggregate_members(
+                            members[variant.selection][:, chosen]), labels)
                 tally.add_correct(variant.name, scores, labels)
             tally.add_total(labels)
             tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
@@ -355,6 +365,8 @@ class VariantEvaluator:
         if self.aggregations and variant in self.member_logs:
             logs = [self.aggregation_logs[f"{variant}~{rule}"] for rule in self.aggregations]
             result["aggregations"] = member_summary(self.aggregations, logs)
+        if self.heads and variant in self.member_logs:
+            result["heads"] = member_summary(list(self.heads), [self.head_logs[f"{variant}#{h}"] for h in self.heads])
         return result
 
     def _router_summary(self, variant: str) -> Dict[str, Any]:
@@ -382,6 +394,7 @@ class VariantEvaluator:
             **({"router_logs": {name: log.to_dict() for name, log in self.router_logs.items()}} if self.router_logs else {}),
             **({"aggregation_logs": {name: log.to_dict() for name, log in self.aggregation_logs.items()}}
                if self.aggregation_logs else {}),
+            **({"head_logs": {name: log.to_dict() for name, log in self.head_logs.items()}} if self.head_logs else {}),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -396,6 +409,8 @@ class VariantEvaluator:
         if self.aggregation_logs:
             self.aggregation_logs = {name: EvaluationLog.from_dict(log)
                                      for name, log in state["aggregation_logs"].items()}
+        if self.head_logs:
+            self.head_logs = {name: EvaluationLog.from_dict(log) for name, log in state["head_logs"].items()}
 
 
 _ROUTING_COUNTS = tuple(f"{who}_{version}" for who in ("own", "rear") for version in ROUTING_VERSIONS)

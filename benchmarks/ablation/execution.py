@@ -155,7 +155,8 @@ class SweepProcess:
         try:
             records = run_training(first.method, first.dataset, first.seed, variants, self.sweep.protocol, train,
                                    test, device=self.device, progress=self.progress, checkpointing=checkpointing,
-                                   routers=self.sweep.routers, aggregations=self.sweep.aggregations)
+                                   routers=self.sweep.routers, aggregations=self.sweep.aggregations,
+                                   heads=self.sweep.heads)
         except RunInterrupted:
             raise
         except Exception as error:  # one failed training must not lose the others' results
@@ -267,15 +268,17 @@ def _write_tables(sweep: Sweep, specs: List[RunSpec], settings: Dict[str, Dict[s
     markdown = write_tables(sweep.output, rows, caption=PRESETS[sweep.preset]["caption"])
     plot_curves(sweep.output, results)
     plot_paper_deltas(sweep.output, [row for row in rows if row["seeds"]])
-    for study in ("routers", "aggregations"):  # the studies' own tables (benchmarks.studies), when run
+    for study in ("routers", "aggregations", "heads"):  # what was scored on one training, when asked
         if getattr(sweep, study):
             from benchmarks.studies.study_tables import write_study
 
             markdown += f"\n\n{study} study (study_{study}.md):\n\n" + write_study(sweep.output, results, study)
-    if sweep.study == "components":
-        from benchmarks.studies.components_table import write_components
+    from benchmarks.studies.registry import REGISTRY, resolve_hook
 
-        markdown += "\n\ncomponents study (study_components.md):\n\n" + write_components(sweep.output, results)
+    registered = REGISTRY.get(sweep.study or "")
+    if registered is not None and registered.table:  # a registered study's own table (components)
+        table = resolve_hook(registered.table)(sweep.output, results)
+        markdown += f"\n\n{sweep.study} study (study_{sweep.study}.md):\n\n" + table
     return markdown, failed
 
 

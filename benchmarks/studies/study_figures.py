@@ -17,7 +17,7 @@ import numpy as np
 from ..ablation.report import save_figure
 from ..backbone import BACKBONES
 
-__all__ = ["PANEL_KEYS", "study_series", "plot_study"]
+__all__ = ["PANEL_KEYS", "draw_panel", "study_series", "plot_study"]
 
 #: what tells one panel from another, where the rows have it
 PANEL_KEYS = ("dataset", "method", "variant")
@@ -65,7 +65,7 @@ def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Op
     width = max(len(s["names"]) for s in panels)
     figure, axes = plt.subplots(count, columns, figsize=(max(4.0, 0.8 * width) * columns, 3.6 * count), squeeze=False)
     for axis, series in zip(axes.flat, panels):
-        _draw_panel(axis, series)
+        draw_panel(axis, series)
     for axis in list(axes.flat)[len(panels):]:
         axis.axis("off")
     figure.tight_layout()
@@ -84,7 +84,7 @@ def _nan(values: Sequence[Optional[float]]) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
-def _draw_panel(axis: Any, series: Dict[str, Any]) -> None:
+def draw_panel(axis: Any, series: Dict[str, Any]) -> None:
     """Measured bars (error bars where there are several seeds) and, where the paper has them, its bars."""
     x = np.arange(len(series["names"]))
     seeds = sorted({count for count in series["seeds"] if count}) or [0]  # of the entries measured
