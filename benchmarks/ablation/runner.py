@@ -80,9 +80,7 @@ def run_training(
     progress: Optional[Callable[..., Any]] = None,
     process_group: Optional[Any] = None,
     checkpointing: Optional[CheckpointPolicy] = None,
-    routers: Sequence[str] = (),
-    aggregations: Sequence[str] = (),
-    heads: Sequence[str] = (),
+    routers: Sequence[str] = (), aggregations: Sequence[str] = (), heads: Sequence[str] = (),
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
