@@ -123,3 +123,13 @@ def test_the_decay_subsets_are_scored_on_one_training():
     assert subsets["0.9/0.99"]["A_auc"] == pytest.approx(trained_with_two["metrics"]["A_auc"])  # = its own training
     with pytest.raises(ValueError, match="no EMA copy of decay 0.5"):
         run_training("dualprompt", "synthetic", 1, ["ensemble"], protocol, *data, device=CPU, heads=["0.5"])
+
+
+def test_the_decays_study_writes_its_table_beside_the_papers(tmp_path):
+    argv = [*TINY, "--methods", "dualprompt", "--variants", "ensemble", "--study", "decays", "--output", str(tmp_path)]
+    assert cross_ablation.main(argv) == 0
+    rows = json.loads((tmp_path / "study_decays.json").read_text())
+    assert [row["head"] for row in rows] == list(dict(REGISTRY["decays"].scored)["heads"])
+    assert all(row["paper_A_auc"] == SWEEPS["decays"]["sup21k"][row["head"]]["flyprompt"]["cifar100"][0] for row in rows)
+    (result,) = (tmp_path / "runs").glob("**/*.json")
+    assert json.loads(result.read_text())["protocol"]["decays"] == [0.9, 0.99, 0.999]  # the study's fixed decays

@@ -200,7 +200,7 @@ def summarize(work: Sequence[TrainingWork], units: Dict[tuple, Dict[str, Any]], 
 
 def make_plan(
     specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str], Any], *, device: torch.device,
-    probe_batches: int = 1, eval_samples: int = 64, protocol_record: Optional[Dict[str, Any]] = None,
+    probe_batches: int = 1, eval_samples: int = 16, protocol_record: Optional[Dict[str, Any]] = None,
     command: Optional[Sequence[str]] = None, log: Callable[[str], None] = lambda line: None,
     studies: Optional[Dict[str, Sequence[str]]] = None, random_weights: bool = False,
 ) -> Dict[str, Any]:

@@ -45,8 +45,8 @@ def _per(total: float, count: int) -> float:
 
 def probe(
     method: str, dataset: str, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
-    device: torch.device, seed: int = 1, batches: int = 1, warmup: int = 1, eval_samples: int = 64,
-    batch_images: int = 16, iterations: int = 1, routers: Sequence[str] = (), aggregations: Sequence[str] = (),
+    device: torch.device, seed: int = 1, batches: int = 1, warmup: int = 1, eval_samples: int = 16,
+    batch_images: int = 8, iterations: int = 1, routers: Sequence[str] = (), aggregations: Sequence[str] = (),
     heads: Sequence[str] = (), log: Callable[[str], None] = lambda line: None,
 ) -> Dict[str, Any]:
     """Unit costs of one training of ``method`` (the ``variants`` it scores) measured on ``device``.

@@ -46,9 +46,10 @@ def study_series(rows: Sequence[Dict[str, Any]], study: str, key: Optional[str] 
     return list(panels.values())
 
 
-def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Optional[str] = None) -> Optional[Path]:
-    """Write ``study_<study>.png`` into ``output`` from the study's table rows; ``None`` when there is nothing
-    measured to plot or matplotlib is not installed."""
+def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Optional[str] = None,
+               name: Optional[str] = None) -> Optional[Path]:
+    """Write ``study_<name or study>.png`` into ``output`` from the study's table rows; ``None`` when there is
+    nothing measured to plot or matplotlib is not installed."""
     panels = [s for s in study_series(rows, study, key) if any(v is not None for v in s["measured"])]
     if not panels:
         return None
@@ -58,7 +59,7 @@ def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Op
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"matplotlib is not installed (pip install -e '.[bench]'): no study_{study}.png", file=sys.stderr)
+        print(f"matplotlib is not installed (pip install -e '.[bench]'): no study_{name or study}.png", file=sys.stderr)
         return None
     columns = min(3, len(panels))
     count = -(-len(panels) // columns)
@@ -69,7 +70,7 @@ def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Op
     for axis in list(axes.flat)[len(panels):]:
         axis.axis("off")
     figure.tight_layout()
-    path = output / f"study_{study}.png"
+    path = output / f"study_{name or study}.png"
     save_figure(figure, path)
     plt.close(figure)
     return path

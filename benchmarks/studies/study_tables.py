@@ -111,11 +111,13 @@ def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
     return "\n".join(lines)
 
 
-def write_study(output: Path, results: Iterable[Dict[str, Any]], study: str) -> str:
-    """Write ``study_<study>.md``, ``.json`` and the figure ``.png`` into ``output``; returns the markdown."""
+def write_study(output: Path, results: Iterable[Dict[str, Any]], study: str, name: Optional[str] = None) -> str:
+    """Write ``study_<name>.md``, ``.json`` and the figure ``.png`` into ``output`` (``name``: the registered
+    study that scored ``study``'s entries, ``study`` itself by default); returns the markdown."""
     rows = study_rows(results, study)
     text = format_study(rows, study)
-    (output / f"study_{study}.md").write_text(text + "\n")
-    (output / f"study_{study}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    plot_study(output, rows, study)
+    stem = f"study_{name or study}"
+    (output / f"{stem}.md").write_text(text + "\n")
+    (output / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    plot_study(output, rows, study, name=name)
     return text
