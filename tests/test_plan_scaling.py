@@ -34,7 +34,7 @@ def test_a_plan_says_what_it_does_and_what_it_scaled(tmp_path, capsys):
     steps = [line.split(" ...")[0] for line in captured.err.splitlines() if line.endswith("...")]
     assert steps[0].startswith("plan: checking") and steps[1].startswith("counting the work of")
     assert any(step.startswith("probing l2p on synthetic") for step in steps)
-    assert "  training 2 stream batch(es) of 4 images, 1 iteration(s) each" in steps
+    assert "  training 1 stream batch(es) of 4 images, 1 iteration(s) each" in steps  # no warm-up batch on a CPU
     assert "scaled: the probe trained batches of 4 images with 1 online iteration(s)" in captured.out
     document = json.loads((tmp_path / "plan.json").read_text())
     assert {probe["scaled"]["online_iter"][1] for probe in document["probes"]} == {3}

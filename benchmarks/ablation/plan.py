@@ -258,8 +258,9 @@ class PlanData:
 
 
 class _Prober:
-    """One probe per (dataset, method); on randomly initialised weights when the pretrained ones are not
-    on this machine (a pass costs the same whatever the weights)."""
+    """One probe per method; on randomly initialised weights when the pretrained ones are not on this machine
+    (a pass costs the same whatever the weights). A warm-up batch on CUDA only (its first kernels and
+    allocations); a CPU's first batch costs what the others do."""
 
     def __init__(self, protocol: Protocol, device: torch.device, batches: int, eval_samples: int,
                  log: Callable[[str], None], studies: Dict[str, Sequence[str]], random_weights: bool) -> None:
@@ -275,7 +276,7 @@ class _Prober:
         try:
             return probe(item.method, item.dataset, item.variants, self.protocol, train, test, device=self.device,
                          seed=item.seed, batches=self.batches, eval_samples=self.eval_samples, log=self.log,
-                         **self.studies)
+                         warmup=1 if self.device.type == "cuda" else 0, **self.studies)
         except BackboneLoadError as error:
             if self.random_weights:
                 raise
