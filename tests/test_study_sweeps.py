@@ -44,6 +44,15 @@ def test_a_bad_sweep_is_one_line_before_any_work(capsys, no_work, flag, expected
     assert err.startswith("error: argument --sweep: ") and expected in err, err
 
 
+def test_help_lists_every_registered_study(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cross_ablation.main(["--help"])
+    assert exit.value.code == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert all(f"{name}: " in printed for name in REGISTRY), printed
+    assert "--sweep NAME=v1,v2,..." in printed and "--expert-schedule" in printed and "--train-mask" in printed
+
+
 def test_a_swept_setting_given_twice_or_a_study_of_points_is_refused(capsys, no_work):
     err = one_line_error(capsys, cross_ablation.main, [*TINY, "--expansion-dim", "8", "--sweep", "M=16,32"])
     assert "--expansion-dim is what the sweep_expansion_dim study varies" in err

@@ -288,7 +288,7 @@ def add_study_flags(group: Any) -> None:
     """``--study``, ``--routers`` and ``--backbone``: the paper's studies beside the cross-ablation."""
     group.add_argument("--study", choices=list(STUDIES), default=None,
                        help="run one of the paper's studies and write its table beside the paper's numbers: "
-                            + "; ".join(f"{name}: {text}" for name, text in STUDIES.items()))
+                            + "; ".join(f"{name}: {text}" for name, text in STUDIES.items()).replace("%", "%%"))
     group.add_argument("--router", dest="routers", type=parse_names, default=None,
                        help="comma-separated routers scored in the routed variants on the same training, from "
                             + ", ".join(ROUTERS) + " (default: none; --study routers: all)")

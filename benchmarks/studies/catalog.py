@@ -64,7 +64,7 @@ register(Study("decays", "the online head alone and with EMA copies of decays 0.
                          "combinations, scored on one training with all three", paper="Tab. 6; appendix: EMA decays, all backbones",
                methods=("flyprompt",), variants=("ensemble", "both"), fixed=(("decays", "0.9,0.99,0.999"),),
                scored=(("heads", PAPER_HEAD_SETS),)))
-register(Study("ratios", "the stream's ratios: r_D 0 / 50 / 100 % with r_B 10 %, r_B 10 / 30 / 50 % with r_D 50 %",
+register(Study("ratios", "the stream's ratios: r_D 0 / 0.5 / 1 with r_B 0.1, r_B 0.1 / 0.3 / 0.5 with r_D 0.5",
                paper="appendix: r_D and r_B variants", methods=TABLE_METHODS, variants=("baseline",),
                points=(points_of("disjoint_ratio", ("0", "0.5", "1"), "r_D={}", ("blurry_ratio", "0.1"))
                        + points_of("blurry_ratio", ("0.3", "0.5"), "r_B={}", ("disjoint_ratio", "0.5")))))
