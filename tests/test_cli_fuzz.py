@@ -49,6 +49,9 @@ FLAGS = {
     "--router": ["ridge", "prototype,naive_bayes", "kmeans,mlp", "lda", ",", ""],
     "--aggregations": ["mean", "softmax_max,max_prob", "vote", ""],
     "--backbone": ["sup21k", "dino1k", "bogus", ""],
+    "--heads": ["online", "0.9,online", "0.5", ""],
+    "--expert-schedule": ["method", "session", "budget", "bogus"],
+    "--train-mask": ["none", "random", "seen", "batch", "bogus"],
 }
 
 #: malformed values of the study flags, each alone, and what their one line names: refused before any work
@@ -64,6 +67,9 @@ MALFORMED = [
     (["--study", "components", "--backbone", "dino1k"],
      "the components study: the paper's components table has the backbones sup21k, sup21k-1k, not dino1k"),
     (["--aggregations", "mean", "--backbone", "ibot1k"], "is the model of the backbones ibot21k, ibot1k"),
+    # --sweep: each value by its setting's rule (tests/test_study_sweeps.py has the rest)
+    (["--sweep", "M=16,-1"], "--sweep: M=-1: expansion_dim"), (["--sweep", "bogus=1"], "'bogus' is no protocol setting"),
+    (["--sweep", "decays=0.9,0.9/0.9"], "--sweep: decays=0.9/0.9"), (["--heads", "0.5"], "no EMA copy of decay 0.5"),
 ]
 
 

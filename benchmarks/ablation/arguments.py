@@ -18,11 +18,14 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from benchmarks.ablation.expert_schedules import EXPERT_SCHEDULES
+from benchmarks.ablation.logit_masks import TRAIN_MASKS
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
 from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.protocol import ROUTER_QUERIES, Protocol
 from benchmarks.ablation.proxy_datasets import PROXY_DATASETS
 from benchmarks.ablation.shard import parse_shard
+from benchmarks.ablation.sweep_values import SWEEP_ALIASES, parser_of
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.backbone import BACKBONES
 from benchmarks.data.loaders import DATASETS
@@ -208,6 +211,10 @@ PROTOCOL_FLAGS: Dict[str, Tuple[Any, str]] = {
     "router_query": (ROUTER_QUERIES, "router statistics from 'clean' (a frozen fp32 pass over the un-augmented "
                                      "batch, as the official code) or 'first_iteration' (the first online "
                                      "iteration's query pass, one backbone pass fewer)"),
+    "expert_schedule": (tuple(EXPERT_SCHEDULES), "when experts start: " + "; ".join(
+        f"{name}: {text}" for name, text in EXPERT_SCHEDULES.items())),
+    "train_mask": (tuple(TRAIN_MASKS), "training logit mask: " + "; ".join(
+        f"{name}: {text}" for name, text in TRAIN_MASKS.items())),
 }
 
 
@@ -284,7 +291,7 @@ def add_study_flags(group: Any) -> None:
     """``--study``, ``--routers`` and ``--backbone``: the paper's studies beside the cross-ablation."""
     group.add_argument("--study", choices=list(STUDIES), default=None,
                        help="run one of the paper's studies and write its table beside the paper's numbers: "
-                            + "; ".join(f"{name}: {text}" for name, text in STUDIES.items()))
+                            + "; ".join(f"{name}: {text}" for name, text in STUDIES.items()).replace("%", "%%"))
     group.add_argument("--router", dest="routers", type=parse_names, default=None,
                        help="comma-separated routers scored in the routed variants on the same training, from "
                             + ", ".join(ROUTERS) + " (default: none; --study routers: all)")
@@ -292,6 +299,15 @@ def add_study_flags(group: Any) -> None:
                        help="comma-separated TE2 aggregation rules scored in the ensemble variants on the same "
                             "training, from " + ", ".join(AGGREGATION_RULES) + " (default: none; --study "
                             "aggregations: all)")
+    group.add_argument("--sweep", type=parser_of(PROTOCOL_FLAGS), default=None, metavar="NAME=v1,v2,...",
+                       help="train once per value of one protocol setting, each value into <output>/sweep/NAME=value, "
+                            "and write sweep_NAME.md/.json/.png with one row per value; NAME is a protocol flag "
+                            "(expansion-dim, ridge, decays with '/' inside a value, ...) or one of "
+                            + ", ".join(f"{k} ({v})" for k, v in SWEEP_ALIASES.items()))
+    group.add_argument("--heads", type=parse_names, default=None,
+                       help="comma-separated subsets of the ensemble's heads scored in the ensemble variants on the "
+                            "same training: 'online' or decays joined by '/', e.g. online,0.9,0.9/0.99 (default: "
+                            "none; --study decays: the paper's six)")
     group.add_argument("--backbone", choices=list(BACKBONES), default=None,
                        help="one of the paper's backbones: its timm model and the paper's ridge (unless --ridge "
                             "is given); weights from --weights or the local cache (a warning where timm's are not "

@@ -20,6 +20,7 @@ in ``cost.py``.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from benchmarks.ablation import preflight
@@ -30,10 +31,12 @@ from benchmarks.ablation.cost import run_plan
 from benchmarks.ablation.execution import execute
 from benchmarks.ablation.results import ProtocolMismatchError, WriteError
 from benchmarks.ablation.sweep import resolve
+from benchmarks.ablation.sweep_points import run_points
 from benchmarks.backbone import BackboneLoadError, downloads_allowed
 from benchmarks.data.records import DatasetNotFoundError
 from benchmarks.studies.analysis_studies import components_cost_error, run_components_cost
-from benchmarks.studies.command import cost_study_error, run_cost_study, study_defaults
+from benchmarks.studies.command import study_defaults
+from benchmarks.studies.registry import REGISTRY, Study, resolve_hook
 
 #: what a user's values or environment provoke: one line on stderr and exit status 2, no traceback
 USAGE_ERRORS = (UsageError, preflight.PreflightError, DatasetNotFoundError, BackboneLoadError, ProtocolMismatchError,
@@ -50,18 +53,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line; returns the exit status (2 with one line on stderr for usage and environment errors)."""
     try:
         args = build_parser().parse_args(argv)
-        if args.study is not None:
-            if args.study == "cost":
-                error = cost_study_error(args, _given_options(args))
-                if error:
-                    raise UsageError(error)
-                return run_cost_study(args)
-            if args.study == "components-cost":  # trains nothing either (benchmarks.studies.analysis_studies)
-                error = components_cost_error(_given_options(args))
-                if error:
-                    raise UsageError(error)
-                return run_components_cost(args)
-            study_defaults(args)
+        study = _study(args)
+        if study is not None and study.command:  # a study that trains nothing (cost)
+            return resolve_hook(study.command)(args, _given_options(args))
+        if args.study == "components-cost":  # trains nothing either (benchmarks.studies.analysis_studies)
+            error = components_cost_error(_given_options(args))
+            if error:
+                raise UsageError(error)
+            return run_components_cost(args)
+        study_defaults(args)
+        if study is not None and study.points:
+            return run_points(args, study, argv)
         sweep = resolve(args)
         if sum((args.plan, args.shard is not None, args.merge)) > 1:
             raise UsageError("--plan, --shard and --merge exclude each other (see --help)")
@@ -75,6 +77,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except USAGE_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def _study(args) -> Optional[Study]:
+    """The registered study of ``--study``, or the study ``--sweep`` makes of one setting (``None``: neither,
+    or a study handled by hand)."""
+    if args.sweep is None:
+        return REGISTRY.get(args.study)
+    study = REGISTRY.get(args.study)
+    if study is not None and (study.points or study.command):
+        raise UsageError(f"--study {args.study} sets its own points; --sweep varies one setting of a sweep or of a "
+                         "study scored on one training")
+    field = args.sweep[0].changes[0][0]
+    base = study or Study(f"sweep_{field}", "")
+    return replace(base, name=f"sweep_{field}", points=args.sweep, figure=_sweep_figure(field))
+
+
+def _sweep_figure(field: str) -> str:
+    """A numeric setting is drawn as a line against its values (M with the router's storage), others as bars."""
+    return {"expansion_dim": "storage", "ridge": "line"}.get(field, "bars")
 
 
 if __name__ == "__main__":

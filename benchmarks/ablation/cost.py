@@ -40,19 +40,32 @@ def probed_sweep(sweep: Sweep) -> Tuple[Sweep, bool]:
     return replace(sweep, protocol=replace(protocol, pretrained=False)), True
 
 
+#: the router width the plan's checks build (a 10,000-wide router's solve takes seconds on a CPU; the probe
+#: times the sweep's own width)
+CHECKED_EXPANSION = 64
+
+
+def _log(line: str) -> None:
+    """A step of the plan, as it starts (stderr: the plan's table is the output)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def run_plan(sweep: Sweep, *, data_root: str, argv: Optional[Sequence[str]] = None) -> int:
     """``--plan``: check what it probes, count the sweep's work, probe each (dataset, method), print and write
     ``plan.json``. Nothing is downloaded: missing datasets are priced by their sizes, missing weights on
     random ones (``plan.json``: ``stand_in_datasets``, ``random_weights``)."""
     probed, random_weights = probed_sweep(sweep)
-    preflight.check(probed)
+    _log(f"plan: checking {probed.protocol.model} and {', '.join(sweep.methods)} on one blank image (CPU) ...")
+    # The probe builds the router at its width; the check needs only that every method builds and runs.
+    narrow = replace(probed.protocol, expansion_dim=min(probed.protocol.expansion_dim, CHECKED_EXPANSION))
+    preflight.check(replace(probed, protocol=narrow))
     specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
     with downloads_allowed(False):
         document = make_plan(specs, probed.protocol, SweepData(sweep, data_root, download=False),
                              device=_device(sweep), protocol_record=run_setting(sweep, sweep.datasets[0])["protocol"],
                              command=list(sys.argv[1:] if argv is None else argv),
-                             log=lambda line: print(line, file=sys.stderr, flush=True),
-                             studies={"routers": sweep.routers, "aggregations": sweep.aggregations},
+                             log=_log,
+                             studies={"routers": sweep.routers, "aggregations": sweep.aggregations, "heads": sweep.heads},
                              random_weights=random_weights)
     sweep.output.mkdir(parents=True, exist_ok=True)
     write_json_atomic(sweep.output / PLAN_FILE, document)

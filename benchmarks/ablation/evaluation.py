@@ -29,6 +29,7 @@ from ..methods.base import MethodOutput, PromptMethod, QueryFeatures
 from ..parallel import DataParallel
 from .components import ScoredComponents
 from .diagnostics import ROUTING_VERSIONS, ExpertUsage, expert_matrix_summary, member_summary, routing_summary
+from .head_sets import head_set_members
 from .metrics import EvaluationLog, count_correct
 from .stream import Exposure
 from .timer import NO_TIMER, PartTimer
@@ -157,13 +158,16 @@ class VariantEvaluator:
             the ensemble variants' members as ``<variant>~<rule>`` (the aggregation study).
         cka: at the last evaluation, the linear CKA between the trained experts' features of the forced
             passes (the CKA study, ``benchmarks.studies.cka``; the method needs ``common_features``).
+        heads: subsets of the ensemble's heads (``benchmarks.ablation.head_sets``) each scored with the run's
+            rule on the ensemble variants as ``<variant>#<subset>`` (the EMA-decay study).
     """
 
     def __init__(
         self, model: PromptMethod, components: ScoredComponents, usage: ExpertUsage, variants: Sequence[str], *, test: Any,
         exposure: Exposure, parallel: DataParallel, device: torch.device, batch_size: int,
         member_names: Sequence[str], meta: Dict[str, Dict[str, Any]], timer: PartTimer = NO_TIMER,
-        reuse: bool = True, routers: Sequence[str] = (), aggregations: Sequence[str] = (), cka: bool = False,
+        reuse: bool = True, routers: Sequence[str] = (), aggregations: Sequence[str] = (), heads: Sequence[str] = (),
+        cka: bool = False,
     ) -> None:
         self.model, self.components, self.usage = model, components, usage
         self.variants = [VARIANTS[name] for name in variants]
@@ -194,6 +198,10 @@ class VariantEvaluator:
         self.aggregation_logs = {f"{v.name}~{rule}": EvaluationLog() for v in self.variants if v.head == "ensemble"
                                  for rule in self.aggregations}
         self.per_class_counts += list(self.aggregation_logs)
+        self.heads = {name: head_set_members(name, self.member_names) for name in heads}
+        self.head_logs = {f"{v.name}#{name}": EvaluationLog() for v in self.variants if v.head == "ensemble"
+                          for name in self.heads}
+        self.per_class_counts += list(self.head_logs)
         alternatives = [r for r in routers if r != "ridge"]
         self.routing_counts = _ROUTING_COUNTS + tuple(f"{r}_{version}" for r in alternatives for version in ROUTING_VERSIONS)
         self.cka, self.cka_summary, self.cka_moments = bool(cka), None, None
@@ -230,7 +238,7 @@ class VariantEvaluator:
                 for member, log in enumerate(logs):
                     log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
                                correct=counts[f"{name}/{member}"].cpu(), total=counts["total"].cpu())
-            for name, log in {**self.router_logs, **self.aggregation_logs}.items():
+            for name, log in {**self.router_logs, **self.aggregation_logs, **self.head_logs}.items():
                 log.record(kind, timestamp=timestamp, samples_seen=samples_seen, session=session,
                            correct=counts[name].cpu(), total=counts["total"].cpu())
             self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained,
@@ -293,6 +301,9 @@ class VariantEvaluator:
                     for rule in self.aggregations:
                         tally.add_correct(f"{variant.name}~{rule}", aggregate_logits(members[variant.selection], rule),
                                           labels)
+                    for head, chosen in self.heads.items():
+                        tally.add_correct(f"{variant.name}#{head}", self.components.ensemble.aggregate_members(
+                            members[variant.selection][:, chosen]), labels)
                 tally.add_correct(variant.name, scores, labels)
             tally.add_total(labels)
             tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
@@ -374,6 +385,8 @@ class VariantEvaluator:
             result["aggregations"] = member_summary(self.aggregations, logs)
         if self.cka_summary is not None:
             result["cka"] = self.cka_summary
+        if self.heads and variant in self.member_logs:
+            result["heads"] = member_summary(list(self.heads), [self.head_logs[f"{variant}#{h}"] for h in self.heads])
         return result
 
     def _router_summary(self, variant: str) -> Dict[str, Any]:
@@ -402,6 +415,7 @@ class VariantEvaluator:
             **({"aggregation_logs": {name: log.to_dict() for name, log in self.aggregation_logs.items()}}
                if self.aggregation_logs else {}),
             **({"cka": self.cka_summary} if self.cka_summary is not None else {}),
+            **({"head_logs": {name: log.to_dict() for name, log in self.head_logs.items()}} if self.head_logs else {}),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -417,6 +431,8 @@ class VariantEvaluator:
         if self.aggregation_logs:
             self.aggregation_logs = {name: EvaluationLog.from_dict(log)
                                      for name, log in state["aggregation_logs"].items()}
+        if self.head_logs:
+            self.head_logs = {name: EvaluationLog.from_dict(log) for name, log in state["head_logs"].items()}
 
 
 _ROUTING_COUNTS = tuple(f"{who}_{version}" for who in ("own", "rear") for version in ROUTING_VERSIONS)

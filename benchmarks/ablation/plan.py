@@ -144,7 +144,7 @@ def format_plan(plan: Dict[str, Any]) -> str:
     probes = {(p["dataset"], p["method"]): p for p in plan["probes"]}
     lines = [
         f"plan of {len(plan['trainings'])} trainings ({plan['results']} results) on {plan['device']}; unit costs "
-        f"measured by a probe of {plan['probe_batches']} stream batches and one evaluation per dataset and method",
+        f"measured by a probe of {plan['probe_batches']} stream batch(es) and two evaluations per method",
         "",
         "| dataset | method | trainings | batches | evaluations | images scored | ms/batch | ms/test image "
         "| hours | hours, a training per variant |",
@@ -169,6 +169,11 @@ def format_plan(plan: Dict[str, Any]) -> str:
 def _priced_on(plan: Dict[str, Any]) -> List[str]:
     """Lines saying what the probe stood in for: datasets by their sizes, pretrained weights by random ones."""
     lines = []
+    scaled = {tuple(p["scaled"]["batch_size"]) + tuple(p["scaled"]["online_iter"]) for p in plan["probes"] if "scaled" in p}
+    for small, batch, few, iterations in sorted(scaled):
+        if (small, few) != (batch, iterations):
+            lines.append(f"scaled: the probe trained batches of {small} images with {few} online iteration(s); each "
+                         f"part was scaled linearly to the protocol's {batch} images and {iterations} iteration(s)")
     if plan.get("stand_in_datasets"):
         lines.append(f"datasets not on this machine, counted from their sizes and probed on noise images of their "
                      f"shape: {', '.join(plan['stand_in_datasets'])}")
@@ -195,25 +200,31 @@ def summarize(work: Sequence[TrainingWork], units: Dict[tuple, Dict[str, Any]], 
 
 def make_plan(
     specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str], Any], *, device: torch.device,
-    probe_batches: int = 4, eval_samples: int = 512, protocol_record: Optional[Dict[str, Any]] = None,
+    probe_batches: int = 1, eval_samples: int = 16, protocol_record: Optional[Dict[str, Any]] = None,
     command: Optional[Sequence[str]] = None, log: Callable[[str], None] = lambda line: None,
     studies: Optional[Dict[str, Sequence[str]]] = None, random_weights: bool = False,
 ) -> Dict[str, Any]:
-    """Count every training of ``specs`` and probe each (dataset, method) once on ``device``; the plan document.
+    """Count every training of ``specs`` and probe each method once on ``device`` (on its first dataset: the
+    others share the image size, and the probe's costs are per image and per batch); the plan document.
 
     ``studies`` (``{"routers": [...], "aggregations": [...]}``) are probed with the trainings they join.
     ``random_weights``: ``protocol`` is the sweep's architecture on random weights, the pretrained ones being
     absent (the document says so)."""
     data = PlanData(data, protocol.image_size, log)
+    log(f"counting the work of {len(trainings(specs))} trainings (their streams and evaluations; nothing runs) ...")
     work = count_work(specs, protocol, data)
     units: Dict[tuple, Dict[str, Any]] = {}
     started = time.perf_counter()
     prober = _Prober(protocol, device, probe_batches, eval_samples, log, studies or {}, random_weights)
+    probed: Dict[str, Dict[str, Any]] = {}
     for item in work:
-        pair = (item.dataset, item.method)
-        if pair not in units:
+        if (item.dataset, item.method) in units:
+            continue
+        if item.method not in probed:
             train, test = data(item.dataset)
-            units[pair] = prober(item, train, test)
+            probed[item.method] = prober(item, train, test)
+        units[(item.dataset, item.method)] = {**probed[item.method], "dataset": item.dataset,
+                                              "probed_on": probed[item.method]["dataset"]}
     document = summarize(work, units, device=str(device), results=len(specs), probe_batches=probe_batches,
                          probe_seconds=time.perf_counter() - started, command=command)
     priced_on = {"stand_in_datasets": sorted(data.stand_ins), "random_weights": prober.random_weights}
@@ -247,8 +258,9 @@ class PlanData:
 
 
 class _Prober:
-    """One probe per (dataset, method); on randomly initialised weights when the pretrained ones are not
-    on this machine (a pass costs the same whatever the weights)."""
+    """One probe per method; on randomly initialised weights when the pretrained ones are not on this machine
+    (a pass costs the same whatever the weights). A warm-up batch on CUDA only (its first kernels and
+    allocations); a CPU's first batch costs what the others do."""
 
     def __init__(self, protocol: Protocol, device: torch.device, batches: int, eval_samples: int,
                  log: Callable[[str], None], studies: Dict[str, Sequence[str]], random_weights: bool) -> None:
@@ -260,10 +272,11 @@ class _Prober:
         from ..backbone import BackboneLoadError
         from .probe import probe  # builds models: imported only when a plan is made
 
-        self.log(f"probing {item.dataset}/{item.method} on {self.device} ...")
+        self.log(f"probing {item.method} on {item.dataset} ({self.device}); its unit costs price every dataset ...")
         try:
             return probe(item.method, item.dataset, item.variants, self.protocol, train, test, device=self.device,
-                         seed=item.seed, batches=self.batches, eval_samples=self.eval_samples, **self.studies)
+                         seed=item.seed, batches=self.batches, eval_samples=self.eval_samples, log=self.log,
+                         warmup=1 if self.device.type == "cuda" else 0, **self.studies)
         except BackboneLoadError as error:
             if self.random_weights:
                 raise

@@ -5,12 +5,17 @@ components and evaluator, on the caller's device), trains a few stream batches a
 of the test set twice: the first evaluation also computes the frozen features of its images, the
 second reuses them (as every evaluation whose subset is the previous one's). The plan (``benchmarks.ablation.plan``) multiplies
 these unit costs by the counted work of every training; docs/benchmark.md ("Cost of a sweep").
+
+The probe trains small batches (``batch_images``) of fewer online iterations (``iterations``) than the protocol's
+and scales the measured parts linearly to the protocol's batch (:func:`scale_training`; the probe's record says
+what it scaled): a plan must answer in about a minute also where a batch of the paper's size takes minutes.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -19,7 +24,10 @@ from .protocol import Protocol
 from .runner import build_run
 from .timer import PartTimer
 
-__all__ = ["probe", "test_sample"]
+__all__ = ["probe", "scale_training", "test_sample"]
+
+#: the training parts run once per online iteration (the others once per stream batch)
+PER_ITERATION_PARTS = ("train/augment", "train/steps")
 
 
 def test_sample(test: Any, size: int) -> Any:
@@ -37,8 +45,9 @@ def _per(total: float, count: int) -> float:
 
 def probe(
     method: str, dataset: str, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
-    device: torch.device, seed: int = 1, batches: int = 4, warmup: int = 1, eval_samples: int = 512,
-    routers: Sequence[str] = (), aggregations: Sequence[str] = (),
+    device: torch.device, seed: int = 1, batches: int = 1, warmup: int = 1, eval_samples: int = 16,
+    batch_images: int = 8, iterations: int = 1, routers: Sequence[str] = (), aggregations: Sequence[str] = (),
+    heads: Sequence[str] = (), log: Callable[[str], None] = lambda line: None,
 ) -> Dict[str, Any]:
     """Unit costs of one training of ``method`` (the ``variants`` it scores) measured on ``device``.
 
@@ -48,18 +57,28 @@ def probe(
     query, whose query pass is then in ``eval_per_image``), ``prompted_per_image`` (one prompted pass of a
     test image), ``eval_per_image`` (everything else of scoring an image, all variants, query included
     where it is not cached) and ``eval_parts`` (per image), with the counts they were measured on.
-    ``routers`` and ``aggregations`` are the studies the training scores (``run_training``), timed with it.
+    ``routers``, ``aggregations`` and ``heads`` are the studies the training scores (``run_training``), timed
+    with it. Stream batches of ``batch_images`` images and ``iterations`` online iterations are timed and scaled
+    to the protocol's (``scaled``); ``log`` is told each step as it starts.
     """
-    if batches < 1 or warmup < 0 or eval_samples < 1:
-        raise ValueError(f"probe needs batches >= 1, warmup >= 0, eval_samples >= 1; got {batches}, {warmup}, "
-                         f"{eval_samples}")
+    if min(batches, eval_samples, batch_images, iterations) < 1 or warmup < 0:
+        raise ValueError(f"probe needs batches, eval_samples, batch_images, iterations >= 1 and warmup >= 0; got "
+                         f"{batches}, {eval_samples}, {batch_images}, {iterations}, {warmup}")
+    probed = replace(protocol, batch_size=min(batch_images, protocol.batch_size),
+                     online_iter=min(iterations, protocol.online_iter),
+                     test_batch_size=min(protocol.test_batch_size, eval_samples))
     timer = PartTimer(device)
     started = time.perf_counter()
+    log(f"  building {method} on {device} ({protocol.model}) ...")
     sample = test_sample(test, eval_samples)
-    run = build_run(method, dataset, seed, variants, protocol, train, sample, device=device, timer=timer,
-                    routers=routers, aggregations=aggregations)
+    run = build_run(method, dataset, seed, variants, probed, train, sample, device=device, timer=timer,
+                    routers=routers, aggregations=aggregations, heads=heads)
     build = time.perf_counter() - started
-    timed, per_batch, train_parts = _time_training(run, protocol, timer, dataset, warmup=warmup, batches=batches)
+    log(f"  training {warmup + batches} stream batch(es) of {probed.batch_size} images, {probed.online_iter} "
+        f"iteration(s) each ...")
+    timed, measured, parts = _time_training(run, probed, timer, dataset, warmup=warmup, batches=batches)
+    per_batch, train_parts, scaled = scale_training(measured, parts, probed, protocol)
+    log(f"  evaluating {len(sample)} test images twice ...")
     (cold, _), (warm, prompted_rows) = _time_evaluations(run, timer)
     images = len(sample)
     seconds = {part: value["seconds"] for part, value in warm.items()}
@@ -73,8 +92,24 @@ def probe(
         "prompted_per_image": _per(prompted, prompted_rows),
         "eval_per_image": _per(sum(seconds.values()), images),
         "eval_parts": {part: _per(value, images) for part, value in seconds.items()},
-        "splits_query": run.evaluator.reuse_frozen,
+        "splits_query": run.evaluator.reuse_frozen, "scaled": scaled,
     }
+
+
+def scale_training(per_batch: float, parts: Dict[str, float], probed: Protocol,
+                   protocol: Protocol) -> Tuple[float, Dict[str, float], Dict[str, Any]]:
+    """The seconds of a stream batch of ``protocol`` from those measured on the smaller ``probed`` one: every
+    part in proportion to the batch's images, the per-iteration parts also to the online iterations (linear:
+    an accelerator that a small batch leaves idle is over-estimated, never under-).
+    ``(per batch, parts, what was scaled)``."""
+    images = protocol.batch_size / probed.batch_size
+    iterations = protocol.online_iter / probed.online_iter
+    scaled = {part: seconds * images * (iterations if part in PER_ITERATION_PARTS else 1.0)
+              for part, seconds in parts.items()}
+    rest = max(per_batch - sum(parts.values()), 0.0) * images  # untimed work of the batch
+    what = {"batch_size": [probed.batch_size, protocol.batch_size],
+            "online_iter": [probed.online_iter, protocol.online_iter]}
+    return rest + sum(scaled.values()), scaled, what
 
 
 def _time_training(

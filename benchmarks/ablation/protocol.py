@@ -48,6 +48,12 @@ class Protocol:
     # docs/protocol.md §3.4 step 3), or "first_iteration": the query pass of the batch's first online
     # iteration (augmented, under autocast; one backbone pass fewer).
     router_query: str = "clean"
+    # When experts start: "method" (each method's own), "session" (task-correlated) or "budget" (self-triggered
+    # every floor(N_train / num_experts) samples): benchmarks.ablation.expert_schedules.
+    expert_schedule: str = "method"
+    # The training logit mask: "method" (each method's own), "none", "random", "seen" or "batch":
+    # benchmarks.ablation.logit_masks.
+    train_mask: str = "method"
 
     def to_dict(self) -> Dict[str, Any]:
         """The protocol as recorded; weight files of the checkout by their path in it, so that a record

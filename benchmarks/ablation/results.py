@@ -135,7 +135,7 @@ def remove_finished_checkpoints(output: Path, specs: Sequence[RunSpec]) -> None:
 
 
 #: Protocol fields a stored result may lack, with the value such a result was run with.
-LEGACY_PROTOCOL = {"router_query": "first_iteration"}
+LEGACY_PROTOCOL = {"router_query": "first_iteration", "expert_schedule": "method", "train_mask": "method"}
 
 
 class ProtocolMismatchError(RuntimeError):

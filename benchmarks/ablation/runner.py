@@ -81,8 +81,7 @@ def run_training(
     progress: Optional[Callable[..., Any]] = None,
     process_group: Optional[Any] = None,
     checkpointing: Optional[CheckpointPolicy] = None,
-    routers: Sequence[str] = (),
-    aggregations: Sequence[str] = (), cka: bool = False,
+    routers: Sequence[str] = (), aggregations: Sequence[str] = (), heads: Sequence[str] = (), cka: bool = False,
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
@@ -103,12 +102,13 @@ def run_training(
     with ``RunInterrupted`` after saving when a stop is requested; the records then say what was
     written and where the training resumed (``checkpoints``).
 
-    ``routers`` and ``aggregations`` add the studies (docs/benchmark.md, "Studies"): each router trained
-    beside REAR, scored in the routed variants; each TE2 rule scored in the ensemble variants. ``cka`` adds
-    the linear CKA between the experts at the end of the stream (``benchmarks.studies.cka``).
+    ``routers``, ``aggregations`` and ``heads`` add the studies (docs/benchmark.md, "Studies"): each router
+    trained beside REAR, scored in the routed variants; each TE2 rule, and each subset of the ensemble's heads,
+    scored in the ensemble variants. ``cka`` adds the linear CKA between the experts at the end of the stream
+    (``benchmarks.studies.cka``).
     """
-    built = build_run(method, dataset, seed, variants, protocol, train, test, device=device,
-                      process_group=process_group, routers=routers, aggregations=aggregations, cka=cka)
+    built = build_run(method, dataset, seed, variants, protocol, train, test, device=device, process_group=process_group,
+                      routers=routers, aggregations=aggregations, heads=heads, cka=cka)
     cls, variants, parallel = method_class(method), built.variants, built.parallel
     trainer, evaluator, stream, exposure, specs = built.trainer, built.evaluator, built.stream, built.exposure, built.specs
     key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
@@ -147,7 +147,7 @@ class Run:
 def build_run(
     method: str, dataset: str, seed: int, variants: Sequence[str], protocol: Protocol, train: Any, test: Any, *,
     device: torch.device, process_group: Optional[Any] = None, timer: PartTimer = NO_TIMER, routers: Sequence[str] = (),
-    aggregations: Sequence[str] = (), cka: bool = False,
+    aggregations: Sequence[str] = (), heads: Sequence[str] = (), cka: bool = False,
 ) -> Run:
     """The method, its components, the evaluator and the trainer of :func:`run_training` (``timer``
     times their parts: the profile and the plan's probe)."""
@@ -184,10 +184,10 @@ def build_run(
         model, components, usage, variants, test=test, exposure=exposure, parallel=parallel, device=device,
         batch_size=protocol.test_batch_size, member_names=members,
         meta={name: {"spec": asdict(spec), "lr": lr} for name, spec in specs.items()}, timer=timer, routers=routers,
-        aggregations=_check_aggregations(aggregations), cka=cka,
+        aggregations=_check_aggregations(aggregations), heads=heads, cka=cka,
     )
     trainer = OnlineTrainer(model, components, evaluator, usage, protocol=protocol, train=train, stream=stream,
-                            exposure=exposure, parallel=parallel, device=device, lr=lr, timer=timer)
+                            exposure=exposure, parallel=parallel, device=device, lr=lr, timer=timer, seed=seed)
     return Run(model, variants, specs, stream, exposure, evaluator, trainer, parallel)
 
 
@@ -231,7 +231,7 @@ def run_reference(
                                  batch_size=protocol.test_batch_size, meta={"spec": asdict(spec), "lr": lr})
     usage = ExpertUsage(len(train.classes), model.num_experts, device)
     trainer = OnlineTrainer(model, components, evaluator, usage, protocol=protocol, train=train, stream=stream,
-                            exposure=exposure, parallel=DataParallel(), device=device, lr=lr)
+                            exposure=exposure, parallel=DataParallel(), device=device, lr=lr, seed=spec.seed)
     measured = _train(trainer, stream, protocol, device, progress, spec.key)
     components.remove()
     return _record(spec, protocol, evaluator.log, stream, exposure, measured, notes=cls.protocol_notes(protocol))

@@ -45,6 +45,7 @@ class Sweep:
     routers: List[str] = field(default_factory=list)  # the routing study's routers (benchmarks.studies)
     study: Optional[str] = None
     aggregations: List[str] = field(default_factory=list)  # the aggregation study's rules
+    heads: List[str] = field(default_factory=list)  # the EMA-decay study's subsets of heads (head_sets.py)
 
 
 def resolve(args: argparse.Namespace) -> Sweep:
@@ -65,6 +66,7 @@ def resolve(args: argparse.Namespace) -> Sweep:
     known = list_methods()
     _check_names("method", methods, known)
     _check_names("method in --method-kwargs", list(protocol.method_kwargs), known)
+    _check_schedule(methods, protocol.expert_schedule)
     bad = [name for name, value in protocol.method_kwargs.items() if not isinstance(value, dict)]
     if bad:
         raise UsageError(f"--method-kwargs: the value of {bad[0]!r} must be a JSON object of keyword arguments")
@@ -92,7 +94,19 @@ def resolve(args: argparse.Namespace) -> Sweep:
         seeds=args.seeds or list(preset["seeds"]), threads=args.threads if args.threads is not None else
         preset["threads"], output=Path(args.output or Path("results") / args.preset), device=args.device, data=data,
         routers=_routers(args), study=getattr(args, "study", None), aggregations=_aggregations(args),
+        heads=_heads(args, protocol),
     )
+
+
+def _check_schedule(methods: Sequence[str], schedule: str) -> None:
+    """Before any training: every method can start its experts on ``schedule``."""
+    from benchmarks.ablation.expert_schedules import schedule_refusal
+    from benchmarks.methods import method_class
+
+    for name in methods:
+        refusal = schedule_refusal(method_class(name), schedule)
+        if refusal:
+            raise UsageError(f"--expert-schedule {schedule}: {refusal}")
 
 
 def _check_compared_backbone(args: argparse.Namespace, protocol: Protocol) -> None:
@@ -113,6 +127,20 @@ def _aggregations(args: argparse.Namespace) -> List[str]:
     study = getattr(args, "study", None) == "aggregations"
     names = getattr(args, "aggregations", None) or (list(AGGREGATION_RULES) if study else [])
     _check_names("aggregation rule", names, list(AGGREGATION_RULES))
+    return names
+
+
+def _heads(args: argparse.Namespace, protocol: Protocol) -> List[str]:
+    """The EMA-decay study's subsets of heads (``--heads``), each of decays the run's ensemble has."""
+    from benchmarks.ablation.head_sets import head_set_members
+
+    names = list(getattr(args, "heads", None) or [])
+    members = ["online", *(f"ema_{decay:g}" for decay in protocol.decays)]
+    for name in names:
+        try:
+            head_set_members(name, members)
+        except ValueError as error:
+            raise UsageError(f"--heads: {error}") from None
     return names
 
 
@@ -156,7 +184,7 @@ def run_setting(sweep: Sweep, dataset: str) -> Dict[str, Any]:
     its stored setting equals this one (the world size is not part of it: it does not change results)."""
     # Through JSON, so that it compares equal to what a result file stores (tuples become lists).
     setting = {"protocol": sweep.protocol.to_dict(), "data": sweep.data[dataset]}
-    for study in ("routers", "aggregations"):  # only when asked: the cross-ablation's setting stays what it was
+    for study in ("routers", "aggregations", "heads"):  # only when asked: the cross-ablation's setting stays
         if getattr(sweep, study):
             setting[study] = list(getattr(sweep, study))
     if sweep.study == "cka":  # its runs record what the others do not: a run without it is not reused

@@ -13,12 +13,14 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_mask, seen_class_mask
+from fly_modules import SampleBudgetSchedule, SessionSchedule
 
 from ..methods.base import MethodOutput, PromptMethod
 from ..parallel import BatchShare, DataParallel
 from .components import Components
 from .diagnostics import ExpertUsage
+from .expert_schedules import build_schedule
+from .logit_masks import TrainingMask
 from .metrics import AnytimeEvalTrigger
 from .stream import Exposure, SiBlurryStream, StreamBatch
 from .timer import NO_TIMER, PartTimer
@@ -87,22 +89,22 @@ class OnlineTrainer:
         protocol: ``benchmarks.ablation.runner.Protocol``.
         train: the training set (``benchmarks.data`` record: ``get_raw_batch``, ``get_batch``, ``train_transform``).
         lr: the run's learning rate (``model.make_optimizer``'s).
+        seed: the run's seed (the random training mask's draws).
         timer: times the parts of each batch (``benchmarks.ablation.timer``; the profile and the plan's probe).
     """
 
     def __init__(
         self, model: PromptMethod, components: Components, evaluate: Callable[..., None], usage: ExpertUsage, *,
         protocol: Any, train: Any, stream: SiBlurryStream, exposure: Exposure, parallel: DataParallel,
-        device: torch.device, lr: float, timer: PartTimer = NO_TIMER,
+        device: torch.device, lr: float, timer: PartTimer = NO_TIMER, seed: int = 0,
     ) -> None:
         self.model, self.components, self.evaluate_at, self.usage = model, components, evaluate, usage
         self.protocol, self.train_set, self.stream, self.exposure = protocol, train, stream, exposure
         self.parallel, self.device = parallel, device
         self.num_classes = len(train.classes)
-        if model.session_aware:
-            self.schedule: Any = SessionSchedule(model.num_experts)
-        else:
-            self.schedule = SampleBudgetSchedule.from_stream_size(len(stream), model.num_experts)
+        self.schedule: Any = build_schedule(model, protocol.expert_schedule, len(stream))
+        self.mask = TrainingMask(protocol.train_mask, model, exposure, self.num_classes, seed=seed, parallel=parallel,
+                                 device=device)
         self.parameters = list(model.trainable_parameters())
         self.optimizer = model.make_optimizer(lr)
         self.precision = MixedPrecision(protocol.amp and device.type == "cuda")
@@ -217,10 +219,8 @@ class OnlineTrainer:
         return images, output, self.model.loss(output, targets, mask, parallel=share)
 
     def training_mask(self, batch: StreamBatch) -> Tensor:
-        """The classes of the global batch, or every exposed class for ``train_logit_mask == "seen"``."""
-        if self.model.train_logit_mask == "seen":
-            return seen_class_mask(self.exposure.num_exposed(batch.samples_seen), self.num_classes, device=self.device)
-        return batch_seen_class_mask(self.exposure.to_exposure(batch.targets), self.num_classes, device=self.device)
+        """The batch's training logit mask (``Protocol.train_mask``, ``benchmarks.ablation.logit_masks``)."""
+        return self.mask(batch)
 
     def with_router_features(self, first: MethodOutput, clean: Optional[Tensor], local: Tensor) -> MethodOutput:
         """``first`` whose ``query.router`` are the batch's router features (``Protocol.router_query``).

@@ -11,15 +11,14 @@ from typing import Any, Dict, Optional, Sequence
 
 from ..backbone import BACKBONES
 from .analysis_studies import ANALYSIS_STUDIES, analysis_defaults
+from .registry import REGISTRY, study_descriptions
 
-__all__ = ["STUDIES", "cost_study_error", "run_cost_study", "study_defaults", "with_backbone"]
+__all__ = ["STUDIES", "cost_study_error", "run_cost_command", "run_cost_study", "study_defaults", "with_backbone"]
 
-#: study -> what it runs (``cost`` trains nothing: ``python -m benchmarks.studies.cost``)
+#: study -> what it runs: the registered studies (``benchmarks.studies.catalog``), then studies handled by hand
+#: (an entry ``"name": "description"``; moving one onto the registry is one ``Study(...)`` in the catalog)
 STUDIES: Dict[str, str] = {
-    "routers": "the five routers on REAR's expanded features, scored in the routed variants of one training",
-    "aggregations": "the six TE2 aggregation rules, scored in the ensemble variants of one training",
-    "cost": "parameters, BWT and seconds per batch of every method (python -m benchmarks.studies.cost)",
-    "components": "RanPAC†, the linear probe with and without EMA heads, FlyPrompt with and without them",
+    **study_descriptions(),
     "cka": "linear CKA between each pair of experts' features on the test set (Fig. 3 and the appendix CKA figures)",
     "routing": "each method's own routing accuracy and REAR's, A_last with the oracle (Fig. 2b, 2c), from the diagnostics",
     "ranpac": "RanPAC†, ‡ and * beside FlyPrompt (the appendix RanPAC table)",
@@ -38,18 +37,25 @@ def with_backbone(protocol: Any, args: argparse.Namespace) -> Any:
 
 
 def study_defaults(args: argparse.Namespace) -> None:
-    """Fill what ``args.study`` needs and the user left unset (the variants it scores in)."""
-    if args.study == "routers" and args.variants is None:
-        args.variants = ["router", "both"]  # FlyPrompt: full, its own router replaced
-    elif args.study == "aggregations" and args.variants is None:
-        args.variants = ["ensemble", "both"]
-    elif args.study == "components":
-        from .components_table import STUDY_METHODS, STUDY_VARIANTS
-
-        args.methods = args.methods or list(STUDY_METHODS)
-        args.variants = args.variants or list(STUDY_VARIANTS)
-    elif args.study in ANALYSIS_STUDIES:  # benchmarks.studies.analysis_studies
+    """Fill what ``args.study`` needs and the user left unset: its methods and variants, the protocol settings
+    it fixes, what it scores on one training (routers, aggregation rules, heads)."""
+    if args.study in ANALYSIS_STUDIES:  # benchmarks.studies.analysis_studies
         analysis_defaults(args)
+        return
+    study = REGISTRY.get(args.study)
+    if study is None:
+        return
+    args.methods = args.methods or study.names("methods") or None
+    args.variants = args.variants or study.names("variants") or None
+    if study.fixed:
+        from ..ablation.arguments import PROTOCOL_FLAGS
+
+        for name, text in study.fixed:
+            if getattr(args, name, None) is None:
+                setattr(args, name, PROTOCOL_FLAGS[name][0](text))
+    for name, values in study.scored:
+        if getattr(args, name, None) is None:
+            setattr(args, name, list(values))
 
 
 #: the options ``--study cost`` reads (it trains nothing: every other option would be ignored)
@@ -69,6 +75,16 @@ def cost_study_error(args: argparse.Namespace, given: Sequence[str]) -> Optional
     if unknown:
         return f"--methods: the cost table has no {', '.join(unknown)}; choose from {', '.join(METHODS)}"
     return None
+
+
+def run_cost_command(args: argparse.Namespace, given: Sequence[str]) -> int:
+    """``--study cost`` with the options ``given``: its options checked (one line, exit status 2), then the table."""
+    from ..ablation.arguments import UsageError
+
+    error = cost_study_error(args, given)
+    if error:
+        raise UsageError(error)
+    return run_cost_study(args)
 
 
 def run_cost_study(args: argparse.Namespace) -> int:

@@ -3,14 +3,16 @@ batch on the authors' GPU), and the rule naming the backbone and dataset of the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Tuple
 
 from ..backbone import BACKBONES
 
 __all__ = [
     "FALLBACK_BACKBONE", "FALLBACK_DATASET", "compared_backbone", "paper_backbone", "paper_dataset", "AGGREGATIONS",
     "AGGREGATIONS_BY_BACKBONE", "COMPONENTS", "COMPONENTS_BY_BACKBONE", "COST", "ROUTING", "ROUTING_BACKBONE",
+    "SWEEPS", "sweep_paper_numbers",
 ]
 
 #: routing algorithms on random expanded features (FlyPrompt, Sup-21K only): router -> {dataset: (A_auc, A_last)},
@@ -170,3 +172,25 @@ def compared_backbone(study: str, protocol: Mapping[str, Any]) -> str:
                          f"{backbone}: run the components study with --backbone "
                          f"{' or --backbone '.join(COMPONENTS_BY_BACKBONE)}")
     return backbone
+
+
+#: the studies with points and the EMA-decay study: study -> backbone -> row label -> method -> dataset ->
+#: [A_auc, A_last] (``paper_sweeps.json``, transcribed from the paper's appendix tables and its Tab. 6)
+SWEEPS = {name: value for name, value in json.loads((Path(__file__).with_name("paper_sweeps.json")).read_text()).items()
+          if name != "about"}
+
+
+def sweep_paper_numbers(study: str, label: str, method: str, dataset: str,
+                        backbone: str) -> Tuple[Optional[str], Optional[str], Optional[Tuple[float, float]]]:
+    """``(paper dataset, paper backbone, (A_auc, A_last))`` the paper prints for the row ``label`` of ``study``
+    for ``method``: of ``backbone`` where the paper's table has it, else of its Sup-21K; of ``dataset`` where it
+    has it, else of CIFAR-100 (:func:`paper_dataset`); ``(None, None, None)`` where the paper has no such row."""
+    tables = SWEEPS.get(study, {})
+    backbone = backbone if backbone in tables else FALLBACK_BACKBONE
+    numbers = tables.get(backbone, {}).get(label, {}).get(method)
+    if not numbers:
+        return None, None, None
+    compared = paper_dataset(dataset, numbers)
+    if compared not in numbers:
+        return None, None, None
+    return compared, backbone, tuple(numbers[compared])

@@ -17,7 +17,7 @@ import numpy as np
 from ..ablation.report import save_figure
 from ..backbone import BACKBONES
 
-__all__ = ["PANEL_KEYS", "study_series", "plot_study"]
+__all__ = ["PANEL_KEYS", "draw_panel", "study_series", "plot_study"]
 
 #: what tells one panel from another, where the rows have it
 PANEL_KEYS = ("dataset", "method", "variant")
@@ -46,9 +46,10 @@ def study_series(rows: Sequence[Dict[str, Any]], study: str, key: Optional[str] 
     return list(panels.values())
 
 
-def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Optional[str] = None) -> Optional[Path]:
-    """Write ``study_<study>.png`` into ``output`` from the study's table rows; ``None`` when there is nothing
-    measured to plot or matplotlib is not installed."""
+def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Optional[str] = None,
+               name: Optional[str] = None) -> Optional[Path]:
+    """Write ``study_<name or study>.png`` into ``output`` from the study's table rows; ``None`` when there is
+    nothing measured to plot or matplotlib is not installed."""
     panels = [s for s in study_series(rows, study, key) if any(v is not None for v in s["measured"])]
     if not panels:
         return None
@@ -58,18 +59,18 @@ def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Op
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"matplotlib is not installed (pip install -e '.[bench]'): no study_{study}.png", file=sys.stderr)
+        print(f"matplotlib is not installed (pip install -e '.[bench]'): no study_{name or study}.png", file=sys.stderr)
         return None
     columns = min(3, len(panels))
     count = -(-len(panels) // columns)
     width = max(len(s["names"]) for s in panels)
     figure, axes = plt.subplots(count, columns, figsize=(max(4.0, 0.8 * width) * columns, 3.6 * count), squeeze=False)
     for axis, series in zip(axes.flat, panels):
-        _draw_panel(axis, series)
+        draw_panel(axis, series)
     for axis in list(axes.flat)[len(panels):]:
         axis.axis("off")
     figure.tight_layout()
-    path = output / f"study_{study}.png"
+    path = output / f"study_{name or study}.png"
     save_figure(figure, path)
     plt.close(figure)
     return path
@@ -84,7 +85,7 @@ def _nan(values: Sequence[Optional[float]]) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
-def _draw_panel(axis: Any, series: Dict[str, Any]) -> None:
+def draw_panel(axis: Any, series: Dict[str, Any]) -> None:
     """Measured bars (error bars where there are several seeds) and, where the paper has them, its bars."""
     x = np.arange(len(series["names"]))
     seeds = sorted({count for count in series["seeds"] if count}) or [0]  # of the entries measured

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .paper_numbers import AGGREGATIONS_BY_BACKBONE, ROUTING, compared_backbone, paper_dataset
+from .paper_numbers import AGGREGATIONS_BY_BACKBONE, ROUTING, compared_backbone, paper_dataset, sweep_paper_numbers
 from .study_figures import plot_study
 
 __all__ = ["study_rows", "format_study", "write_study", "paper_label", "seed_mean", "seed_std", "table_cell"]
@@ -34,7 +34,8 @@ def seed_std(values: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, Any]]:
-    """One row per (dataset, method, variant, entry) of ``diagnostics[study]`` (``routers`` or ``aggregations``)."""
+    """One row per (dataset, method, variant, entry) of ``diagnostics[study]`` (``routers``, ``aggregations`` or
+    ``heads``; the heads' paper numbers are the FlyPrompt rows of the paper's EMA-decay table)."""
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for result in results:
         spec, entries = result["spec"], (result.get("diagnostics") or {}).get(study) or {}
@@ -52,15 +53,28 @@ def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, 
             row["ms_per_update"] = seed_mean([1000 * e["seconds_per_update"] for e in entries if "seconds_per_update" in e])
             row["ms_per_routed_batch"] = seed_mean([1000 * e["seconds_per_routed_batch"] for e in entries
                                                 if "seconds_per_routed_batch" in e])
-        numbers = (ROUTING if study == "routers" else AGGREGATIONS_BY_BACKBONE[backbone])[name]
-        row["paper_dataset"], row["paper_backbone"] = paper_dataset(dataset, numbers), backbone
-        row["paper_A_auc"], row["paper_A_last"] = numbers[row["paper_dataset"]]
+        row.update(_paper_columns(study, name, method, dataset, backbone))
         rows.append(row)
     return rows
 
 
+def _paper_columns(study: str, name: str, method: str, dataset: str, backbone: str) -> Dict[str, Any]:
+    """The paper's dataset, backbone, A_auc and A_last beside a row (``None`` where the paper has no such row:
+    a subset of heads its decay table has not)."""
+    if study == "heads":
+        compared, backbone, numbers = sweep_paper_numbers("decays", name, "flyprompt", dataset, backbone)
+        return {"paper_dataset": compared, "paper_backbone": backbone, "paper_A_auc": numbers and numbers[0],
+                "paper_A_last": numbers and numbers[1]}
+    table = (ROUTING if study == "routers" else AGGREGATIONS_BY_BACKBONE[backbone])[name]
+    compared = paper_dataset(dataset, table)
+    return {"paper_dataset": compared, "paper_backbone": backbone, "paper_A_auc": table[compared][0],
+            "paper_A_last": table[compared][1]}
+
+
 def paper_label(row: Dict[str, Any]) -> str:
     """The "paper" cell of a study's row: the paper's dataset and backbone its numbers are of."""
+    if row["paper_dataset"] is None:
+        return "-"
     return f"{row['paper_dataset']}, {row['paper_backbone']}"
 
 
@@ -97,11 +111,13 @@ def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
     return "\n".join(lines)
 
 
-def write_study(output: Path, results: Iterable[Dict[str, Any]], study: str) -> str:
-    """Write ``study_<study>.md``, ``.json`` and the figure ``.png`` into ``output``; returns the markdown."""
+def write_study(output: Path, results: Iterable[Dict[str, Any]], study: str, name: Optional[str] = None) -> str:
+    """Write ``study_<name>.md``, ``.json`` and the figure ``.png`` into ``output`` (``name``: the registered
+    study that scored ``study``'s entries, ``study`` itself by default); returns the markdown."""
     rows = study_rows(results, study)
     text = format_study(rows, study)
-    (output / f"study_{study}.md").write_text(text + "\n")
-    (output / f"study_{study}.json").write_text(json.dumps(rows, indent=1) + "\n")
-    plot_study(output, rows, study)
+    stem = f"study_{name or study}"
+    (output / f"{stem}.md").write_text(text + "\n")
+    (output / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    plot_study(output, rows, study, name=name)
     return text
