@@ -2,6 +2,7 @@
 timm ViT (registered by name)."""
 
 from . import dualprompt, flyprompt, hide, hide_experts, l2p, linear_probe, mvp, ranpac, sdlora  # noqa: F401  (registration side effects)
+from . import coda_prompt, sprompt  # noqa: F401  (registration side effects)
 from .base import MethodOutput, PromptMethod, QueryFeatures, create_method, list_methods, method_class, register_method
 
 __all__ = [

@@ -166,6 +166,12 @@ class PromptMethod(nn.Module, SeamContract):
         """Prompted backbone pass with per-sample ``selection``; returns the head input ``(B, D)``."""
         raise NotImplementedError
 
+    def query_conditioned_features(self, x: Tensor, query: QueryFeatures, selection: Tensor) -> Tensor:
+        """The prompted pass of :meth:`forward`, given the batch's query too: :meth:`forward_features` by
+        default; a method whose prompts are weighted by the query (CODA-P) reuses it here instead of
+        running the frozen pass again."""
+        return self.forward_features(x, selection)
+
     def transform_logits(self, logits: Tensor, selection: Tensor) -> Tensor:
         """Method-specific transform of head outputs ``(B, C)`` or ``(B, H, C)``; identity by default."""
         return logits
@@ -201,7 +207,7 @@ class PromptMethod(nn.Module, SeamContract):
         if query is None:
             query = self.compute_query(x)
         selection = self.select(query.query, train=self.training, expert=expert)
-        features = self.forward_features(x, selection)
+        features = self.query_conditioned_features(x, query, selection)
         logits = self.transform_logits(self.head(features), selection)
         aux = self.auxiliary_loss(query, selection, features, parallel) if self.training else features.new_zeros(())
         if self.training:

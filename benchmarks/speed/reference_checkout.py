@@ -49,6 +49,8 @@ CLASSES: Dict[str, Tuple[str, str, str, str]] = {
     "hide-adapter": ("hide_adapter_vit", "HiDeAdapterModel", "hide_norga_trainer", "HiDeGCLTrainer"),
     "sd-lora": ("sdlora", "SDLoRAModel", "sdlora", "SDLoRAGCL"),
     "ranpac": ("ranpac", "RanPAC", "ranpac", "RanPAC"),
+    "coda-prompt": ("codaprompt", "CodaPrompt", "codaprompt", "CodaPrompt"),
+    "s-prompt": ("sprompt", "SPrompt", "sprompt", "SPrompt"),
 }
 # What every load imports, relative to the checkout; checked (with the methods' modules) before anything is imported.
 REQUIRED_FILES = (
