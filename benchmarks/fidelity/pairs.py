@@ -9,8 +9,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
-from . import expert_state, flyprompt_state, hide_state, ranpac_state
-from . import coda_state, sprompt_state
+from . import coda_state, expert_state, flyprompt_state, hide_state, ranpac_state, sprompt_state
 from .setting import Setting
 
 __all__ = ["MethodPair", "PAIRS"]

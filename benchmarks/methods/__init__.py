@@ -1,8 +1,19 @@
 """Reference implementations of the prompt, LoRA and adapter methods, the linear probe and RanPAC† on a frozen
 timm ViT (registered by name)."""
 
-from . import dualprompt, flyprompt, hide, hide_experts, l2p, linear_probe, mvp, ranpac, sdlora  # noqa: F401  (registration side effects)
-from . import coda_prompt, sprompt  # noqa: F401  (registration side effects)
+from . import (  # noqa: F401  (registration side effects)
+    coda_prompt,
+    dualprompt,
+    flyprompt,
+    hide,
+    hide_experts,
+    l2p,
+    linear_probe,
+    mvp,
+    ranpac,
+    sdlora,
+    sprompt,
+)
 from .base import MethodOutput, PromptMethod, QueryFeatures, create_method, list_methods, method_class, register_method
 
 __all__ = [
