@@ -36,6 +36,8 @@ KWARGS = {
     "sd-lora": dict(num_tasks=2, lora_rank=2),
     "linear-probe": dict(),
     "ranpac": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
+    "coda-prompt": dict(num_experts=2, pool_size=4, prompt_length=3),
+    "s-prompt": dict(num_experts=2, prompt_length=3, prototypes_per_task=2),
 }
 
 

@@ -1,0 +1,148 @@
+"""CODA-Prompt and S-Prompt++ as reference methods: CODA-P's components (their drawing, which task trains
+which, what an expert reads), S-Prompt's prototypes and routing, and a retrofit of each that ``verify()`` passes."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+timm = pytest.importorskip("timm")
+from fly_modules.adapters import retrofit  # noqa: E402
+from method_steps import train_step  # noqa: E402
+
+from benchmarks.methods import create_method  # noqa: E402
+from benchmarks.methods.base import QueryFeatures  # noqa: E402
+from benchmarks.methods.coda_prompt import gram_schmidt_rows  # noqa: E402
+from benchmarks.methods.prototypes import kmeans_centres  # noqa: E402
+
+CLASSES, EMBED = 5, 32
+KWARGS = {"coda-prompt": dict(num_experts=2, pool_size=4, prompt_length=3),
+          "s-prompt": dict(num_experts=2, prompt_length=3, prototypes_per_task=2)}
+
+
+def make(name: str, **options):
+    torch.manual_seed(0)
+    backbone = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32, patch_size=8,
+                                 embed_dim=EMBED, depth=4, num_heads=2)
+    torch.manual_seed(1)
+    return create_method(name, backbone, CLASSES, **{**KWARGS[name], **options})
+
+
+def images(n: int = 6, seed: int = 2) -> torch.Tensor:
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+def labels(n: int = 6) -> torch.Tensor:
+    return torch.arange(n) % CLASSES
+
+
+# ------------------------------------------------------------------------------------ CODA-P
+def test_a_tasks_components_are_drawn_orthonormal_to_the_earlier_ones_and_later_ones_zeroed():
+    earlier = torch.linalg.qr(torch.randn(12, 2, generator=torch.Generator().manual_seed(0))).Q.T  # 2 orthonormal rows
+    rows = torch.cat((earlier, torch.rand(4, 12)))
+    torch.manual_seed(5)
+    drawn = gram_schmidt_rows(rows, 2, 4)
+    assert torch.equal(drawn[:2], earlier) and not drawn[4:].any()
+    torch.testing.assert_close(drawn[:4] @ drawn[:4].T, torch.eye(4), rtol=0, atol=1e-5)
+    torch.manual_seed(5)
+    assert torch.equal(gram_schmidt_rows(rows, 2, 4), drawn)  # the global generator's draws, nothing else
+
+
+def test_coda_trains_only_the_current_tasks_components():
+    method = make("coda-prompt")
+    method.on_session_end(0)
+    method.on_expert_start(1)
+    method.train()
+    output = method(images())
+    method.loss(output, labels()).backward()
+    for tensor in (method.prompts, method.keys, method.attention):
+        grad = tensor.grad.transpose(0, 1).reshape(4, -1)  # components first; 2 per task
+        assert not grad[:2].any() and grad[2:].abs().sum(dim=1).min() > 0
+
+
+def test_a_coda_expert_reads_the_components_of_its_tasks_only():
+    method = make("coda-prompt").eval()
+    method.on_session_end(0)
+    method.on_expert_start(1)
+    x, first = images(), torch.zeros(6, dtype=torch.long)
+    before, both = method(x, expert=first).features, method(x).features
+    with torch.no_grad():
+        method.prompts[:, 2:] += torch.randn(method.prompts[:, 2:].shape)  # task 1's components
+    assert torch.equal(method(x, expert=first).features, before)
+    assert (method(x).features - both).abs().max() > 1e-3
+    assert torch.equal(method(x).selection, torch.ones(6, dtype=torch.long))  # its own: every started task
+
+
+def test_coda_reference_quirks_freeze_the_components_after_the_first_session():
+    quirky, fixed = make("coda-prompt", reference_quirks=True), make("coda-prompt")
+    for method in (quirky, fixed):
+        method.on_session_end(0)
+    assert not quirky.prompts.requires_grad and quirky.head.weight.requires_grad and fixed.prompts.requires_grad
+    restored = make("coda-prompt")
+    restored.load_state_dict(quirky.state_dict())
+    assert not restored.keys.requires_grad and len(restored.trainable_parameters()) == 5
+
+
+# -------------------------------------------------------------------------------- S-Prompt++
+def test_kmeans_finds_well_separated_clusters():
+    generator = torch.Generator().manual_seed(0)
+    means = torch.tensor([[5.0, 0.0], [-5.0, 0.0], [0.0, 5.0]])
+    points = (means.repeat_interleave(20, dim=0) + 0.1 * torch.randn(60, 2, generator=generator))
+    centres = kmeans_centres(points, 3, seed=0)
+    torch.testing.assert_close(torch.cdist(means, centres).min(dim=1).values, torch.zeros(3), rtol=0, atol=0.1)
+    with pytest.raises(ValueError, match="2 points cannot make 3 centres"):
+        kmeans_centres(points[:2], 3)
+
+
+def _fed(method, rows: torch.Tensor) -> None:
+    method.on_batch_end(None, None, SimpleNamespace(query=QueryFeatures(query=rows, router=rows)))
+
+
+def test_sprompt_routes_each_sample_to_the_task_of_its_nearest_prototype():
+    method = make("s-prompt", max_features=5)
+    direction = torch.nn.functional.normalize(torch.randn(EMBED, generator=torch.Generator().manual_seed(3)), dim=0)
+    noise = lambda n: 0.05 * torch.randn(n, EMBED, generator=torch.Generator().manual_seed(n))  # noqa: E731
+    for task, sign in enumerate((1.0, -1.0)):
+        method.on_expert_start(task)
+        _fed(method, sign * direction + noise(4))
+        _fed(method, sign * direction + noise(4))
+        assert len(method.features) == 5  # capped
+        method.on_evaluate()
+    assert method.prototype_count.tolist() == [2, 2]
+    queries = torch.stack([direction, -direction, -direction, direction]) * 3.0
+    assert method.route(queries).tolist() == [0, 1, 1, 0]
+    restored = make("s-prompt", max_features=5)
+    restored.load_state_dict(method.state_dict())
+    assert torch.equal(restored.features, method.features) and restored.route(queries).tolist() == [0, 1, 1, 0]
+
+
+def test_a_new_sprompt_expert_starts_from_the_mean_of_the_earlier_ones():
+    method = make("s-prompt")
+    expected = method.prompts[:, :1].mean(dim=1).detach().clone()
+    method.on_expert_start(1)
+    assert torch.equal(method.prompts[:, 1], expected)
+
+
+# ------------------------------------------------------------------------------- retrofits
+@pytest.mark.parametrize("name", sorted(KWARGS))
+def test_a_retrofit_of_each_passes_verify(name):
+    method = make(name)
+    optimizer = torch.optim.Adam(method.trainable_parameters(), lr=1e-2)
+    handle = retrofit(method, "reference", optimizer=optimizer, expansion_dim=64, ridge=1e-2)
+    for expert in range(2):
+        handle.start_expert(expert)
+        for seed in range(2):
+            output, _ = train_step(method, optimizer, images(seed=seed), labels())
+            method.on_batch_end(None, None, output)
+            handle.end_batch()
+        method.on_evaluate()
+        method.on_session_end(expert)
+    method.eval()
+    original = copy.deepcopy(method)
+    report = handle.verify(images(seed=9))
+    assert report.ok, str(report)
+    assert report["forcing each expert changes the logits"].ok and report["batch independence, mixed experts"].ok
+    assert torch.equal(method.predict(images(seed=9)), original.predict(images(seed=9)))
