@@ -146,3 +146,17 @@ def test_a_retrofit_of_each_passes_verify(name):
     assert report.ok, str(report)
     assert report["forcing each expert changes the logits"].ok and report["batch independence, mixed experts"].ok
     assert torch.equal(method.predict(images(seed=9)), original.predict(images(seed=9)))
+
+
+# ----------------------------------------------------------------------------- parameter counts
+def test_at_the_papers_configuration_both_have_the_papers_counts():
+    # ViT-B/16, 100 classes, 5 tasks (benchmarks/studies/cost.py counts them so); shapes only, on the meta device
+    from benchmarks.studies.paper_numbers import COST
+
+    for name, (total, trainable) in {"coda-prompt": (86_720_356, 921_700), "s-prompt": (86_259_556, 460_900)}.items():
+        with torch.device("meta"):
+            backbone = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=0)
+            method = create_method(name, backbone, 100, num_experts=5)
+        counts = (sum(p.numel() for p in method.parameters()), sum(p.numel() for p in method.parameters() if p.requires_grad))
+        assert counts == (total, trainable)
+        assert (round(total / 1e6, 2), round(trainable / 1e6, 2)) == COST[name][2:4]

@@ -45,8 +45,8 @@ def gram_schmidt_rows(rows: Tensor, start: int, stop: int) -> Tensor:
         for j in range(k):
             earlier = out[j]
             denominator = (earlier * earlier).sum()
-            if denominator >= _NEGLIGIBLE:
-                projection = projection + (draw * earlier).sum() / denominator * earlier
+            coefficient = torch.where(denominator >= _NEGLIGIBLE, (draw * earlier).sum() / denominator, 0.0)
+            projection = projection + coefficient * earlier
         out[k] = draw - projection
     out[start:stop] = out[start:stop] / out[start:stop].norm(dim=1, keepdim=True)
     return out

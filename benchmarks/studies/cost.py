@@ -30,6 +30,7 @@ __all__ = ["count_parameters", "cost_rows", "format_cost", "main"]
 
 METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "hide-lora", "hide-adapter", "sd-lora", "flyprompt",
            "linear-probe", "ranpac")
+METHODS += ("coda-prompt", "s-prompt")
 
 
 def count_parameters(model: torch.nn.Module) -> Dict[str, float]:
