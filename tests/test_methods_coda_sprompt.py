@@ -160,3 +160,17 @@ def test_at_the_papers_configuration_both_have_the_papers_counts():
         counts = (sum(p.numel() for p in method.parameters()), sum(p.numel() for p in method.parameters() if p.requires_grad))
         assert counts == (total, trainable)
         assert (round(total / 1e6, 2), round(trainable / 1e6, 2)) == COST[name][2:4]
+
+
+def test_both_admit_every_variant_and_name_their_departures_in_the_run_record():
+    from benchmarks.ablation.protocol import Protocol
+    from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for
+    from benchmarks.methods import method_class
+
+    every = [*ABLATION_VARIANTS, *ORACLE_VARIANTS]
+    for name in KWARGS:
+        assert variants_for(method_class(name), every) == every
+    coda = method_class("coda-prompt")
+    assert "reference_quirks=True reproduces" in coda.protocol_notes(Protocol())
+    assert "freeze" in coda.protocol_notes(Protocol(method_kwargs={"coda-prompt": {"reference_quirks": True}}))
+    assert "scikit-learn" in method_class("s-prompt").protocol_notes(Protocol())

@@ -89,7 +89,8 @@ class CodaPrompt(ConcatPromptMethod):
         if kwargs.get("reference_quirks"):
             return ("reference_quirks: the components freeze after the first session (the official optimizer "
                     "keeps the tensors the first session's end replaced); the head trains throughout")
-        return ""
+        return ("every task trains its own components (the official code's optimizer trains them in the first "
+                "session only: reference_quirks=True reproduces it)")
 
     def __init__(
         self,

@@ -46,6 +46,11 @@ class SPrompt(ConcatPromptMethod):
     session_aware = True
     default_lr = 0.005
 
+    @classmethod
+    def protocol_notes(cls, protocol: Any) -> str:
+        return ("prototypes by our k-means (k-means++ seeding, Lloyd iterations, float64), not scikit-learn's KMeans "
+                "of the official code: the same objective from other random draws")
+
     def __init__(
         self,
         backbone: nn.Module,
