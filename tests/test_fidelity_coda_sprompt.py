@@ -85,3 +85,14 @@ def test_a_missing_official_dependency_fails_with_one_line(monkeypatch, capsys):
     assert main(["--flygcl", str(FAKE), "--methods", "s-prompt"]) == 2
     message = capsys.readouterr().err.strip()
     assert "\n" not in message and "pip install scikit-learn" in message
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_official_loop_trains_as_the_runner(checkout, method):
+    from benchmarks.fidelity.loop_comparison import LOOP_SETUPS, compare_loop
+
+    row = compare_loop(checkout, PAIRS[method], SMALL, LOOP_SETUPS[method])  # CODA-P: key_dim as a model option
+    assert row.stream == "equal" and row.points_equal and row.weights_relative < 1e-5
+    if method == "coda-prompt":
+        assert row.accuracy_difference == 0.0
+        assert row.our_metrics["A_auc"] == pytest.approx(row.official_metrics["A_auc"], abs=1e-12)
