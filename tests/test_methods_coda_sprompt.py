@@ -174,3 +174,29 @@ def test_both_admit_every_variant_and_name_their_departures_in_the_run_record():
     assert "reference_quirks=True reproduces" in coda.protocol_notes(Protocol())
     assert "freeze" in coda.protocol_notes(Protocol(method_kwargs={"coda-prompt": {"reference_quirks": True}}))
     assert "scikit-learn" in method_class("s-prompt").protocol_notes(Protocol())
+
+
+def test_every_variant_of_one_training_equals_its_own_run():
+    # The runner's plumbing: each variant scored on the shared training has the log of a run through the
+    # reference adapter (S-Prompt's prototypes built before each evaluation, CODA-P's components at session ends).
+    import json
+
+    from benchmarks.ablation.protocol import Protocol, RunSpec
+    from benchmarks.ablation.runner import run_reference, run_training
+    from benchmarks.data import make_synthetic_train_test
+
+    protocol = Protocol(
+        model="vit_tiny_patch16_224", model_kwargs=dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2),
+        pretrained=False, image_size=32, batch_size=12, online_iter=1, eval_period=40, test_batch_size=16,
+        num_experts=3, num_sessions=3, expansion_dim=64, ridge=1e2, amp=False,
+        method_kwargs={"coda-prompt": {"pool_size": 6, "prompt_length": 3},
+                       "s-prompt": {"prompt_length": 3, "prototypes_per_task": 2}},
+    )
+    data = make_synthetic_train_test(6, train_per_class=8, test_per_class=4, seed=0, image_size=32)
+    cpu = torch.device("cpu")
+    variants = ["baseline", "router", "ensemble", "both"]
+    for method in KWARGS:
+        together = run_training(method, "synthetic", 1, variants, protocol, *data, device=cpu)
+        for variant in variants:
+            alone = run_reference(RunSpec(method, variant, "synthetic", 1), protocol, *data, device=cpu)
+            assert json.dumps(together[variant]["log"]["records"]) == json.dumps(alone["log"]["records"]), variant
