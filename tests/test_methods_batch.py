@@ -40,6 +40,8 @@ KWARGS = {
     "ranpac-collect": dict(adapter_width=3, expansion_dim=64, ridge=1.0),
     "seq-ft": dict(),
     "seq-ft-sl": dict(),
+    "coda-prompt": dict(num_experts=2, pool_size=4, prompt_length=3),
+    "s-prompt": dict(num_experts=2, prompt_length=3, prototypes_per_task=2),
 }
 
 

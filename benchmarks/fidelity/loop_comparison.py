@@ -39,6 +39,8 @@ LOOP_SETUPS: Dict[str, LoopSetup] = {
     "norga": LoopSetup(attributes=_ALIGNMENT), "norga-no-orth": LoopSetup(("--lam_orth", "0"), _ALIGNMENT),
     "sd-lora": LoopSetup(),
     "seq-ft": LoopSetup(("--opt_name", "sgd_sl")), "seq-ft-sl": LoopSetup(("--opt_name", "sgd_sl")),
+    # the official CODA-P's keys are key_dim wide (ViT-B's 768 by default, no flag): the setting's width here
+    "coda-prompt": LoopSetup(model_kwargs={"key_dim": Setting().shape["embed_dim"]}), "s-prompt": LoopSetup(),
 }
 LOOP_METHODS = tuple(LOOP_SETUPS)
 #: (our ``summarize`` key, the official summary's key)

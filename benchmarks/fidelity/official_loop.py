@@ -55,6 +55,7 @@ DATASET = "fidelity_generated"  # the --dataset name of the generated set
 LOOP_FILES = ("configuration/config.py", "datasets/OnlineIterDataset.py", "utils/onlinesampler.py")
 # main.py's --method name of a key of reference_checkout.CLASSES, where the two differ
 _METHOD_FLAGS = {"hide-lora": "hide_lora", "hide-adapter": "hide_adapter", "sd-lora": "sdlora"}
+_METHOD_FLAGS.update({"coda-prompt": "codaprompt", "s-prompt": "sprompt"})
 _SUMMARY = re.compile(r"A_auc (\S+) \| A_avg (\S+) \| A_last (\S+) \| F_last (\S+)")
 _BWT = re.compile(r"BWT_last (\S+)")
 
@@ -175,6 +176,8 @@ class LoopSetup:
     attributes: Mapping[str, Any] = field(default_factory=dict)
     session_end_seed: Optional[int] = None
     order: Optional[List[List[int]]] = None
+    #: the model's constructor options that no flag sets (CODA-P's key width), added to what ``select_model`` gets
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 class _Watcher:
@@ -196,6 +199,7 @@ class _Watcher:
         self._own("setup_distributed_dataset")()
         self.trainer.train_transform = self.trainer.test_transform_tensor = _identity
         self.trainer.__dict__.update(self.setup.attributes)
+        self.trainer.kwargs.update(self.setup.model_kwargs)
         sampler, order = self.trainer.train_sampler, self.setup.order
         self.run.sampler_orders = [[int(i) for i in indices] for indices in sampler.indices]
         if order is not None and order != self.run.sampler_orders:

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from torch import Tensor, nn
 
-from . import expert_state, flyprompt_state, hide_state, ranpac_state, seqft_state
+from . import coda_state, expert_state, flyprompt_state, hide_state, ranpac_state, seqft_state, sprompt_state
 from .setting import Setting
 
 __all__ = ["MethodPair", "PAIRS"]
@@ -184,3 +184,26 @@ for _name, _lr in (("seq-ft", 0.005), ("seq-ft-sl", 5e-5)):
         note=f"sgd_sl at {_lr:g} on both sides (backbone {_lr:g}, head 0.005); the official build's "
              "drop_block_rate=None left out (its ViT takes no such argument); no selection (one head)",
     )
+
+# CODA-Prompt and S-Prompt++ (benchmarks/fidelity/coda_state.py, sprompt_state.py): session-aware, trained by
+# their own trainers; both sides reseeded before each session end (CODA-P draws the next task's components there).
+PAIRS["coda-prompt"] = MethodPair(
+    "coda-prompt", "coda-prompt", coda_state.weights(range(5)), official_selection=lambda model: None,
+    ours_kwargs={"reference_quirks": True}, official_kwargs={"key_dim": Setting().shape["embed_dim"]},
+    session_end_seed=coda_state.SESSION_END_SEED,
+    note="reference_quirks=True (the components freeze after the first session, as the official optimizer keeps "
+         "the replaced tensors); key_dim = the backbone's width (the official default is ViT-B's 768); no "
+         "per-sample selection (every started component weighs in)",
+)
+PAIRS["s-prompt"] = MethodPair(
+    "s-prompt", "s-prompt", {"experts.prompts": "prompts", **_HEAD}, official_selection=lambda model: None,
+    official_predict=sprompt_state.official_predict, setup_trainer=sprompt_state.setup_trainer,
+    other_state=sprompt_state.other_state, load_official=sprompt_state.load_official,
+    note="prototypes: scikit-learn's KMeans on the official side, ours on ours (same features, other random "
+         "draws): the routing may differ; on identical state (official prototypes) it agrees",
+)
+# The same with the official trainer's KMeans replaced by ours: what remains once the clustering is the same.
+PAIRS["s-prompt-our-kmeans"] = dataclasses.replace(
+    PAIRS["s-prompt"], setup_trainer=sprompt_state.setup_trainer_our_kmeans, variant="our k-means on both sides",
+    note="the official trainer's KMeans replaced by ours (benchmarks.methods.prototypes), the rest its own",
+)

@@ -2,6 +2,7 @@
 timm ViT, and sequential fine-tuning of one (registered by name)."""
 
 from . import (  # noqa: F401  (registration side effects)
+    coda_prompt,
     dualprompt,
     flyprompt,
     hide,
@@ -13,6 +14,7 @@ from . import (  # noqa: F401  (registration side effects)
     ranpac_variants,
     sdlora,
     seq_ft,
+    sprompt,
 )
 from .base import MethodOutput, PromptMethod, QueryFeatures, create_method, list_methods, method_class, register_method
 

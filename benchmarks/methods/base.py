@@ -177,6 +177,12 @@ class PromptMethod(nn.Module, SeamContract):
         (the CKA study's common representation, docs/benchmark.md); not defined by default."""
         raise NotImplementedError(f"{type(self).__name__} defines no common representation of its experts")
 
+    def query_conditioned_features(self, x: Tensor, query: QueryFeatures, selection: Tensor) -> Tensor:
+        """The prompted pass of :meth:`forward`, given the batch's query too: :meth:`forward_features` by
+        default; a method whose prompts are weighted by the query (CODA-P) reuses it here instead of
+        running the frozen pass again."""
+        return self.forward_features(x, selection)
+
     def transform_logits(self, logits: Tensor, selection: Tensor) -> Tensor:
         """Method-specific transform of head outputs ``(B, C)`` or ``(B, H, C)``; identity by default."""
         return logits
@@ -217,7 +223,7 @@ class PromptMethod(nn.Module, SeamContract):
         if query is None:
             query = self.compute_query(x)
         selection = self.select(query.query, train=self.training, expert=expert)
-        features = self.forward_features(x, selection)
+        features = self.query_conditioned_features(x, query, selection)
         logits = self.transform_logits(self.head(features), selection)
         aux = self.auxiliary_loss(query, selection, features, parallel) if self.training else features.new_zeros(())
         if self.training:

@@ -50,6 +50,8 @@ CLASSES: Dict[str, Tuple[str, str, str, str]] = {
     "sd-lora": ("sdlora", "SDLoRAModel", "sdlora", "SDLoRAGCL"),
     "ranpac": ("ranpac", "RanPAC", "ranpac", "RanPAC"),
     "slca": ("vit", "VisionTransformer", "slca", "SLCA"),  # Seq FT: the ViT itself, its fc the head
+    "coda-prompt": ("codaprompt", "CodaPrompt", "codaprompt", "CodaPrompt"),
+    "s-prompt": ("sprompt", "SPrompt", "sprompt", "SPrompt"),
 }
 # What every load imports, relative to the checkout; checked (with the methods' modules) before anything is imported.
 REQUIRED_FILES = (
@@ -146,8 +148,20 @@ def timm_registry_kept() -> Iterator[None]:
             table.update(saved[name])
 
 
+#: pip's name of a package the official modules import, where it is not the module's (S-Prompt's trainer: sklearn)
+_DISTRIBUTIONS = {"sklearn": "scikit-learn"}
+
+
 def _class_of(module: str, name: str) -> type:
-    return getattr(importlib.import_module(module), name)
+    """``module.name`` of the checkout; a package it imports that is not installed is a one-line ``ValueError``."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").split(".")[0]
+        if not missing or missing in _TOP_LEVEL:
+            raise
+        raise ValueError(f"the official {module} imports {error.name}, which is not installed here: "
+                         f"pip install {_DISTRIBUTIONS.get(missing, missing)}") from None
 
 
 def _stand_in(name: str, attributes: Dict[str, Any]) -> types.ModuleType:

@@ -29,7 +29,7 @@ from .study_tables import table_cell
 __all__ = ["count_parameters", "cost_rows", "format_cost", "main"]
 
 METHODS = ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "hide-lora", "hide-adapter", "sd-lora", "flyprompt",
-           "linear-probe", "ranpac", "seq-ft", "seq-ft-sl")
+           "linear-probe", "ranpac", "seq-ft", "seq-ft-sl", "coda-prompt", "s-prompt")
 
 
 def count_parameters(model: torch.nn.Module) -> Dict[str, float]:

@@ -94,6 +94,8 @@ COST = {
     "hide-adapter": (79.52, -2.05, 87.41, 1.53, 6.68, 1.04),
     "sd-lora": (79.26, -6.66, 87.72, 1.92, 7.24, 0.82),
     "flyprompt": (83.24, 4.35, 87.08, 0.46, 4.96, 0.92),
+    "coda-prompt": (79.13, -0.83, 86.72, 0.92, 4.75, 0.94),
+    "s-prompt": (80.21, 0.81, 86.26, 0.46, 6.03, 1.18),
 }
 
 #: the components table (``ablation_results``): backbone -> row -> {dataset: (A_auc, A_last)}; the rows are
