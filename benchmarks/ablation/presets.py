@@ -9,10 +9,12 @@ from typing import Any, Dict
 from .protocol import PAPER_METHODS, Protocol
 from .proxy_datasets import generated_settings
 
-__all__ = ["PRESETS", "EXPERT_METHODS"]
+__all__ = ["PRESETS", "EXPERT_METHODS", "TASK_EXPERT_METHODS"]
 
 #: The LoRA and adapter methods of the paper's cost table (docs/methods.md): in the proxy and paper presets.
 EXPERT_METHODS = ("hide-lora", "hide-adapter", "sd-lora")
+#: The paper's other task-expert prompt methods (its Tables 1 and 2): in the proxy and paper presets.
+TASK_EXPERT_METHODS = ("coda-prompt", "s-prompt")
 
 _PROXY_WEIGHTS = str(Path(__file__).resolve().parents[1] / "proxy" / "weights" / "proxy_vit.safetensors")
 _PROXY_MISA_PROMPTS = str(Path(_PROXY_WEIGHTS).with_name("proxy_misa_prompts.safetensors"))
@@ -21,10 +23,11 @@ _PROXY_MISA_PROMPTS = str(Path(_PROXY_WEIGHTS).with_name("proxy_misa_prompts.saf
 def _reference_baselines() -> Dict[str, Dict[str, Any]]:
     """The baselines as the paper compares them (docs/protocol.md §4.2, 4.5, 4.9): DualPrompt/MISA select
     over the whole pool at test time, MVP's loss terms are batch-global, HiDe-Prompt/NoRGa's router reads
-    g_mlp. A fresh dict per preset, so that no two protocols share one."""
+    g_mlp; CODA-P's components train in the first session only (docs/methods.md). A fresh dict per preset, so that no two protocols share one."""
     return {
         "dualprompt": {"reference_quirks": True}, "misa": {"reference_quirks": True}, "mvp": {"reference_quirks": True},
         "hide": {"router_features": "g_mlp"}, "norga": {"router_features": "g_mlp"},
+        "coda-prompt": {"reference_quirks": True},
     }
 
 
@@ -71,7 +74,7 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "seeds": [1, 2, 3],
         "generated": generated_settings(),
         "threads": 1,
-        "methods": [*PAPER_METHODS, *EXPERT_METHODS, "flyprompt"],
+        "methods": [*PAPER_METHODS, *TASK_EXPERT_METHODS, *EXPERT_METHODS, "flyprompt"],
     },
     # The default (no arguments): the proxy shortened to one seed and 0.3 of its images per class.
     "proxy-short": {
@@ -130,6 +133,6 @@ PRESETS: Dict[str, Dict[str, Any]] = {
         "seeds": [1, 2, 3, 4, 5],
         "synthetic": dict(num_classes=100, train_per_class=500, test_per_class=100, image_size=224),
         "threads": None,
-        "methods": [*PAPER_METHODS, *EXPERT_METHODS],
+        "methods": [*PAPER_METHODS, *TASK_EXPERT_METHODS, *EXPERT_METHODS],
     },
 }
