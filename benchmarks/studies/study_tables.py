@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .paper_numbers import AGGREGATIONS_BY_BACKBONE, ROUTING, compared_backbone, paper_dataset
+from .paper_numbers import AGGREGATION_PAPER_ROWS, AGGREGATIONS_BY_BACKBONE, ROUTING, compared_backbone, paper_dataset
 from .study_figures import plot_study
 
 __all__ = ["study_rows", "format_study", "write_study", "paper_label", "seed_mean", "seed_std", "table_cell"]
@@ -52,11 +52,23 @@ def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, 
             row["ms_per_update"] = seed_mean([1000 * e["seconds_per_update"] for e in entries if "seconds_per_update" in e])
             row["ms_per_routed_batch"] = seed_mean([1000 * e["seconds_per_routed_batch"] for e in entries
                                                 if "seconds_per_routed_batch" in e])
-        numbers = (ROUTING if study == "routers" else AGGREGATIONS_BY_BACKBONE[backbone])[name]
+        numbers = ROUTING[name] if study == "routers" else _paper_aggregation(backbone, name)
         row["paper_dataset"], row["paper_backbone"] = paper_dataset(dataset, numbers), backbone
-        row["paper_A_auc"], row["paper_A_last"] = numbers[row["paper_dataset"]]
+        row["paper_A_auc"], row["paper_A_last"] = numbers.get(row["paper_dataset"], (None, None))
         rows.append(row)
     return rows
+
+
+def _paper_aggregation(backbone: str, rule: str) -> Dict[str, Any]:
+    """The paper's numbers of the row the official code computed as ``rule`` does; none for a rule of no row."""
+    row = AGGREGATION_PAPER_ROWS[rule]
+    return {} if row is None else AGGREGATIONS_BY_BACKBONE[backbone][row]
+
+
+#: below the aggregation table: the rule without a paper row, and the one that is the paper's "Min Entropy"
+AGGREGATION_NOTE = ("\nThe paper's Min Entropy row ran the official code's min_entropy, whose entropy is of the raw masked "
+                    "logits: logit_min_entropy here (docs/ensemble.md). min_entropy here selects by the softmax's entropy "
+                    "and predicts as softmax_min_entropy; no row of the paper's is computed so.")
 
 
 def paper_label(row: Dict[str, Any]) -> str:
@@ -94,6 +106,8 @@ def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if study == "routers":
         lines.append(RIDGE_TIMING_NOTE)
+    elif any(AGGREGATION_PAPER_ROWS.get(row[key]) is None for row in rows):
+        lines.append(AGGREGATION_NOTE)
     return "\n".join(lines)
 
 
