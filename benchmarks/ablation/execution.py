@@ -276,6 +276,11 @@ def _write_tables(sweep: Sweep, specs: List[RunSpec], settings: Dict[str, Dict[s
         from benchmarks.studies.components_table import write_components
 
         markdown += "\n\ncomponents study (study_components.md):\n\n" + write_components(sweep.output, results)
+    if sweep.study in ("overall", "offline"):  # the paper's Tables 1 and 2
+        from benchmarks.studies.main_tables import write_main_table
+
+        markdown += f"\n\n{sweep.study} study (study_{sweep.study}.md):\n\n" + write_main_table(sweep.output, results,
+                                                                                                 sweep.study)
     return markdown, failed
 
 

@@ -19,6 +19,8 @@ STUDIES: Dict[str, str] = {
     "aggregations": "the six TE2 aggregation rules, scored in the ensemble variants of one training",
     "cost": "parameters, BWT and seconds per batch of every method (python -m benchmarks.studies.cost)",
     "components": "RanPAC†, the linear probe with and without EMA heads, FlyPrompt with and without them",
+    "overall": "the paper's Table 1: each method of it alone (baseline; FlyPrompt full), A_auc and A_last per dataset",
+    "offline": "the paper's Table 2 (offline methods, Sup-21K): each method of it alone, as --study overall",
 }
 
 
@@ -43,6 +45,12 @@ def study_defaults(args: argparse.Namespace) -> None:
 
         args.methods = args.methods or list(STUDY_METHODS)
         args.variants = args.variants or list(STUDY_VARIANTS)
+    elif args.study in ("overall", "offline"):
+        from ..methods import list_methods
+        from .main_tables import study_methods
+
+        args.methods = args.methods or study_methods(args.study, list_methods())
+        args.variants = args.variants or ["baseline"]  # FlyPrompt's is full (variants_for)
 
 
 #: the options ``--study cost`` reads (it trains nothing: every other option would be ignored)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Dict, Tuple
 
 __all__ = ["PAPER_DATASETS", "FALLBACK_DATASET", "compared_dataset", "OVERALL", "OFFLINE", "CROSS_ABLATION",
-           "AVERAGE_FORGETTING", "TABLE_1_NOT_OURS"]
+           "AVERAGE_FORGETTING", "TABLE_1_NOT_OURS", "PAPER_LABELS"]
 
 Pair = Tuple[float, float]
 #: method -> dataset -> a pair of numbers
@@ -200,4 +200,12 @@ AVERAGE_FORGETTING: Dict[str, Rows] = {
         "misa": {"cifar100": (53.46, 16.19), "imagenet-r": (45.41, 34.42), "cub200": (26.92, 35.50)},
         "flyprompt": {"cifar100": (60.16, 7.69), "imagenet-r": (55.95, 21.27), "cub200": (26.52, 20.69)},
 }
+}
+
+#: the paper's name of each method of its tables
+PAPER_LABELS: Dict[str, str] = {
+    "seq-ft": "Seq FT", "linear-probe": "Linear Probe", "seq-ft-sl": "Seq FT w/ SL", "l2p": "L2P",
+    "dualprompt": "DualPrompt", "coda-prompt": "CODA-P", "mvp": "MVP", "misa": "MISA", "s-prompt": "S-Prompt++",
+    "hide": "HiDe-Prompt", "hide-lora": "HiDe-LoRA", "hide-adapter": "HiDe-Adapter", "norga": "NoRGa",
+    "sd-lora": "SD-LoRA", "flyprompt": "FlyPrompt",
 }
