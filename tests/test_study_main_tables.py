@@ -13,7 +13,7 @@ from benchmarks.studies.main_tables import format_main_table, main_table_rows, s
 from benchmarks.studies.paper_tables import OFFLINE, OVERALL, TABLE_1_NOT_OURS
 
 PROXY = {"model": "vit_tiny_patch16_224", "weights": "proxy_vit.safetensors", "ridge": "auto"}
-REGISTERED = ["dualprompt", "flyprompt", "hide", "linear-probe", "sd-lora"]
+REGISTERED = ["dualprompt", "flyprompt", "hide", "linear-probe", "mvp", "sd-lora"]
 
 
 def _write_runs(folder, runs, protocol=PROXY):
@@ -48,11 +48,13 @@ def test_table_1_from_run_files(tmp_path):
     assert (fly["seeds"], fly["A_auc_std"], fly["paper_A_auc"]) == (1, None, OVERALL["sup21k"]["flyprompt"]["imagenet-r"][0])
     assert found["linear-probe", "cifar100-like"]["not_run"] == TABLE_1_NOT_OURS["linear-probe"]
     assert found["seq-ft", "cifar100-like"]["not_run"].startswith("no reference method seq-ft")
-    assert found["dualprompt", "cub200"]["not_run"].startswith("no run of it")
+    assert found["dualprompt", "cub200"]["not_run"] == "no run on this dataset"
+    assert found["mvp", "cifar100-like"]["not_run"].startswith("no run of it")  # here, but not in the sweep
     markdown = format_main_table(rows, "overall")
     assert "| DualPrompt | 65.00 ± 7.07 | 76.04 | 52.00 ± 2.83 | 76.62 |" in markdown
     assert "| Linear Probe | not run | 49.69 | not run | 23.07 |" in markdown
     assert "cifar100-like (paper: cifar100) A_auc" in markdown and "- Seq FT: not run: no reference method" in markdown
+    assert "- cub200: no run of the results is on it." in markdown and "### Table 1 (overall results), Sup-21K" in markdown
 
 
 def test_table_1_of_another_backbone_has_that_backbones_rows(tmp_path):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..backbone import BACKBONES
 from .paper_numbers import FALLBACK_BACKBONE
 from .paper_rows import OWN_VARIANTS, run_backbone
 from .paper_tables import OFFLINE, OVERALL, PAPER_DATASETS, PAPER_LABELS, TABLE_1_NOT_OURS, compared_dataset
@@ -84,7 +85,13 @@ def _datasets(groups: Dict[Tuple, Any], backbone: Optional[str]) -> List[str]:
     return sorted(ran | missing, key=lambda d: (PAPER_ORDER.index(compared_dataset(d)), d))
 
 
-def _reason(table: MainTable, method: str, registered: Sequence[str]) -> str:
+#: the reason of every row of a dataset the sweep ran nothing on (printed once, not per method)
+NO_RUN_ON_DATASET = "no run on this dataset"
+
+
+def _reason(table: MainTable, method: str, registered: Sequence[str], dataset_ran: bool) -> str:
+    if not dataset_ran:
+        return NO_RUN_ON_DATASET
     not_ours = table.not_ours(method)
     if not_ours:
         return not_ours
@@ -94,7 +101,7 @@ def _reason(table: MainTable, method: str, registered: Sequence[str]) -> str:
 
 
 def _row(table: MainTable, backbone: str, dataset: str, method: str, runs: List[Dict[str, Any]],
-         registered: Sequence[str]) -> Dict[str, Any]:
+         registered: Sequence[str], dataset_ran: bool) -> Dict[str, Any]:
     scores = [r["metrics"] for r in runs]
     paper = table.paper(backbone, method, compared_dataset(dataset))
     notes = sorted({r.get("notes") for r in runs if r.get("notes")})
@@ -104,7 +111,7 @@ def _row(table: MainTable, backbone: str, dataset: str, method: str, runs: List[
         "A_auc": seed_mean([s["A_auc"] for s in scores]), "A_auc_std": seed_std([s["A_auc"] for s in scores]),
         "A_last": seed_mean([s["A_last"] for s in scores]), "A_last_std": seed_std([s["A_last"] for s in scores]),
         "paper_dataset": compared_dataset(dataset), "paper_backbone": backbone, "paper_A_auc": paper[0],
-        "paper_A_last": paper[1], "not_run": None if runs else _reason(table, method, registered),
+        "paper_A_last": paper[1], "not_run": None if runs else _reason(table, method, registered, dataset_ran),
         "notes": notes,
     }
 
@@ -121,7 +128,8 @@ def main_table_rows(results: Iterable[Dict[str, Any]], study: str, registered: S
         for method in table.methods(backbone):
             for dataset in _datasets(groups, backbone):
                 runs = [] if table.not_ours(method) else groups.get((backbone, dataset, method), [])
-                rows.append(_row(table, backbone, dataset, method, runs, registered))
+                ran = any(key[:2] == (backbone, dataset) for key in groups)
+                rows.append(_row(table, backbone, dataset, method, runs, registered, ran))
     return rows
 
 
@@ -160,11 +168,13 @@ def format_main_table(rows: Sequence[Dict[str, Any]], study: str) -> str:
              f"{'/'.join(map(str, seeds)) or 0} seed(s) of each method alone (its baseline run; FlyPrompt's full run), "
              "the paper's the mean over its five seeds of the dataset named; '-': the paper has no such number."]
     for backbone in dict.fromkeys(row["backbone"] for row in rows):
-        lines += [""] + _section([r for r in rows if r["backbone"] == backbone], f"{table.title}, {backbone}")
-    reasons = {(row["label"], row["not_run"]) for row in rows if row["not_run"]}
+        lines += [""] + _section([r for r in rows if r["backbone"] == backbone], f"{table.title}, {BACKBONES[backbone].label}")
+    reasons = {(row["label"], row["not_run"]) for row in rows if row["not_run"] not in (None, NO_RUN_ON_DATASET)}
     notes = {(row["label"], note) for row in rows for note in row["notes"]}
-    if reasons or notes:
+    unrun = list(dict.fromkeys(row["dataset"] for row in rows if row["not_run"] == NO_RUN_ON_DATASET))
+    if reasons or notes or unrun:
         lines.append("")
+    lines += [f"- {', '.join(unrun)}: no run of the results is on {'it' if len(unrun) == 1 else 'them'}."] if unrun else []
     lines += [f"- {label}: not run: {reason}." for label, reason in sorted(reasons)]
     lines += [f"- {label}: {note}" for label, note in sorted(notes)]
     return "\n".join(lines)
