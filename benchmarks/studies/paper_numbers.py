@@ -105,7 +105,8 @@ COST = {
 }
 
 #: the components table (``ablation_results``): backbone -> row -> {dataset: (A_auc, A_last)}; the rows are
-#: those of ``benchmarks.studies.components_table.COMPONENT_ROWS``
+#: those of ``benchmarks.studies.components_table.COMPONENT_ROWS``. ``linear_probe`` is its row "− × ×"
+#: (FlyPrompt without its components), not Table 1's Linear Probe (``paper_tables.OVERALL``, another training)
 COMPONENTS_BY_BACKBONE = {
     "sup21k": {
         "ranpac": {"cifar100": (69.91, 79.92), "imagenet-r": (47.29, 47.33)},
