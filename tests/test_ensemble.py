@@ -60,8 +60,8 @@ def naive_scores(ensemble: TemporalEnsembleHead, features, ids, mask, rule):
 def logit_entropies(logits):
     """Per member, FlyGCL's "entropy" of its raw logits, one class at a time: NaN where a logit is below
     -1e-8 (the log of a negative number) or masked (-inf times NaN)."""
-    return [-sum(float(z) * math.log(float(z) + 1e-8) if float(z) + 1e-8 > 0 else math.nan for z in member)
-            for member in logits]
+    return [-sum(z * math.log(z + 1e-8) if z + 1e-8 > 0 else math.nan for z in member)
+            for member in logits.detach().tolist()]
 
 
 def first_nan_else_least(values):

@@ -16,7 +16,7 @@ __all__ = ["STUDIES", "cost_study_error", "run_cost_study", "study_defaults", "w
 #: study -> what it runs (``cost`` trains nothing: ``python -m benchmarks.studies.cost``)
 STUDIES: Dict[str, str] = {
     "routers": "the five routers on REAR's expanded features, scored in the routed variants of one training",
-    "aggregations": "the six TE2 aggregation rules, scored in the ensemble variants of one training",
+    "aggregations": "the TE2 aggregation rules (the paper's six, and min_entropy), scored in the ensemble variants of one training",
     "cost": "parameters, BWT and seconds per batch of every method (python -m benchmarks.studies.cost)",
     "components": "RanPAC†, the linear probe with and without EMA heads, FlyPrompt with and without them",
     "overall": "the paper's Table 1: each method of it alone (baseline; FlyPrompt full), A_auc and A_last per dataset",
