@@ -153,7 +153,9 @@ class Decays(Constraint):
 
 
 #: How the ensemble's members are combined (``fly_modules.aggregate_logits``; the paper's is ``softmax_max``).
-AGGREGATION_RULES = ("mean", "max_prob", "min_entropy", "softmax_mean", "softmax_max", "softmax_min_entropy")
+#: ``logit_min_entropy`` is the official code's ``min_entropy`` (docs/ensemble.md).
+AGGREGATION_RULES = ("mean", "max_prob", "min_entropy", "softmax_mean", "softmax_max", "softmax_min_entropy",
+                     "logit_min_entropy")
 
 #: The parameters that the router, the ensemble, ``fly_modules.adapters.RetrofitOptions`` and the
 #: benchmarks' command line share, each rule written once: a value means the same in every layer.

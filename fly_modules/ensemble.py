@@ -38,14 +38,19 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
     Rules (FlyPrompt, appendix "aggregation methods"; the prediction is the argmax of the result):
 
     * ``mean``: average of the logits.  ``max_prob``: element-wise maximum of the logits.
-    * ``min_entropy``: per sample, the logits of the member whose softmax has the lowest entropy.
+    * ``min_entropy``: per sample, the logits of the member whose softmax has the lowest entropy (it
+      predicts as ``softmax_min_entropy``: the same member, whose logits and softmax share their argmax).
     * ``softmax_mean`` / ``softmax_max``: average / element-wise maximum of the members' softmax
       (``softmax_max`` is the paper's default, ``max_j softmax(z_j + m)``).
     * ``softmax_min_entropy``: the softmax of the lowest-entropy member.
+    * ``logit_min_entropy``: the official code's ``min_entropy``: per sample, the logits of the member
+      with the least ``-sum_c z_c log(z_c + 1e-8)`` over its raw masked logits ``z``. That value is NaN
+      as soon as one logit is below ``-1e-8`` or masked, and a NaN counts as the least (the first such
+      member wins), so with a mask or any negative logit it selects the first member, the online head.
 
-    Entropies are computed from the softmax, so masked (``-inf``) classes contribute 0 rather than NaN.
-    A row whose classes are *all* masked has no prediction: the softmax rules give NaN there and
-    ``mean`` / ``max_prob`` give ``-inf``.
+    Entropies of a softmax ``p`` are ``-sum_c p_c log(p_c + 1e-8)``, as the official code computes them,
+    so masked (``-inf``) classes contribute 0 rather than NaN. A row whose classes are *all* masked has
+    no prediction: the softmax rules give NaN there and the others ``-inf``.
     """
     if not isinstance(member_logits, Tensor) or member_logits.ndim != 3:
         raise InvalidParameterError(
@@ -56,16 +61,31 @@ def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor
         return member_logits.mean(dim=1)
     if rule == "max_prob":
         return member_logits.amax(dim=1)
+    rows = torch.arange(member_logits.shape[0], device=member_logits.device)
+    if rule == "logit_min_entropy":
+        return member_logits[rows, _least_entropy_member(member_logits)]
     probabilities = member_logits.softmax(dim=-1)
     if rule == "softmax_mean":
         return probabilities.mean(dim=1)
     if rule == "softmax_max":
         return probabilities.amax(dim=1)
-    entropy = torch.special.entr(probabilities).sum(dim=-1)  # (N, H)
-    best = entropy.argmin(dim=1)
-    rows = torch.arange(member_logits.shape[0], device=member_logits.device)
+    best = _least_entropy_member(probabilities)
     chosen = member_logits if rule == "min_entropy" else probabilities
     return chosen[rows, best]
+
+
+#: added inside the entropy's logarithm, as the official code does (it keeps a zero probability's term 0)
+ENTROPY_EPSILON = 1e-8
+
+
+def _least_entropy_member(scores: Tensor) -> Tensor:
+    """Per sample ``(N,)``, the member of least ``-sum_c s_c log(s_c + eps)`` over ``scores`` ``(N, H, C)``;
+    a NaN value counts as the least, the first such member winning (``torch.argmin``'s documented order,
+    written out here so that it does not depend on it). No host synchronisation."""
+    entropy = -(scores * torch.log(scores + ENTROPY_EPSILON)).sum(dim=-1)  # (N, H)
+    undefined = entropy.isnan()
+    first_undefined = undefined.to(torch.uint8).argmax(dim=1)
+    return torch.where(undefined.any(dim=1), first_undefined, entropy.argmin(dim=1))
 
 
 class TemporalEnsembleHead(nn.Module):

@@ -40,7 +40,7 @@ def test_the_committed_components_table_is_computed_from_the_committed_runs():
 
 
 def test_the_numbers_docs_quote_are_the_tables():
-    text = (RESULTS.parents[1] / "proxy.md").read_text().split("## The paper's studies on the proxy")[1]
+    text = (RESULTS.parents[1] / "proxy.md").read_text().split("## The paper's studies on the earlier proxy")[1]
     routers = {row["router"]: row for row in json.loads((RESULTS / "study_routers.json").read_text())
                if row["method"] == "flyprompt"}
     quoted = ", ".join(f"{label} {100 * routers[name]['A_auc']:.2f}" for label, name in (

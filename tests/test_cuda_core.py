@@ -97,8 +97,15 @@ def naive_scores(ensemble: TemporalEnsembleHead, features, ids, mask, rule):
             "mean": logits.mean(0), "max_prob": logits.max(0).values, "min_entropy": logits[entropy.argmin()],
             "softmax_mean": probs.mean(0), "softmax_max": probs.max(0).values,
             "softmax_min_entropy": probs[entropy.argmin()],
+            "logit_min_entropy": logits[_first_nan_else_least(-(logits * (logits + 1e-8).log()).sum(-1))],
         }[rule])
     return torch.stack(rows), torch.tensor(scales, dtype=torch.float64).unsqueeze(1)
+
+
+def _first_nan_else_least(values: torch.Tensor) -> int:
+    """FlyGCL's min_entropy choice: the first NaN member (a negative or masked logit), else the least."""
+    nans = values.isnan().nonzero()
+    return int(nans[0]) if len(nans) else int(values.argmin())
 
 
 def trained_ensemble(rule: str) -> TemporalEnsembleHead:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 
 import numpy as np
 import pytest
@@ -49,9 +50,24 @@ def naive_scores(ensemble: TemporalEnsembleHead, features, ids, mask, rule):
             rows.append(probs.mean(0))
         elif rule == "softmax_max":
             rows.append(probs.max(0).values)
+        elif rule == "logit_min_entropy":
+            rows.append(logits[first_nan_else_least(logit_entropies(logits))])
         else:
             rows.append(probs[entropy.argmin()])
     return torch.stack(rows)
+
+
+def logit_entropies(logits):
+    """Per member, FlyGCL's "entropy" of its raw logits, one class at a time: NaN where a logit is below
+    -1e-8 (the log of a negative number) or masked (-inf times NaN)."""
+    return [-sum(z * math.log(z + 1e-8) if z + 1e-8 > 0 else math.nan for z in member)
+            for member in logits.detach().tolist()]
+
+
+def first_nan_else_least(values):
+    """The first NaN's index, else the least value's (the first of equal ones)."""
+    nans = [i for i, value in enumerate(values) if math.isnan(value)]
+    return nans[0] if nans else min(range(len(values)), key=lambda i: (values[i], i))
 
 
 @pytest.mark.parametrize("strategy", ["grouped_by_expert", "all_experts"])
@@ -274,6 +290,22 @@ def test_min_entropy_ignores_masked_classes():
     scores = aggregate_logits(logits + mask, "softmax_min_entropy")
     assert torch.isfinite(scores).all()
     torch.testing.assert_close(scores, (logits[:, 0] + mask).softmax(-1))
+
+
+def test_logit_min_entropy_is_the_official_min_entropy_nan_first_else_least():
+    """Where every logit is positive the raw "entropy" is finite and the least wins; one negative or
+    masked logit makes a member's NaN, and the first NaN member wins (the online head under a mask)."""
+    positive = torch.tensor([[[3.0, 0.1, 0.1], [0.2, 0.1, 0.3], [4.0, 5.0, 4.0]]])
+    least = first_nan_else_least(logit_entropies(positive[0]))
+    assert least == 2  # the flat but large logits: the least raw value, not the most peaked softmax
+    torch.testing.assert_close(aggregate_logits(positive, "logit_min_entropy"), positive[:, least])
+    one_negative = positive.clone()
+    one_negative[0, 1, 0] = -0.5
+    torch.testing.assert_close(aggregate_logits(one_negative, "logit_min_entropy"), one_negative[:, 1])
+    masked = positive + torch.tensor([0.0, 0.0, float("-inf")])
+    torch.testing.assert_close(aggregate_logits(masked, "logit_min_entropy"), masked[:, 0])
+    assert not torch.equal(aggregate_logits(positive, "logit_min_entropy").argmax(1),
+                           aggregate_logits(positive, "softmax_min_entropy").argmax(1))
 
 
 def test_checkpoint_with_an_active_expert_out_of_range_is_refused():

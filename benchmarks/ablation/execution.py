@@ -283,6 +283,11 @@ def _write_tables(sweep: Sweep, specs: List[RunSpec], settings: Dict[str, Dict[s
         table = resolve_hook(registered.table)(sweep.output, results)
         markdown += f"\n\n{sweep.study} study (study_{sweep.study}.md):\n\n" + table
     markdown += write_analysis_study(sweep.study, sweep.output, results)  # cka, routing, ranpac: "" for the others
+    if sweep.study in ("overall", "offline"):  # the paper's Tables 1 and 2
+        from benchmarks.studies.main_tables import write_main_table
+
+        markdown += f"\n\n{sweep.study} study (study_{sweep.study}.md):\n\n" + write_main_table(sweep.output, results,
+                                                                                                 sweep.study)
     return markdown, failed
 
 

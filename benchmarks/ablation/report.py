@@ -11,13 +11,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from ..studies.paper_rows import paper_row, run_backbone
 from .diagnostics import ROUTING_VERSIONS
 from .files import write_atomic
 from .results import write_json_atomic, write_text_atomic
 from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 
 __all__ = [
-    "ABLATION_VARIANTS", "METRICS", "PAPER_CIFAR100_A_AUC", "summarize_results", "add_failures", "format_markdown",
+    "ABLATION_VARIANTS", "METRICS", "PAPER_NOTE", "summarize_results", "add_failures", "format_markdown",
     "write_tables",
     "plot_curves", "plot_paper_deltas", "save_figure", "verdicts",
 ]
@@ -31,37 +32,12 @@ METHOD_NAMES = {"l2p": "L2P", "dualprompt": "DualPrompt", "mvp": "MVP", "misa": 
                 "norga": "NoRGa", "hide-lora": "HiDe-LoRA", "hide-adapter": "HiDe-Adapter", "sd-lora": "SD-LoRA",
                 "ranpac": "RanPAC†", "linear-probe": "Linear probe", "flyprompt": "FlyPrompt"}
 METRICS = ("A_auc", "A_last", "A_avg", "F_last")
-#: The paper's CIFAR-100 A_auc (%, ViT-B/16 Sup-21K, seeds 1-5): its cross-ablation table
-#: (baseline / w/ REAR / w/ TE2 / w/ both), its cost table's LoRA and adapter methods (baseline only),
-#: its components table's RanPAC† and linear probe (without and with EMA heads) and FlyPrompt's main-table entry.
-PAPER_CIFAR100_A_AUC: Dict[str, Dict[str, float]] = {
-    "dualprompt": {"baseline": 76.04, "router": 80.63, "ensemble": 76.83, "both": 82.33},
-    "mvp": {"baseline": 67.74, "router": 67.44, "ensemble": 68.91, "both": 68.93},
-    "misa": {"baseline": 80.35, "router": 82.03, "ensemble": 81.65, "both": 83.60},
-    "hide": {"baseline": 77.10, "router": 78.41, "ensemble": 77.46, "both": 78.60},
-    "norga": {"baseline": 78.89, "router": 79.37, "ensemble": 79.16, "both": 79.37},
-    "hide-lora": {"baseline": 80.07},
-    "hide-adapter": {"baseline": 79.52},
-    "sd-lora": {"baseline": 79.26},
-    "ranpac": {"baseline": 69.91},
-    "linear-probe": {"baseline": 71.33, "ensemble": 71.69},
-    "flyprompt": {"full": 83.24},
-}
-
-
-#: Methods whose paper number is the cost table's A_auc of the method as published (no ablation).
-_COST_TABLE_METHODS = ("hide-lora", "hide-adapter", "sd-lora")
-#: Methods whose paper numbers are its components table's.
-_COMPONENTS_TABLE_METHODS = ("ranpac", "linear-probe")
-
-
-def _cost_table_note(rows: Sequence[Dict[str, Any]]) -> str:
-    notes = []
-    for methods, table in ((_COST_TABLE_METHODS, "cost table (the baseline only)"),
-                           (_COMPONENTS_TABLE_METHODS, "components table")):
-        present = [METHOD_NAMES[m] for m in methods if any(r["method"] == m for r in rows)]
-        notes += [f" {', '.join(present)}: the paper's {table}."] if present else []
-    return "".join(notes)
+#: where the paper's numbers of each kind of row are from (``benchmarks.studies.paper_rows``)
+PAPER_NOTE = (
+    "Paper: the numbers of the paper's dataset and backbone named in the last column (5 seeds): its Sup-21K "
+    "cross-ablation for the four variants of the methods it has, its components table for the linear probe and "
+    "RanPAC†, Table 1 (else Table 2) for a method alone, and its appendix table of A_avg and F_last; paper Δ is "
+    "the paper's A_auc difference from its baseline of the same table.")
 
 
 def _row_order(key: tuple) -> tuple:
@@ -69,12 +45,24 @@ def _row_order(key: tuple) -> tuple:
     return dataset, METHOD_ORDER.get(method, len(METHOD_ORDER)), method, VARIANT_ORDER.get(variant, 99), variant
 
 
-def paper_delta(method: str, variant: str) -> Optional[float]:
-    """The paper's CIFAR-100 A_auc difference of ``variant`` from the baseline, ``None`` where it has none."""
-    numbers = PAPER_CIFAR100_A_AUC.get(method, {})
-    if variant == "baseline" or variant not in numbers or "baseline" not in numbers:
-        return None
-    return numbers[variant] - numbers["baseline"]
+def _paper_columns(runs: Sequence[Dict[str, Any]], dataset: str, method: str, variant: str) -> Dict[str, Any]:
+    """The paper's numbers beside a row (``paper_rows.paper_row`` of the first run's backbone)."""
+    backbone = run_backbone(runs[0].get("protocol"))
+    return paper_row(method, variant, dataset, backbone).columns()
+
+
+def _paper_deltas(rows: Sequence[Dict[str, Any]]) -> None:
+    """``paper_A_auc_delta``: the paper's A_auc of the row minus its baseline's, where both come from one table."""
+    baselines = {(r["dataset"], r["method"]): r for r in rows if r["variant"] == "baseline"}
+    for row in rows:
+        base = baselines.get((row["dataset"], row["method"]))
+        paired = (row["variant"] != "baseline" and base is not None and row["paper_A_auc"] is not None
+                  and base["paper_A_auc"] is not None and _table(row) == _table(base))
+        row["paper_A_auc_delta"] = row["paper_A_auc"] - base["paper_A_auc"] if paired else None
+
+
+def _table(row: Dict[str, Any]) -> Optional[str]:
+    return (row.get("paper_source") or "").split(";")[0] or None
 
 
 def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -94,14 +82,14 @@ def summarize_results(results: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]
             row[f"{metric}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else None
         row["seconds_per_batch"] = float(np.mean([r["seconds_per_batch"] for r in runs]))
         row["peak_memory_mb"] = float(np.max([r["peak_memory_mb"] for r in runs]))
-        row["paper_A_auc"] = PAPER_CIFAR100_A_AUC.get(method, {}).get(variant)
-        row["paper_A_auc_delta"] = paper_delta(method, variant)
+        row.update(_paper_columns(runs, dataset, method, variant))
         row.update(_diagnostics_means([r.get("diagnostics") for r in runs]))
         rows.append(row)
     members = list(dict.fromkeys(key for row in rows for key in row if key.startswith("member_")))
     for row in rows:  # every row has every column (None where it does not apply)
         for key in members:
             row.setdefault(key, None)
+    _paper_deltas(rows)
     baselines = {(r["dataset"], r["method"]): r for r in rows if r["variant"] == "baseline"}
     for row in rows:
         base = baselines.get((row["dataset"], row["method"]))
@@ -241,6 +229,18 @@ def _signed(value: Optional[float]) -> str:
     return "" if value is None or math.isnan(value) else f"{value:+.2f}"
 
 
+def _paper(row: Dict[str, Any], metric: str) -> str:
+    value = row.get(f"paper_{metric}")
+    return "" if value is None else f"{value:.2f}"
+
+
+def _paper_setting(row: Dict[str, Any]) -> str:
+    """The paper's dataset, backbone and table the row's paper numbers are of; empty without any."""
+    if not row.get("paper_source"):
+        return ""
+    return f"{row['paper_dataset']}, {row['paper_backbone']}: {row['paper_source']}"
+
+
 def format_markdown(rows: Sequence[Dict[str, Any]], caption: str = "") -> str:
     """The table as Markdown, under a caption saying what the numbers are; failed runs (``add_failures``)
     in a table of their own below it."""
@@ -249,21 +249,21 @@ def format_markdown(rows: Sequence[Dict[str, Any]], caption: str = "") -> str:
     seeds = sorted({r["seeds"] for r in rows})
     lines = [caption + "." if caption and not caption.endswith(".") else caption] if caption else []
     lines += [
-        f"A_auc / A_last / F_last in %, mean ± standard deviation over {'/'.join(map(str, seeds)) or 0} seed(s) "
-        "(n/a: one seed); Δ is the difference of the means from the method's baseline (the same seeds, so "
-        "paired). Paper: CIFAR-100 A_auc of the paper's cross-ablation (ViT-B/16, 5 seeds)." + _cost_table_note(rows),
+        f"A_auc / A_last / A_avg / F_last in %, mean ± standard deviation over {'/'.join(map(str, seeds)) or 0} "
+        "seed(s) (n/a: one seed); Δ is the difference of the means from the method's baseline (the same seeds, so "
+        "paired). " + PAPER_NOTE,
         "",
-        "| dataset | method | variant | seeds | A_auc | ΔA_auc | paper A_auc | paper Δ | A_last | ΔA_last | F_last "
-        "| s/batch | peak MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dataset | method | variant | seeds | A_auc | ΔA_auc | paper A_auc | paper Δ | A_last | ΔA_last | paper A_last "
+        "| A_avg | paper A_avg | F_last | paper F_last | paper | s/batch | peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        paper = "" if r.get("paper_A_auc") is None else f"{r['paper_A_auc']:.2f}"
         lines.append(
             f"| {r['dataset']} | {METHOD_NAMES.get(r['method'], r['method'])} | {r['variant']} | {r['seeds']} | "
-            f"{_cell(r, 'A_auc')} | {_signed(r['A_auc_delta'])} | {paper} | {_signed(r.get('paper_A_auc_delta'))} | "
-            f"{_cell(r, 'A_last')} | {_signed(r['A_last_delta'])} | {_cell(r, 'F_last')} | "
-            f"{r['seconds_per_batch']:.3f} | {r['peak_memory_mb']:.0f} |"
+            f"{_cell(r, 'A_auc')} | {_signed(r['A_auc_delta'])} | {_paper(r, 'A_auc')} | "
+            f"{_signed(r.get('paper_A_auc_delta'))} | {_cell(r, 'A_last')} | {_signed(r['A_last_delta'])} | "
+            f"{_paper(r, 'A_last')} | {_cell(r, 'A_avg')} | {_paper(r, 'A_avg')} | {_cell(r, 'F_last')} | "
+            f"{_paper(r, 'F_last')} | {_paper_setting(r)} | {r['seconds_per_batch']:.3f} | {r['peak_memory_mb']:.0f} |"
         )
     lines += _diagnostics_markdown(rows)
     found = verdicts(rows)
@@ -342,8 +342,9 @@ def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Pat
 
 def plot_paper_deltas(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[Path]:
     """``deltas.png``: measured ΔA_auc of each variant (mean over seeds, error bar: the variant's standard
-    deviation) beside the paper's CIFAR-100 Δ, one group of bars per method and variant."""
-    entries = [r for r in rows if r["A_auc_delta"] is not None and paper_delta(r["method"], r["variant"]) is not None]
+    deviation) beside the paper's Δ of the dataset and backbone compared, one group of bars per method and
+    variant."""
+    entries = [r for r in rows if r["A_auc_delta"] is not None and r.get("paper_A_auc_delta") is not None]
     if not entries:
         return None
     try:
@@ -359,10 +360,11 @@ def plot_paper_deltas(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[
     x = np.arange(len(entries))
     measured = [r["A_auc_delta"] for r in entries]
     errors = [r["A_auc_std"] or 0.0 for r in entries]
-    paper = [paper_delta(r["method"], r["variant"]) for r in entries]
+    paper = [r["paper_A_auc_delta"] for r in entries]
     figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(entries)), 3.8))
     axis.bar(x - 0.2, measured, 0.4, yerr=errors, capsize=2, label="measured ΔA_auc (this sweep)")
-    axis.bar(x + 0.2, paper, 0.4, label="paper ΔA_auc (CIFAR-100, ViT-B/16)")
+    compared = sorted({f"{r['paper_dataset']}, {r['paper_backbone']}" for r in entries})
+    axis.bar(x + 0.2, paper, 0.4, label=f"paper ΔA_auc ({'; '.join(compared)})")
     axis.axhline(0, color="black", linewidth=0.8)
     axis.set_xticks(x, labels, fontsize=7)
     axis.set_ylabel("ΔA_auc vs baseline (points)")

@@ -18,7 +18,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from benchmarks.ablation.report import METHOD_NAMES, METHOD_ORDER, PAPER_CIFAR100_A_AUC
+from benchmarks.ablation.report import METHOD_NAMES, METHOD_ORDER
+from benchmarks.studies.paper_rows import paper_row
 
 __all__ = ["DELTAS", "ProxySummary", "load_runs", "markers", "render", "replace_block"]
 
@@ -48,9 +49,11 @@ def load_runs(results: Path, dataset: str) -> Dict[Tuple[str, str], Dict[int, fl
     return runs
 
 
-def _paper_delta(method: str, variant: str, reference: str) -> Optional[float]:
-    numbers = PAPER_CIFAR100_A_AUC.get(method, {})
-    return numbers[variant] - numbers[reference] if variant in numbers and reference in numbers else None
+def _paper_delta(method: str, variant: str, reference: str, dataset: str) -> Optional[float]:
+    """The paper's A_auc of ``variant`` minus ``reference`` (its Sup-21K cross-ablation) on the paper's dataset
+    ``dataset`` stands for; ``None`` where it has either not."""
+    mine, theirs = (paper_row(method, v, dataset, "sup21k").A_auc for v in (variant, reference))
+    return None if mine is None or theirs is None else mine - theirs
 
 
 def _signed(value: Optional[float]) -> str:
@@ -60,8 +63,8 @@ def _signed(value: Optional[float]) -> str:
 class ProxySummary:
     """The A_auc of every (method, variant, seed) of one dataset, and what the page says of them."""
 
-    def __init__(self, runs: Dict[Tuple[str, str], Dict[int, float]]) -> None:
-        self.runs = runs
+    def __init__(self, runs: Dict[Tuple[str, str], Dict[int, float]], dataset: str = "cifar100-like") -> None:
+        self.runs, self.dataset = runs, dataset
         self.methods = sorted({m for m, _ in runs}, key=lambda m: (METHOD_ORDER.get(m, len(METHOD_ORDER)), m))
         self.seeds = sorted({seed for by_seed in runs.values() for seed in by_seed})
 
@@ -88,7 +91,7 @@ class ProxySummary:
             cells = [METHOD_NAMES.get(method, method), f"{mean:.2f} ± " + ("n/a" if np.isnan(std) else f"{std:.2f}")]
             for column, (variant, reference) in DELTAS.items():
                 deltas = self.deltas(method, column)
-                paper = _paper_delta(method, variant, reference) if column != "oracle" else None
+                paper = _paper_delta(method, variant, reference, self.dataset) if column != "oracle" else None
                 cell = "not run" if deltas is None else f"{np.mean(deltas):+.2f}"
                 cells.append(cell + (f" ({paper:+.2f})" if paper is not None else ""))
             lines.append("| " + " | ".join(cells) + " |")
@@ -133,7 +136,8 @@ class ProxySummary:
             scores = sorted(((s[seed], m) for (m, v), s in self.runs.items() if "oracle" not in v and seed in s),
                             reverse=True)
             per_seed.append(str([m for _, m in scores].index("flyprompt") + 1))
-        text = (f"FlyPrompt ({self.mean_std('flyprompt', 'full')[0]:.2f}, the paper 83.24) ranks {place} of "
+        paper = paper_row("flyprompt", "full", self.dataset, "sup21k").A_auc
+        text = (f"FlyPrompt ({self.mean_std('flyprompt', 'full')[0]:.2f}, the paper {paper:.2f}) ranks {place} of "
                 f"{len(ranked)} rows (every method's baseline, +REAR, +TE2 and +both)")
         if best:
             text += f"; the best other row is {METHOD_NAMES.get(best[0], best[0])} {best[1]} ({best[2]:.2f})"
@@ -145,7 +149,7 @@ def render(summary: ProxySummary, results: str, dataset: str) -> str:
     seeds = ", ".join(str(s) for s in summary.seeds)
     begin, end = markers(results, dataset)
     lines = [begin, "", f"A_auc (%) on `{dataset}`, seeds {seeds}: the baseline's mean ± standard deviation, and each "
-             "delta's mean over the seeds beside the paper's CIFAR-100 delta (ViT-B/16 Sup-21K).", "",
+             "delta's mean over the seeds beside the paper's delta on the dataset it stands for (ViT-B/16 Sup-21K).", "",
              *summary.ablation_rows(), "", "Per seed (A_auc points, seeds in order):", "", *summary.seed_rows(), "",
              "REAR given TE2 (both − TE2):", ""]
     lines += [f"- {summary.positive_on_every_seed(method, 'REAR given TE2')}" for method in summary.methods
@@ -175,7 +179,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     action.add_argument("--check", type=Path, help="exit 1 if this page's block is not the computed one")
     args = parser.parse_args(argv)
     try:
-        block = render(ProxySummary(load_runs(args.results, args.dataset)), args.results.as_posix(), args.dataset)
+        summary = ProxySummary(load_runs(args.results, args.dataset), args.dataset)
+        block = render(summary, args.results.as_posix(), args.dataset)
         page = (args.write or args.check).read_text() if (args.write or args.check) else None
         updated = replace_block(page, block) if page is not None else None
     except (OSError, ValueError) as error:

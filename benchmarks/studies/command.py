@@ -23,6 +23,8 @@ STUDIES: Dict[str, str] = {
     "routing": "each method's own routing accuracy and REAR's, A_last with the oracle (Fig. 2b, 2c), from the diagnostics",
     "ranpac": "RanPAC†, ‡ and * beside FlyPrompt (the appendix RanPAC table)",
     "components-cost": "parameters and storage of G, Q, the router head, the prompts and the TE2 heads (appendix)",
+    "overall": "the paper's Table 1: each method of it alone (baseline; FlyPrompt full), A_auc and A_last per dataset",
+    "offline": "the paper's Table 2 (offline methods, Sup-21K): each method of it alone, as --study overall",
 }
 
 
@@ -41,6 +43,13 @@ def study_defaults(args: argparse.Namespace) -> None:
     it fixes, what it scores on one training (routers, aggregation rules, heads)."""
     if args.study in ANALYSIS_STUDIES:  # benchmarks.studies.analysis_studies
         analysis_defaults(args)
+        return
+    if args.study in ("overall", "offline"):  # the paper's Tables 1 and 2 (benchmarks.studies.main_tables)
+        from ..methods import list_methods
+        from .main_tables import study_methods
+
+        args.methods = args.methods or study_methods(args.study, list_methods())
+        args.variants = args.variants or ["baseline"]  # FlyPrompt's is full (variants_for)
         return
     study = REGISTRY.get(args.study)
     if study is None:

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
 from ..backbone import BACKBONES
+from .paper_tables import FALLBACK_DATASET, compared_dataset
 
 __all__ = [
     "FALLBACK_BACKBONE", "FALLBACK_DATASET", "compared_backbone", "paper_backbone", "paper_dataset", "AGGREGATIONS",
-    "AGGREGATIONS_BY_BACKBONE", "COMPONENTS", "COMPONENTS_BY_BACKBONE", "COST", "ROUTING", "ROUTING_BACKBONE",
-    "SWEEPS", "sweep_paper_numbers",
+    "AGGREGATIONS_BY_BACKBONE", "AGGREGATION_PAPER_ROWS", "COMPONENTS", "COMPONENTS_BY_BACKBONE", "COST", "ROUTING",
+    "ROUTING_BACKBONE", "SWEEPS", "sweep_paper_numbers",
 ]
 
 #: routing algorithms on random expanded features (FlyPrompt, Sup-21K only): router -> {dataset: (A_auc, A_last)},
@@ -81,6 +82,15 @@ AGGREGATIONS_BY_BACKBONE = {
 #: the Sup-21K rows, the backbone of the paper's main tables
 AGGREGATIONS = AGGREGATIONS_BY_BACKBONE["sup21k"]
 
+#: our rule (``fly_modules.AGGREGATION_RULES``) -> the row of the paper's aggregation table that the official
+#: code computed the same way (``python -m benchmarks.fidelity.aggregations``); ``None``: no row. The paper's
+#: "Min Entropy" ran the official ``min_entropy``, which is ``logit_min_entropy`` here; our ``min_entropy``
+#: selects by the softmax's entropy and predicts as ``softmax_min_entropy``.
+AGGREGATION_PAPER_ROWS = {
+    "mean": "mean", "max_prob": "max_prob", "min_entropy": None, "softmax_mean": "softmax_mean",
+    "softmax_max": "softmax_max", "softmax_min_entropy": "softmax_min_entropy", "logit_min_entropy": "min_entropy",
+}
+
 #: method -> (A_auc, BWT, total parameters M, trainable parameters M, training s/batch, inference s/batch),
 #: CIFAR-100
 COST = {
@@ -99,7 +109,8 @@ COST = {
 }
 
 #: the components table (``ablation_results``): backbone -> row -> {dataset: (A_auc, A_last)}; the rows are
-#: those of ``benchmarks.studies.components_table.COMPONENT_ROWS``
+#: those of ``benchmarks.studies.components_table.COMPONENT_ROWS``. ``linear_probe`` is its row "− × ×"
+#: (FlyPrompt without its components), not Table 1's Linear Probe (``paper_tables.OVERALL``, another training)
 COMPONENTS_BY_BACKBONE = {
     "sup21k": {
         "ranpac": {"cifar100": (69.91, 79.92), "imagenet-r": (47.29, 47.33)},
@@ -126,15 +137,12 @@ COMPONENTS = COMPONENTS_BY_BACKBONE["sup21k"]
 #: the backbone of :data:`ROUTING`: the paper's routing table has no other
 ROUTING_BACKBONE = "sup21k"
 
-#: the paper's dataset a table compares with when the sweep's dataset is not one of the paper's (the
-#: generated data of the CPU proxy): CIFAR-100, as the cross-ablation's table does
-FALLBACK_DATASET = "cifar100"
-
-
 def paper_dataset(dataset: str, numbers: dict) -> str:
-    """``dataset`` when the paper's ``numbers`` (``{dataset: ...}``) have it, else :data:`FALLBACK_DATASET`."""
-    return dataset if dataset in numbers else FALLBACK_DATASET
-
+    """The paper's dataset of ``dataset`` (``paper_tables.compared_dataset``: the proxy's ``*-like`` datasets
+    their model's, the generated data CIFAR-100) when the paper's ``numbers`` (``{dataset: ...}``) have it,
+    else :data:`FALLBACK_DATASET`."""
+    compared = compared_dataset(dataset)
+    return compared if compared in numbers else FALLBACK_DATASET
 
 
 #: the paper's backbone a table compares with when the run's model is none of its presets (the CPU proxy's

@@ -16,7 +16,14 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .paper_numbers import AGGREGATIONS_BY_BACKBONE, ROUTING, compared_backbone, paper_dataset, sweep_paper_numbers
+from .paper_numbers import (
+    AGGREGATION_PAPER_ROWS,
+    AGGREGATIONS_BY_BACKBONE,
+    ROUTING,
+    compared_backbone,
+    paper_dataset,
+    sweep_paper_numbers,
+)
 from .study_figures import plot_study
 
 __all__ = ["study_rows", "format_study", "write_study", "paper_label", "seed_mean", "seed_std", "table_cell"]
@@ -60,15 +67,27 @@ def study_rows(results: Iterable[Dict[str, Any]], study: str) -> List[Dict[str, 
 
 def _paper_columns(study: str, name: str, method: str, dataset: str, backbone: str) -> Dict[str, Any]:
     """The paper's dataset, backbone, A_auc and A_last beside a row (``None`` where the paper has no such row:
-    a subset of heads its decay table has not)."""
+    a subset of heads its decay table has not, an aggregation rule no row of it computed)."""
     if study == "heads":
         compared, backbone, numbers = sweep_paper_numbers("decays", name, "flyprompt", dataset, backbone)
         return {"paper_dataset": compared, "paper_backbone": backbone, "paper_A_auc": numbers and numbers[0],
                 "paper_A_last": numbers and numbers[1]}
-    table = (ROUTING if study == "routers" else AGGREGATIONS_BY_BACKBONE[backbone])[name]
+    table = ROUTING[name] if study == "routers" else _paper_aggregation(backbone, name)
     compared = paper_dataset(dataset, table)
-    return {"paper_dataset": compared, "paper_backbone": backbone, "paper_A_auc": table[compared][0],
-            "paper_A_last": table[compared][1]}
+    numbers = table.get(compared, (None, None))
+    return {"paper_dataset": compared, "paper_backbone": backbone, "paper_A_auc": numbers[0], "paper_A_last": numbers[1]}
+
+
+def _paper_aggregation(backbone: str, rule: str) -> Dict[str, Any]:
+    """The paper's numbers of the row the official code computed as ``rule`` does; none for a rule of no row."""
+    row = AGGREGATION_PAPER_ROWS[rule]
+    return {} if row is None else AGGREGATIONS_BY_BACKBONE[backbone][row]
+
+
+#: below the aggregation table: the rule without a paper row, and the one that is the paper's "Min Entropy"
+AGGREGATION_NOTE = ("\nThe paper's Min Entropy row ran the official code's min_entropy, whose entropy is of the raw masked "
+                    "logits: logit_min_entropy here (docs/ensemble.md). min_entropy here selects by the softmax's entropy "
+                    "and predicts as softmax_min_entropy; no row of the paper's is computed so.")
 
 
 def paper_label(row: Dict[str, Any]) -> str:
@@ -108,6 +127,8 @@ def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if study == "routers":
         lines.append(RIDGE_TIMING_NOTE)
+    elif any(AGGREGATION_PAPER_ROWS.get(row[key]) is None for row in rows):
+        lines.append(AGGREGATION_NOTE)
     return "\n".join(lines)
 
 
