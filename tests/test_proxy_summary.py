@@ -78,7 +78,7 @@ def test_a_page_without_the_markers_or_a_folder_without_runs_is_one_line(tmp_pat
 def test_every_number_the_results_list_quotes_is_a_committed_one():
     page = PAGE.read_text()
     _, end = summary.markers("docs/results/proxy", "cifar100-like")
-    quoted_part = page.split("## Results")[1].split(end)[1].split("## The earlier proxy")[0]
+    quoted_part = page.split("## Results")[1].split(end)[1].split("## The paper's studies on the proxy")[0]
     committed = " ".join([page.split("## Results")[1].split(end)[0],
                           page.split(summary.markers("docs/results/proxy-10", "synthetic")[0])[1],
                           (REPO / "docs" / "results" / "proxy" / "table.md").read_text()])
@@ -86,3 +86,12 @@ def test_every_number_the_results_list_quotes_is_a_committed_one():
     assert len(numbers) > 20
     missing = [n for n in numbers if n not in committed]
     assert not missing, f"docs/proxy.md quotes numbers no committed file has: {missing}"
+
+
+def test_every_number_the_studies_section_quotes_is_in_a_committed_study_table():
+    section = PAGE.read_text().split("## The paper's studies on the proxy")[1].split("## The earlier proxy")[0]
+    tables = " ".join(path.read_text() for path in (REPO / "docs" / "results" / "studies").glob("study_*.md"))
+    numbers = re.findall(r"[+-]?\d+\.\d\d\b", section)
+    assert len(numbers) > 20
+    missing = [n for n in numbers if n not in tables]
+    assert not missing, f"docs/proxy.md's studies section quotes numbers no study table has: {missing}"
