@@ -69,21 +69,21 @@ def test_sigkill_at_three_points_then_resume_equals_the_uninterrupted_run(uninte
     # 1. In the middle of HiDe-Prompt's third batch (FlyPrompt's 7 batches x 2 steps come first).
     first = interrupted("step", 20, tmp_path)
     assert first.returncode == -signal.SIGKILL
-    assert files(tmp_path, "checkpoints") == ["synthetic/hide/seed1/batch0000002.pt"]
-    assert files(tmp_path, "runs") == ["synthetic/flyprompt/full/seed1.json"]
+    assert files(tmp_path, "checkpoints") == ["cifar100-like/hide/seed1/batch0000002.pt"]
+    assert files(tmp_path, "runs") == ["cifar100-like/flyprompt/full/seed1.json"]
     # 2. Inside a checkpoint write, between the complete temporary file and its rename: only the
     # temporary file of DualPrompt's first checkpoint exists, which the next run ignores and removes.
     second = interrupted("write", 2, tmp_path)
     assert second.returncode == -signal.SIGKILL and "1 training resumes from a checkpoint" in second.stdout
     assert [re.sub(r"\.pt\..*\.tmp$", ".pt.*.tmp", name) for name in files(tmp_path, "checkpoints")] == [
-        "synthetic/dualprompt/seed1/.batch0000002.pt.*.tmp"
+        "cifar100-like/dualprompt/seed1/.batch0000002.pt.*.tmp"
     ]
     # 3. Between the two result files of DualPrompt's training: the next run resumes it to write the
     # missing variant, scoring both as the training did.
     third = interrupted("result", 1, tmp_path)
     assert third.returncode == -signal.SIGKILL and "0 trainings resume" in third.stdout
-    assert "synthetic/dualprompt/baseline/seed1.json" in files(tmp_path, "runs")
-    assert "synthetic/dualprompt/both/seed1.json" not in files(tmp_path, "runs")
+    assert "cifar100-like/dualprompt/baseline/seed1.json" in files(tmp_path, "runs")
+    assert "cifar100-like/dualprompt/both/seed1.json" not in files(tmp_path, "runs")
     assert len(files(tmp_path, "checkpoints")) == 2  # at most two per training
     last = interrupted("none", 0, tmp_path)
     assert last.returncode == 0, last.stderr[-3000:]
@@ -91,8 +91,8 @@ def test_sigkill_at_three_points_then_resume_equals_the_uninterrupted_run(uninte
     assert not (tmp_path / "checkpoints").exists()
     assert final_records(tmp_path) == uninterrupted
     history = {name: json.loads((tmp_path / name).read_text())["checkpoints"] for name in uninterrupted}
-    assert history["runs/synthetic/hide/both/seed1.json"]["resumed_at_batches"] == [2]
-    assert history["runs/synthetic/dualprompt/both/seed1.json"]["resumed_at_batches"] == [5]
+    assert history["runs/cifar100-like/hide/both/seed1.json"]["resumed_at_batches"] == [2]
+    assert history["runs/cifar100-like/dualprompt/both/seed1.json"]["resumed_at_batches"] == [5]
 
 
 @pytest.mark.slow
@@ -100,15 +100,15 @@ def test_sigterm_saves_at_the_batch_boundary_exits_75_and_resumes_exactly(uninte
     only = ["--methods", "flyprompt"]
     stopped = interrupted("term", 5, tmp_path, *only)  # during FlyPrompt's third batch
     assert stopped.returncode == RESUMABLE_EXIT_CODE == 75, stopped.stderr[-3000:]
-    saved = tmp_path / "checkpoints" / "synthetic" / "flyprompt" / "seed1" / "batch0000003.pt"
-    assert files(tmp_path, "checkpoints")[-1] == "synthetic/flyprompt/seed1/batch0000003.pt"
-    assert f"stopped by SIGTERM: synthetic/flyprompt/seed1 at batch 3 of 7, saved in {saved}" in stopped.stderr
+    saved = tmp_path / "checkpoints" / "cifar100-like" / "flyprompt" / "seed1" / "batch0000003.pt"
+    assert files(tmp_path, "checkpoints")[-1] == "cifar100-like/flyprompt/seed1/batch0000003.pt"
+    assert f"stopped by SIGTERM: cifar100-like/flyprompt/seed1 at batch 3 of 7, saved in {saved}" in stopped.stderr
     command = re.search(r"resume with the same command: (.*)\n", stopped.stderr).group(1)
     assert command.endswith(" ".join([*ARGS, *only, "--output", str(tmp_path)]))
     assert checkpoint.read_checkpoint(saved)["batches"] == 3
     resumed = interrupted("none", 0, tmp_path, *only)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert final_records(tmp_path) == {name: uninterrupted[name] for name in ["runs/synthetic/flyprompt/full/seed1.json"]}
+    assert final_records(tmp_path) == {name: uninterrupted[name] for name in ["runs/cifar100-like/flyprompt/full/seed1.json"]}
 
 
 # ------------------------------------------------------------------------------- in process
@@ -143,7 +143,7 @@ def test_a_checkpoint_of_another_setting_or_other_variants_is_refused(tmp_path, 
     finally:
         signal.signal(signal.SIGTERM, previous)
     monkeypatch.undo()
-    folder = tmp_path / "checkpoints" / "synthetic" / "dualprompt" / "seed1"
+    folder = tmp_path / "checkpoints" / "cifar100-like" / "dualprompt" / "seed1"
     assert [p.name for p in CheckpointStore(folder).paths()] == ["batch0000002.pt"]
     capsys.readouterr()
     for changed, needle in (
@@ -159,7 +159,7 @@ def test_a_checkpoint_of_another_setting_or_other_variants_is_refused(tmp_path, 
     assert "1 training resumes from a checkpoint" in capsys.readouterr().out
     assert not (tmp_path / "checkpoints").exists()
     assert cross_ablation.main([*SMALL, "--no-resume", "--checkpoint-every", "2", "--output", str(tmp_path)]) == 0
-    record = json.loads((tmp_path / "runs" / "synthetic" / "dualprompt" / "both" / "seed1.json").read_text())
+    record = json.loads((tmp_path / "runs" / "cifar100-like" / "dualprompt" / "both" / "seed1.json").read_text())
     assert record["checkpoints"]["written"] == record["num_batches"] // 2 and record["checkpoints"]["resumed_at_batches"] == []
 
 
@@ -239,7 +239,7 @@ def test_torchrun_resumes_every_process_from_the_checkpoint_one_process_wrote(un
         return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
     assert torchrun("step", 6).returncode != 0  # killed in the middle of the third batch
-    assert files(tmp_path, "checkpoints") == ["synthetic/hide/seed1/batch0000002.pt"]
+    assert files(tmp_path, "checkpoints") == ["cifar100-like/hide/seed1/batch0000002.pt"]
     done = torchrun("none", 0)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1 training resumes from a checkpoint" in done.stdout
@@ -251,5 +251,5 @@ def test_torchrun_resumes_every_process_from_the_checkpoint_one_process_wrote(un
         # Same evaluations class by class as one process (summation order could in principle flip a
         # prediction; on these sizes it does not).
         assert [r["correct"] for r in two["log"]["records"]] == [r["correct"] for r in one["log"]["records"]], name
-    resumed = json.loads((tmp_path / "runs/synthetic/hide/both/seed1.json").read_text())["checkpoints"]
+    resumed = json.loads((tmp_path / "runs/cifar100-like/hide/both/seed1.json").read_text())["checkpoints"]
     assert resumed["resumed_at_batches"] == [2]

@@ -20,7 +20,7 @@ from benchmarks.ablation.presets import PRESETS
     [
         (["--seeds", "abc"], "--seeds: expected an integer, got 'abc'"),
         (["--seeds", "1,1"], "distinct"),
-        (["--methods", "bogus"], "unknown method 'bogus'; choose from dualprompt"),
+        (["--methods", "bogus"], "unknown method 'bogus'; choose from coda-prompt, dualprompt"),
         (["--datasets", "bogus"], "unknown dataset 'bogus'"),
         (["--variants", "bogus"], "unknown variant 'bogus'"),
         (["--model-kwargs", "{bad"], "--model-kwargs: expected a JSON object"),

@@ -149,7 +149,7 @@ def test_plan_shards_and_merge_in_several_processes(tmp_path, capsys):
     printed = capsys.readouterr().out
     document = json.loads((output / "plan.json").read_text())
     assert len(document["trainings"]) == 6 and document["results"] == 12 and len(document["probes"]) == 3
-    assert "estimated device time" in printed and "| synthetic | hide | 2 |" in printed
+    assert "estimated device time" in printed and "| cifar100-like | hide | 2 |" in printed
 
     assert cross_ablation.main([*sweep, "--output", str(output), "--merge"]) == 2
     assert "12 of 12 results are missing" in capsys.readouterr().err
@@ -162,7 +162,7 @@ def test_plan_shards_and_merge_in_several_processes(tmp_path, capsys):
     assert [job.returncode for job in jobs] == [0, 0], outputs
     trained = [sorted(line.split(":")[0] for line in out.splitlines() if "A_auc" in line) for out, _ in outputs]
     assert all(trained) and not set(trained[0]) & set(trained[1])
-    assert sorted(trained[0] + trained[1]) == sorted(f"synthetic/{m}/{v}/seed{s}" for m in ("l2p", "mvp", "hide")
+    assert sorted(trained[0] + trained[1]) == sorted(f"cifar100-like/{m}/{v}/seed{s}" for m in ("l2p", "mvp", "hide")
                                                      for v in ("baseline", "both") for s in (1, 2))
     assert all("balanced by the estimates of plan.json" in out for out, _ in outputs)
     assert all("--merge" in out.splitlines()[-1] for out, _ in outputs)
@@ -176,8 +176,8 @@ def test_plan_shards_and_merge_in_several_processes(tmp_path, capsys):
     assert cross_ablation.main([*sweep, "--output", str(whole), "--methods", "hide"]) == 0
     for seed in (1, 2):
         for name in ("baseline", "both"):
-            a = json.loads((output / "runs" / "synthetic" / "hide" / name / f"seed{seed}.json").read_text())
-            b = json.loads((whole / "runs" / "synthetic" / "hide" / name / f"seed{seed}.json").read_text())
+            a = json.loads((output / "runs" / "cifar100-like" / "hide" / name / f"seed{seed}.json").read_text())
+            b = json.loads((whole / "runs" / "cifar100-like" / "hide" / name / f"seed{seed}.json").read_text())
             assert a["log"] == b["log"] and a["diagnostics"] == b["diagnostics"]
 
 

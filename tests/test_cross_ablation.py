@@ -30,7 +30,9 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
     captured = capsys.readouterr()
     printed = captured.out
-    assert "no --misa-prompts" in captured.err  # the 'misa' rows say what they are
+    assert "no --misa-prompts" not in captured.err  # the proxy's MISA loads its pretrained prompts, and says so
+    misa = json.loads((output / "runs" / "cifar100-like" / "misa" / "baseline" / "seed1.json").read_text())
+    assert "pretrained prompts loaded from proxy_misa_prompts.safetensors" in misa["notes"]
     rows = json.loads((output / "table.json").read_text())
     # six methods x (four ablation + two oracle variants), plus FlyPrompt (router and ensemble built in)
     # as 'full' and its two oracle variants
@@ -40,7 +42,7 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         (m, v) for m in PAPER_METHODS for v in variants
     } | {("flyprompt", v) for v in ("full", *ORACLE_VARIANTS)}
     for row in rows:  # the table in percent, from the run files (fractions)
-        run = json.loads((output / "runs" / "synthetic" / row["method"] / row["variant"] / "seed1.json").read_text())
+        run = json.loads((output / "runs" / "cifar100-like" / row["method"] / row["variant"] / "seed1.json").read_text())
         routing = run["diagnostics"]["routing"]
         assert (row["A_auc_mean"], row["A_last_mean"]) == pytest.approx(
             (100 * run["metrics"]["A_auc"], 100 * run["metrics"]["A_last"]))
@@ -67,11 +69,11 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         assert f"| {name} | {row['variant']} | 1 | {row['A_auc_mean']:.2f} ± n/a |" in markdown
     assert markdown.startswith("smoke-level numbers")
     for method in PAPER_METHODS:  # the verdict under the table
-        assert re.search(rf"^{report.METHOD_NAMES[method]} \(synthetic\): (oracle gap|no gap)", markdown, re.MULTILINE)
+        assert re.search(rf"^{report.METHOD_NAMES[method]} \(cifar100-like\): (oracle gap|no gap)", markdown, re.MULTILINE)
 
     # A killed sweep loses only its missing runs: delete two results, rerun, only those are recomputed.
-    (output / "runs" / "synthetic" / "mvp" / "router" / "seed1.json").unlink()
-    (output / "runs" / "synthetic" / "hide" / "both" / "seed1.json").unlink()
+    (output / "runs" / "cifar100-like" / "mvp" / "router" / "seed1.json").unlink()
+    (output / "runs" / "cifar100-like" / "hide" / "both" / "seed1.json").unlink()
     calls = []
     original = execution.run_training
 
@@ -81,7 +83,7 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(execution, "run_training", recording)
     assert cross_ablation.main([*REDUCED, "--output", str(output)]) == 0
-    assert sorted(calls) == ["synthetic/hide/both/seed1", "synthetic/mvp/router/seed1"]
+    assert sorted(calls) == ["cifar100-like/hide/both/seed1", "cifar100-like/mvp/router/seed1"]
     def metrics_only(table):
         return [{k: v for k, v in r.items() if k not in ("seconds_per_batch", "peak_memory_mb")} for r in table]
 
@@ -96,11 +98,12 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         assert re.fullmatch(r"error: .*another setting .*--no-resume.*\n", error), error
     assert calls == []
     # Another method's keyword arguments do not decide a run's numbers: its finished runs are reused; its own do.
-    others = ["--methods", "mvp,hide", "--method-kwargs", '{"l2p": {"pool_size": 7}}']
+    kept = {"mvp": {"reference_quirks": True}, "hide": {"router_features": "g_mlp"}}  # the preset's for these two
+    others = ["--methods", "mvp,hide", "--method-kwargs", json.dumps({**kept, "l2p": {"pool_size": 7}})]
     assert cross_ablation.main([*REDUCED, *others, "--output", str(output)]) == 0 and calls == []
-    own = ["--methods", "mvp,hide", "--method-kwargs", '{"mvp": {"reference_quirks": true}}']
+    own = ["--methods", "mvp,hide", "--method-kwargs", json.dumps({**kept, "mvp": {}})]
     assert cross_ablation.main([*REDUCED, *own, "--output", str(output)]) == 2 and calls == []
-    assert "method_kwargs: {'mvp': {}} -> {'mvp': {'reference_quirks': True}}" in capsys.readouterr().err
+    assert "method_kwargs: {'mvp': {'reference_quirks': True}} -> {'mvp': {}}" in capsys.readouterr().err
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from benchmarks.ablation.arguments import protocol_value
 from benchmarks.ablation.results import load_results
 from benchmarks.backbone import BACKBONES
 from benchmarks.studies.command import study_defaults
@@ -90,6 +91,6 @@ def test_table_2_has_no_paper_numbers_for_another_backbone(tmp_path):
 @pytest.mark.parametrize("study", ["overall", "offline"])
 def test_the_studies_train_the_tables_registered_methods_alone(study):
     args = argparse.Namespace(study=study, methods=None, variants=None)
-    study_defaults(args)
+    study_defaults(args, protocol_value)
     assert args.variants == ["baseline"] and args.methods and "linear-probe" not in args.methods
     assert study_methods(study, REGISTERED) == [m for m in args.methods if m in REGISTERED]

@@ -18,6 +18,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from benchmarks.ablation.errors import UsageError
 from benchmarks.ablation.expert_schedules import EXPERT_SCHEDULES
 from benchmarks.ablation.logit_masks import TRAIN_MASKS
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
@@ -36,10 +37,6 @@ from fly_modules import AGGREGATION_RULES, InvalidParameterError
 from fly_modules._validation import SHARED_PARAMETERS, Constraint, Integer
 
 DESCRIPTION = "Cross-ablation of the analytic router and the temporal ensemble: methods x variants x datasets x seeds."
-
-
-class UsageError(Exception):
-    """A command-line value is invalid, or the machine lacks something the sweep needs (exit status 2)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -354,3 +351,8 @@ def command_line(argv: Optional[Sequence[str]], world: int, *, merge: bool = Fal
     if world > 1:
         return f"torchrun --nproc_per_node {os.environ.get('LOCAL_WORLD_SIZE', world)} {shlex.join([script, *args])}"
     return shlex.join([sys.executable, script, *args])
+
+
+def protocol_value(name: str, text: str) -> Any:
+    """``text`` read as the protocol flag of the field ``name`` reads it (a study's fixed settings)."""
+    return PROTOCOL_FLAGS[name][0](text)

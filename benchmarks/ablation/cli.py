@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Optional, Sequence
 
 from benchmarks.ablation import preflight
-from benchmarks.ablation.arguments import UsageError, build_parser
+from benchmarks.ablation.arguments import UsageError, build_parser, protocol_value
 from benchmarks.ablation.checkpointing import CheckpointError
 from benchmarks.ablation.claims import ClaimHeldError
 from benchmarks.ablation.cost import run_plan
@@ -61,7 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if error:
                 raise UsageError(error)
             return run_components_cost(args)
-        study_defaults(args)
+        study_defaults(args, protocol_value)
         if study is not None and study.points:
             return run_points(args, study, argv)
         sweep = resolve(args)

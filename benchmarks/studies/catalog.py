@@ -7,15 +7,15 @@ has them. ``--sweep NAME=v1,...`` makes the same kind of study of any one protoc
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Dict, Tuple
 
 from fly_modules.ensemble import AGGREGATION_RULES
 
 from ..ablation.head_sets import PAPER_HEAD_SETS
-from .registry import Study, SweepPoint, register
+from .registry import REGISTRY, Study, SweepPoint, register
 from .router_set import ROUTERS
 
-__all__ = ["TASKS_EXPERTS_POINTS", "points_of"]
+__all__ = ["TASKS_EXPERTS_POINTS", "points_of", "study_descriptions"]
 
 #: the methods of the paper's mask and ratio tables that this repository has (CODA-P is not one of them)
 TABLE_METHODS = ("l2p", "dualprompt", "mvp", "misa", "flyprompt")
@@ -75,3 +75,8 @@ register(Study("tasks_experts", "5 / 10 / 20 sessions with task-correlated exper
                                 "self-triggered experts (sample budget w = N_train / experts)",
                paper="appendix: numbers of tasks and experts (CIFAR-100)", methods=("mvp", "misa", "flyprompt"),
                variants=("baseline",), points=TASKS_EXPERTS_POINTS))
+
+
+def study_descriptions() -> Dict[str, str]:
+    """``{name: description}`` of every registered study (this module's, registered on import), for ``--help``."""
+    return {name: study.description for name, study in REGISTRY.items()}

@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..backbone import BACKBONES
 from .analysis_studies import ANALYSIS_STUDIES, analysis_defaults
-from .registry import REGISTRY, study_descriptions
+from .catalog import study_descriptions
+from .registry import REGISTRY
 
 __all__ = ["STUDIES", "cost_study_error", "run_cost_command", "run_cost_study", "study_defaults", "with_backbone"]
 
@@ -38,9 +39,10 @@ def with_backbone(protocol: Any, args: argparse.Namespace) -> Any:
     )
 
 
-def study_defaults(args: argparse.Namespace) -> None:
+def study_defaults(args: argparse.Namespace, parse_value: Callable[[str, str], Any]) -> None:
     """Fill what ``args.study`` needs and the user left unset: its methods and variants, the protocol settings
-    it fixes, what it scores on one training (routers, aggregation rules, heads)."""
+    it fixes (``parse_value(flag name, text)`` reads a value as its flag does), what it scores on one training
+    (routers, aggregation rules, heads)."""
     if args.study in ANALYSIS_STUDIES:  # benchmarks.studies.analysis_studies
         analysis_defaults(args)
         return
@@ -57,11 +59,9 @@ def study_defaults(args: argparse.Namespace) -> None:
     args.methods = args.methods or study.names("methods") or None
     args.variants = args.variants or study.names("variants") or None
     if study.fixed:
-        from ..ablation.arguments import PROTOCOL_FLAGS
-
         for name, text in study.fixed:
             if getattr(args, name, None) is None:
-                setattr(args, name, PROTOCOL_FLAGS[name][0](text))
+                setattr(args, name, parse_value(name, text))
     for name, values in study.scored:
         if getattr(args, name, None) is None:
             setattr(args, name, list(values))
@@ -88,7 +88,7 @@ def cost_study_error(args: argparse.Namespace, given: Sequence[str]) -> Optional
 
 def run_cost_command(args: argparse.Namespace, given: Sequence[str]) -> int:
     """``--study cost`` with the options ``given``: its options checked (one line, exit status 2), then the table."""
-    from ..ablation.arguments import UsageError
+    from ..ablation.errors import UsageError
 
     error = cost_study_error(args, given)
     if error:

@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-__all__ = ["REGISTRY", "Study", "SweepPoint", "register", "resolve_hook", "study_descriptions"]
+__all__ = ["REGISTRY", "Study", "SweepPoint", "register", "resolve_hook"]
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,3 @@ def resolve_hook(reference: str) -> Callable[..., Any]:
     plotting and the methods, which the command line does not need to parse its flags)."""
     module, _, name = reference.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-def study_descriptions() -> Dict[str, str]:
-    """``{name: description}`` of every registered study, for ``--help``."""
-    from . import catalog  # noqa: F401  (registers the paper's studies)
-
-    return {name: study.description for name, study in REGISTRY.items()}
