@@ -26,11 +26,13 @@ __all__ = [
 VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full", *ORACLE_VARIANTS))}
 #: Rows follow the paper's method order (its main table, then its cross-ablation), FlyPrompt last.
 METHOD_ORDER = {name: i for i, name in enumerate(
-    ("l2p", "dualprompt", "mvp", "misa", "hide", "norga", "hide-lora", "hide-adapter", "sd-lora", "ranpac",
-     "linear-probe", "flyprompt"))}
-METHOD_NAMES = {"l2p": "L2P", "dualprompt": "DualPrompt", "mvp": "MVP", "misa": "MISA", "hide": "HiDe-Prompt",
+    ("seq-ft", "seq-ft-sl", "l2p", "dualprompt", "coda-prompt", "mvp", "misa", "s-prompt", "hide", "norga", "hide-lora",
+     "hide-adapter", "sd-lora", "ranpac", "ranpac-frozen", "ranpac-collect", "linear-probe", "flyprompt"))}
+METHOD_NAMES = {"seq-ft": "Seq FT", "seq-ft-sl": "Seq FT w/ SL", "l2p": "L2P", "dualprompt": "DualPrompt",
+                "coda-prompt": "CODA-P", "mvp": "MVP", "misa": "MISA", "s-prompt": "S-Prompt++", "hide": "HiDe-Prompt",
                 "norga": "NoRGa", "hide-lora": "HiDe-LoRA", "hide-adapter": "HiDe-Adapter", "sd-lora": "SD-LoRA",
-                "ranpac": "RanPAC†", "linear-probe": "Linear probe", "flyprompt": "FlyPrompt"}
+                "ranpac": "RanPAC†", "ranpac-frozen": "RanPAC‡", "ranpac-collect": "RanPAC*", "linear-probe": "Linear probe",
+                "flyprompt": "FlyPrompt"}
 METRICS = ("A_auc", "A_last", "A_avg", "F_last")
 #: where the paper's numbers of each kind of row are from (``benchmarks.studies.paper_rows``)
 PAPER_NOTE = (
