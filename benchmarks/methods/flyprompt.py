@@ -5,7 +5,7 @@ method's own hooks (``builtin_components``). Decisions on the reference's quirks
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Literal, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Literal, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -15,13 +15,13 @@ from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, register_method
-from .prompting import ConcatPromptMethod, cls_position, resolve_layers
+from .prompting import ExpertPromptMethod, resolve_layers
 
 __all__ = ["FlyPrompt"]
 
 
 @register_method
-class FlyPrompt(ConcatPromptMethod):
+class FlyPrompt(ExpertPromptMethod):
     """FlyPrompt: expert prompts + analytic router + temporal-ensemble head.
 
     Args:
@@ -96,22 +96,6 @@ class FlyPrompt(ConcatPromptMethod):
             batch, device = router_features.shape[0], router_features.device
             return torch.full((batch,), self.current_expert, dtype=torch.long, device=device)
         return self.router.route(router_features).to(router_features.device)
-
-    def select(self, query: Tensor, *, train: bool, expert: Optional[Tensor] = None) -> Tensor:
-        """``(B,)`` experts: ``expert`` when given, the current expert in training, else the router's."""
-        if expert is not None:
-            return self._check_expert_ids(expert, query.shape[0])
-        if train:
-            return torch.full((query.shape[0],), self.current_expert, dtype=torch.long, device=query.device)
-        return self.route(query)
-
-    def expert_of(self, selection: Tensor) -> Tensor:
-        return selection
-
-    def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
-        prompts = self.prompts[:, selection] + cls_position(self.backbone)  # (layers, B, L, D)
-        layer_prompts: Dict[int, List[Tensor]] = {layer: [prompts[i]] for i, layer in enumerate(self.prompt_layers)}
-        return self._prompted_cls(x, layer_prompts)
 
     def common_features(self, x: Tensor) -> Tensor:
         """The prompt-free final-norm class token: every parameter FlyPrompt's experts share is the frozen

@@ -19,6 +19,7 @@ from .base import PromptMethod, QueryFeatures, frozen_cls
 
 __all__ = [
     "ConcatPromptMethod",
+    "ExpertPromptMethod",
     "check_vit",
     "vit_dims",
     "resolve_layers",
@@ -278,3 +279,29 @@ class ConcatPromptMethod(PromptMethod):
 
     def set_extra_state(self, state: Dict[str, Any]) -> None:
         self.current_expert = int(state["current_expert"])
+
+
+class ExpertPromptMethod(ConcatPromptMethod):
+    """A concatenation-prompt method with one prompt per expert in each prompt layer (FlyPrompt, S-Prompt++):
+    ``self.prompts`` of shape ``(len(prompt_layers), num_experts, length, D)`` at ``self.prompt_layers``; the
+    current expert in training, the method's :meth:`route` of the query at inference."""
+
+    def route(self, query: Tensor) -> Tensor:
+        """``(B,)`` experts chosen for the query at inference (the method's own router)."""
+        raise NotImplementedError
+
+    def select(self, query: Tensor, *, train: bool, expert: Optional[Tensor] = None) -> Tensor:
+        """``(B,)`` experts: ``expert`` when given, the current expert in training, else :meth:`route`'s."""
+        if expert is not None:
+            return self._check_expert_ids(expert, query.shape[0])
+        if train:
+            return torch.full((query.shape[0],), self.current_expert, dtype=torch.long, device=query.device)
+        return self.route(query)
+
+    def expert_of(self, selection: Tensor) -> Tensor:
+        return selection
+
+    def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
+        prompts = self.prompts[:, selection] + cls_position(self.backbone)  # (layers, B, L, D)
+        layer_prompts: Dict[int, List[Tensor]] = {layer: [prompts[i]] for i, layer in enumerate(self.prompt_layers)}
+        return self._prompted_cls(x, layer_prompts)

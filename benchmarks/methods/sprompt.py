@@ -5,7 +5,7 @@ of its nearest k-means prototype of frozen class tokens (``benchmarks.methods.pr
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -14,14 +14,14 @@ from fly_modules._validation import check_int
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, register_method
-from .prompting import ConcatPromptMethod, cls_position, resolve_layers
+from .prompting import ExpertPromptMethod, resolve_layers
 from .prototypes import kmeans_centres, nearest_task, normalise_rows
 
 __all__ = ["SPrompt"]
 
 
 @register_method
-class SPrompt(ConcatPromptMethod):
+class SPrompt(ExpertPromptMethod):
     """S-Prompt++: task experts and prototype routing.
 
     Args:
@@ -84,22 +84,6 @@ class SPrompt(ConcatPromptMethod):
         if not bool((self.prototype_count > 0).any()):
             return torch.full((query.shape[0],), self.current_expert, dtype=torch.long, device=query.device)
         return nearest_task(normalise_rows(query), self.prototypes, self.prototype_count)
-
-    def select(self, query: Tensor, *, train: bool, expert: Optional[Tensor] = None) -> Tensor:
-        """``(B,)`` experts: ``expert`` when given, the current task in training, else the prototypes'."""
-        if expert is not None:
-            return self._check_expert_ids(expert, query.shape[0])
-        if train:
-            return torch.full((query.shape[0],), self.current_expert, dtype=torch.long, device=query.device)
-        return self.route(query)
-
-    def expert_of(self, selection: Tensor) -> Tensor:
-        return selection
-
-    def forward_features(self, x: Tensor, selection: Tensor) -> Tensor:
-        prompts = self.prompts[:, selection] + cls_position(self.backbone)  # (layers, B, L, D)
-        layer_prompts: Dict[int, List[Tensor]] = {layer: [prompts[i]] for i, layer in enumerate(self.prompt_layers)}
-        return self._prompted_cls(x, layer_prompts)
 
     # ------------------------------------------------------------------------------- hooks
     def on_expert_start(self, expert: int) -> None:
