@@ -50,3 +50,21 @@ def test_the_numbers_docs_quote_are_the_tables():
     components = {row["row"]: row for row in json.loads((RESULTS / "study_components.json").read_text())}
     assert f"RanPAC† {100 * components['ranpac']['A_auc']:.2f}" in text
     assert f"FlyPrompt {100 * components['flyprompt']['A_auc']:.2f}" in text
+
+
+def test_the_router_sentences_of_the_docs_are_the_tables():
+    """The MLP's gap, the ridge's place with L2P and MVP, and the statistics routers' lead on HiDe-Prompt and
+    NoRGa, as docs/proxy.md states them, computed from the committed routers table."""
+    text = " ".join((RESULTS.parents[1] / "proxy.md").read_text().split("## The paper's studies on the earlier proxy")[1]
+                    .split())
+    scores = {(r["method"], r["variant"], r["router"]): 100 * r["A_auc"]
+              for r in json.loads((RESULTS / "study_routers.json").read_text())}
+    fly = sorted((v for (m, _, router), v in scores.items() if m == "flyprompt" and router != "mlp"))
+    assert f"last, {fly[0] - scores[('flyprompt', 'full', 'mlp')]:.2f} points below the next router" in text
+    not_first = {(m, v) for (m, v, r) in scores if r == "ridge"
+                 and max(scores[(m, v, other)] for (mm, vv, other) in scores if (mm, vv) == (m, v)) > scores[(m, v, r)]}
+    assert {key for key in not_first if key[0] in ("l2p", "mvp")} == {("l2p", "router"), ("l2p", "both"), ("mvp", "router")}
+    assert "ridge not first for L2P, nor in MVP's `router` variant" in text
+    leads = [scores[(m, v, r)] - scores[(m, v, "ridge")] for m in ("hide", "norga") for v in ("router", "both")
+             for r in ("naive_bayes", "prototype")]
+    assert f"score {min(leads):.2f} to {max(leads):.2f} points above it" in text
