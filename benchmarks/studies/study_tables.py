@@ -127,7 +127,7 @@ def format_study(rows: Sequence[Dict[str, Any]], study: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if study == "routers":
         lines.append(RIDGE_TIMING_NOTE)
-    elif any(AGGREGATION_PAPER_ROWS.get(row[key]) is None for row in rows):
+    elif study == "aggregations" and any(AGGREGATION_PAPER_ROWS.get(row[key]) is None for row in rows):
         lines.append(AGGREGATION_NOTE)
     return "\n".join(lines)
 
