@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 from ..ablation.report import METHOD_NAMES, METHOD_ORDER, save_figure
+from .study_figures import pyplot_or_none
 from .study_tables import table_cell
 
 __all__ = ["STUDY_METHODS", "STUDY_VARIANTS", "cka_rows", "format_cka", "write_cka"]
@@ -80,12 +81,8 @@ def plot_cka(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[Path]:
     paper's figures (one figure per method, its three datasets side by side)."""
     if not rows:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot_or_none("study_cka.png")
+    if plt is None:
         return None
     methods = list(dict.fromkeys(r["method"] for r in rows))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..ablation.report import save_figure
+from .study_figures import pyplot_or_none
 
 __all__ = ["CostSetting", "ComponentCost", "COMPONENT_COSTS", "PAPER_COMPONENT_COSTS", "cost_breakdown",
            "format_breakdown", "write_breakdown", "main"]
@@ -125,12 +126,8 @@ def format_breakdown(rows: Sequence[Dict[str, Any]], setting: CostSetting = Cost
 
 def plot_breakdown(output: Path, rows: Sequence[Dict[str, Any]], name: str) -> Optional[Path]:
     """Stored entries per component, ours beside the paper's, on a log scale (``<name>.png``)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot_or_none(f"{name}.png")
+    if plt is None:
         return None
     figure, axis = plt.subplots(figsize=(7, 3.6))
     x = list(range(len(rows)))

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..ablation.report import METHOD_NAMES, METHOD_ORDER, save_figure
 from ..ablation.results import load_results
+from .study_figures import pyplot_or_none
 from .study_tables import seed_mean, table_cell
 
 __all__ = ["STUDY_METHODS", "STUDY_VARIANTS", "ROUTING_VERSION", "routing_rows", "format_routing", "write_routing",
@@ -114,12 +115,8 @@ def plot_routing(output: Path, rows: Sequence[Dict[str, Any]]) -> Optional[Path]
     """``study_routing.png``: (b) routing accuracy, own and RP; (c) A_last as published and with the oracle."""
     if not rows:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot_or_none("study_routing.png")
+    if plt is None:
         return None
     figure, (left, right) = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(rows)), 3.8))
     _grouped_bars(left, rows, (("routing_own", "own selection"), ("routing_rear", "+ RP (REAR)"),

@@ -17,11 +17,25 @@ import numpy as np
 from ..ablation.report import save_figure
 from ..backbone import BACKBONES
 
-__all__ = ["PANEL_KEYS", "draw_panel", "study_series", "plot_study"]
+__all__ = ["PANEL_KEYS", "draw_panel", "plot_study", "pyplot_or_none", "study_series"]
 
 #: what tells one panel from another, where the rows have it
 PANEL_KEYS = ("dataset", "method", "variant")
 
+
+
+def pyplot_or_none(figure: str) -> Optional[Any]:
+    """matplotlib's pyplot on the Agg backend; ``None``, with one line on stderr saying that ``figure`` is not
+    drawn, where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed (pip install -e '.[bench]'): no {figure}", file=sys.stderr)
+        return None
+    return plt
 
 def _percent(value: Optional[float]) -> Optional[float]:
     return None if value is None else 100.0 * value
@@ -53,13 +67,8 @@ def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Op
     panels = [s for s in study_series(rows, study, key) if any(v is not None for v in s["measured"])]
     if not panels:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed (pip install -e '.[bench]'): no study_{name or study}.png", file=sys.stderr)
+    plt = pyplot_or_none(f"study_{name or study}.png")
+    if plt is None:
         return None
     columns = min(3, len(panels))
     count = -(-len(panels) // columns)

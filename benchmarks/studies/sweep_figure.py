@@ -8,7 +8,6 @@ the bytes of an :class:`fly_modules.AnalyticRouter`'s state, its G, Q and random
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -17,7 +16,7 @@ import torch
 
 from ..ablation.report import save_figure
 from .registry import Study
-from .study_figures import draw_panel, study_series
+from .study_figures import draw_panel, pyplot_or_none, study_series
 
 __all__ = ["feature_width", "plot_points", "router_storage_mb"]
 
@@ -46,13 +45,8 @@ def plot_points(path: Path, rows: Sequence[Dict[str, Any]], study: Study) -> Opt
     panels = [s for s in study_series(rows, study.name, key="point") if any(v is not None for v in s["measured"])]
     if not panels:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed (pip install -e '.[bench]'): no {path.name}", file=sys.stderr)
+    plt = pyplot_or_none(path.name)
+    if plt is None:
         return None
     columns = min(3, len(panels))
     count = -(-len(panels) // columns)
