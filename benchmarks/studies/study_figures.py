@@ -17,12 +17,20 @@ import numpy as np
 from ..ablation.report import save_figure
 from ..backbone import BACKBONES
 
-__all__ = ["PANEL_KEYS", "draw_panel", "plot_study", "pyplot_or_none", "study_series"]
+__all__ = ["PANEL_KEYS", "draw_panel", "panel_grid", "plot_study", "pyplot_or_none", "study_series"]
 
 #: what tells one panel from another, where the rows have it
 PANEL_KEYS = ("dataset", "method", "variant")
 
 
+
+
+def panel_grid(plt: Any, panels: Sequence[Dict[str, Any]]) -> Any:
+    """``(figure, axes)``: up to three panels a row, each as wide as its longest series of names."""
+    columns = min(3, len(panels))
+    count = -(-len(panels) // columns)
+    width = max(len(s["names"]) for s in panels)
+    return plt.subplots(count, columns, figsize=(max(4.0, 0.8 * width) * columns, 3.6 * count), squeeze=False)
 
 def pyplot_or_none(figure: str) -> Optional[Any]:
     """matplotlib's pyplot on the Agg backend; ``None``, with one line on stderr saying that ``figure`` is not
@@ -70,10 +78,7 @@ def plot_study(output: Path, rows: Sequence[Dict[str, Any]], study: str, key: Op
     plt = pyplot_or_none(f"study_{name or study}.png")
     if plt is None:
         return None
-    columns = min(3, len(panels))
-    count = -(-len(panels) // columns)
-    width = max(len(s["names"]) for s in panels)
-    figure, axes = plt.subplots(count, columns, figsize=(max(4.0, 0.8 * width) * columns, 3.6 * count), squeeze=False)
+    figure, axes = panel_grid(plt, panels)
     for axis, series in zip(axes.flat, panels):
         draw_panel(axis, series)
     for axis in list(axes.flat)[len(panels):]:

@@ -16,7 +16,7 @@ import torch
 
 from ..ablation.report import save_figure
 from .registry import Study
-from .study_figures import draw_panel, pyplot_or_none, study_series
+from .study_figures import draw_panel, panel_grid, pyplot_or_none, study_series
 
 __all__ = ["feature_width", "plot_points", "router_storage_mb"]
 
@@ -48,10 +48,7 @@ def plot_points(path: Path, rows: Sequence[Dict[str, Any]], study: Study) -> Opt
     plt = pyplot_or_none(path.name)
     if plt is None:
         return None
-    columns = min(3, len(panels))
-    count = -(-len(panels) // columns)
-    width = max(len(s["names"]) for s in panels)
-    figure, axes = plt.subplots(count, columns, figsize=(max(4.0, 0.8 * width) * columns, 3.6 * count), squeeze=False)
+    figure, axes = panel_grid(plt, panels)
     for axis, series in zip(axes.flat, panels):
         if study.figure == "bars":
             draw_panel(axis, series)
