@@ -14,6 +14,8 @@ from typing import Any, Literal, Sequence, Union
 import torch
 from torch import nn
 
+from fly_modules._validation import shared_default
+
 from ._family import AdapterFamily as AdapterFamily
 from ._family import Plan as Plan
 from ._handle import Observation as Observation
@@ -44,11 +46,11 @@ def retrofit(
     ensemble: bool = True,
     optimizer: Union[torch.optim.Optimizer, str, None] = None,
     schedule: Schedule = None,
-    expansion_dim: int = 10_000,
-    ridge: Union[float, Literal["auto"]] = 1e4,
-    seed: int = 0,
-    decays: Sequence[float] = (0.9, 0.99),
-    aggregate: str = "softmax_max",
+    expansion_dim: int = shared_default("expansion_dim"),
+    ridge: Union[float, Literal["auto"]] = shared_default("ridge"),
+    seed: int = shared_default("seed"),
+    decays: Sequence[float] = shared_default("decays"),
+    aggregate: str = shared_default("aggregate"),
     correct_assembly: bool = False,
     **family_options: Any,
 ) -> Retrofit:

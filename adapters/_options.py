@@ -1,26 +1,51 @@
 """The options every family shares, validated once, and the router and ensemble they build.
 
-A new common option is one field here plus its keyword in :func:`fly_modules.adapters.retrofit`'s
-signature (a test keeps the two equal); no family module changes.
+A new common option is one field here with its rule in ``_parameter_constraints`` plus its keyword in
+:func:`fly_modules.adapters.retrofit`'s signature (a test keeps the two equal); no family module changes.
+The options the router and the ensemble share take their rule and default from the library's table
+(``fly_modules._validation.SHARED_PARAMETERS``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, Literal, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
-from fly_modules._validation import InvalidParameterError, check_choice, check_shared
+from fly_modules._validation import (
+    Constraint,
+    InvalidParameterError,
+    OneOf,
+    shared_constraints,
+    shared_default,
+    validate_parameters,
+)
 
 __all__ = ["RetrofitOptions", "Schedule"]
 
 Schedule = Union[SampleBudgetSchedule, SessionSchedule, None]
 _OWNER = "fly_modules.adapters.retrofit"
-#: the options the router and the ensemble check by the same rules
-_SHARED = ("expansion_dim", "ridge", "seed", "decays", "aggregate")
+
+
+class _Optimizer(Constraint):
+    def convert(self, value: Any, name: str) -> Any:
+        if value is None or (isinstance(value, str) and value == "auto") or isinstance(value, torch.optim.Optimizer):
+            return value
+        raise InvalidParameterError(f"{name} must be a torch.optim.Optimizer, 'auto' or None, got {value!r}")
+
+
+class _Schedule(Constraint):
+    def convert(self, value: Any, name: str) -> Any:
+        if value is None or isinstance(value, (SampleBudgetSchedule, SessionSchedule)):
+            return value
+        raise InvalidParameterError(
+            f"{name} must be a SampleBudgetSchedule, a SessionSchedule or None, got {type(value).__name__}")
+
+
+_SWITCH = OneOf((True, False))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,28 +73,24 @@ class RetrofitOptions:
     ensemble: bool = True
     optimizer: Union[torch.optim.Optimizer, str, None] = None
     schedule: Schedule = None
-    expansion_dim: int = 10_000
-    ridge: Union[float, Literal["auto"]] = 1e4
-    seed: int = 0
-    decays: Tuple[float, ...] = (0.9, 0.99)
-    aggregate: str = "softmax_max"
+    expansion_dim: int = shared_default("expansion_dim")
+    ridge: Union[float, Literal["auto"]] = shared_default("ridge")
+    seed: int = shared_default("seed")
+    decays: Tuple[float, ...] = shared_default("decays")
+    aggregate: str = shared_default("aggregate")
     correct_assembly: bool = False
 
+    #: the rules of the options, in the order they are checked (the shared ones from the library's table)
+    _parameter_constraints: ClassVar[Dict[str, Constraint]] = {
+        "router": _SWITCH, "ensemble": _SWITCH, "optimizer": _Optimizer(), "schedule": _Schedule(),
+        **shared_constraints("expansion_dim", "ridge", "seed", "decays", "aggregate"),
+        "correct_assembly": _SWITCH,
+    }
+
     def __post_init__(self) -> None:
-        check_choice(self.router, "router", (True, False), caller=_OWNER)
-        check_choice(self.ensemble, "ensemble", (True, False), caller=_OWNER)
-        if not (self.optimizer is None or self.optimizer == "auto" or isinstance(self.optimizer, torch.optim.Optimizer)):
-            raise InvalidParameterError(
-                f"{_OWNER}: optimizer must be a torch.optim.Optimizer, 'auto' or None, got {self.optimizer!r}"
-            )
-        if self.schedule is not None and not isinstance(self.schedule, (SampleBudgetSchedule, SessionSchedule)):
-            raise InvalidParameterError(
-                f"{_OWNER}: schedule must be a SampleBudgetSchedule, a SessionSchedule or None, "
-                f"got {type(self.schedule).__name__}"
-            )
-        for name in _SHARED:  # the router's and the ensemble's rules (fly_modules._validation.SHARED_PARAMETERS)
-            object.__setattr__(self, name, check_shared(getattr(self, name), name, caller=_OWNER))
-        check_choice(self.correct_assembly, "correct_assembly", (True, False), caller=_OWNER)
+        values = {name: getattr(self, name) for name in self._parameter_constraints}
+        for name, value in validate_parameters(self._parameter_constraints, values, caller=_OWNER).items():
+            object.__setattr__(self, name, value)
 
     @classmethod
     def names(cls) -> Tuple[str, ...]:

@@ -14,6 +14,8 @@ from typing import Any, Iterator, Optional, Tuple
 
 from torch import nn
 
+from benchmarks.flags import Parser
+
 __all__ = [
     "BACKBONES", "BackbonePreset", "BackboneLoadError", "build_backbone", "cached_weights", "check_backbone_available",
     "downloads_allowed",
@@ -208,9 +210,7 @@ def convert(preset: str, source: str, target: str) -> str:
 
 def main(argv: Optional[list] = None) -> int:
     """``python -m benchmarks.backbone PRESET SOURCE TARGET``: convert an official checkpoint."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.backbone", description=main.__doc__)
+    parser = Parser(prog="python -m benchmarks.backbone", description=main.__doc__)
     parser.add_argument("preset", choices=list(BACKBONES))
     parser.add_argument("source", help="the official code's checkpoint file")
     parser.add_argument("target", help="the safetensors file to write")

@@ -16,14 +16,15 @@ import numbers
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Collection, Dict, Optional, Tuple, Union
+from typing import Any, Collection, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "InvalidParameterError", "NotFittedError", "Constraint", "Integer", "Real", "OneOf", "Ridge", "Decays",
-    "AGGREGATION_RULES", "SHARED_PARAMETERS", "check_shared", "check_int", "check_float", "check_choice",
+    "PositiveReals", "NoneOr", "Parameter", "REQUIRED", "AGGREGATION_RULES", "SHARED_PARAMETERS", "shared_default",
+    "shared_constraints", "validate_parameters", "check_shared", "check_int", "check_float", "check_choice",
     "check_features", "check_expert_ids", "finite_peak",
 ]
 
@@ -92,24 +93,45 @@ class Integer(Constraint):
 
 @dataclass(frozen=True)
 class Real(Constraint):
-    """A finite Python float strictly between ``above`` and ``below`` (either bound optional): real numbers
-    (numpy scalars and 0-d tensors included) except ``bool``."""
+    """A finite Python float strictly between ``above`` and ``below``, and within ``[minimum, maximum]``
+    (every bound optional): real numbers (numpy scalars and 0-d tensors included) except ``bool``."""
 
     above: Optional[float] = None
     below: Optional[float] = None
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+
+    def _bound(self) -> str:
+        if self.minimum is None and self.maximum is None:
+            return _bounds(self.above, self.below, closed=False)
+        low, high = _side(self.minimum, self.above, "[>=", "(>"), _side(self.maximum, self.below, "]<=", ")<")
+        if low and high:
+            return f" in {low[0]}{low[2]:g}, {high[2]:g}{high[0]}"
+        side = low or high
+        return f" {side[1]} {side[2]:g}"
 
     def convert(self, value: Any, name: str) -> float:
         above, below = self.above, self.below
-        bound = _bounds(above, below, closed=False)
+        bound = self._bound()
         expected = f"{name} must be finite{' and' if bound else ''}{bound}"
         if isinstance(value, bool) or (isinstance(value, Tensor) and (value.dtype == torch.bool or value.numel() != 1)):
             raise InvalidParameterError(f"{expected}, got {value!r}")
         if not isinstance(value, (numbers.Real, Tensor)):
             raise InvalidParameterError(f"{expected}, got {type(value).__name__} {value!r}")
         number = float(value)
-        if not math.isfinite(number) or (above is not None and number <= above) or (below is not None and number >= below):
+        if (not math.isfinite(number) or (above is not None and number <= above) or (below is not None and number >= below)
+                or (self.minimum is not None and number < self.minimum) or (self.maximum is not None and number > self.maximum)):
             raise InvalidParameterError(f"{expected}, got {number!r}")
         return number
+
+
+def _side(closed: Optional[float], open_: Optional[float], signs: str, open_signs: str) -> Tuple[str, str, float]:
+    """(bracket, comparison, number) of one side of a real interval: the closed bound if given, else the open one."""
+    if closed is not None:
+        return signs[0], signs[1:], closed
+    if open_ is not None:
+        return open_signs[0], open_signs[1:], open_
+    return ()  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -152,22 +174,91 @@ class Decays(Constraint):
         return decays
 
 
+@dataclass(frozen=True)
+class PositiveReals(Constraint):
+    """A non-empty sequence of finite numbers > 0, as a list of floats (a grid of ridges)."""
+
+    def convert(self, value: Any, name: str) -> List[float]:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or (isinstance(value, Tensor) and not value.ndim):
+            raise InvalidParameterError(f"{name} must be a non-empty sequence of finite numbers > 0, got {value!r}")
+        values = [Real(above=0).convert(v, f"{name}[{i}]") for i, v in enumerate(value)]
+        if not values:
+            raise InvalidParameterError(f"{name} must hold at least one value, got an empty sequence")
+        return values
+
+
+@dataclass(frozen=True)
+class NoneOr(Constraint):
+    """``None`` (kept as it is) or a value of ``rule`` (with ``rule``'s message)."""
+
+    rule: Constraint
+
+    def convert(self, value: Any, name: str) -> Any:
+        return None if value is None else self.rule.convert(value, name)
+
+
+class _Required:
+    """The default of a parameter that has none in common (each class picks its own)."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Parameter(Constraint):
+    """An entry of :data:`SHARED_PARAMETERS`: the rule, the default every layer uses (the paper's) and
+    what the value means (the help of its command-line flag). Checks as its rule does."""
+
+    rule: Constraint
+    default: Any = REQUIRED
+    help: str = ""
+
+    def convert(self, value: Any, name: str) -> Any:
+        return self.rule.convert(value, name)
+
+
 #: How the ensemble's members are combined (``fly_modules.aggregate_logits``; the paper's is ``softmax_max``).
 #: ``logit_min_entropy`` is the official code's ``min_entropy`` (docs/ensemble.md).
 AGGREGATION_RULES = ("mean", "max_prob", "min_entropy", "softmax_mean", "softmax_max", "softmax_min_entropy",
                      "logit_min_entropy")
 
 #: The parameters that the router, the ensemble, ``fly_modules.adapters.RetrofitOptions`` and the
-#: benchmarks' command line share, each rule written once: a value means the same in every layer.
-#: ``expansion_dim=0`` means no expansion (ridge regression on the features themselves).
-SHARED_PARAMETERS: Dict[str, Constraint] = {
-    "num_experts": Integer(minimum=0),
-    "expansion_dim": Integer(minimum=0),
-    "ridge": Ridge(),
-    "seed": Integer(),
-    "decays": Decays(),
-    "aggregate": OneOf(AGGREGATION_RULES),
+#: benchmarks' command line share, each rule and default written once: a value means the same in every
+#: layer, and every signature's default is read from here (the paper's settings). ``expansion_dim=0``
+#: means no expansion (ridge regression on the features themselves).
+SHARED_PARAMETERS: Dict[str, Parameter] = {
+    "num_experts": Parameter(Integer(minimum=0), help="experts (steps, tasks or prompt groups)"),
+    "expansion_dim": Parameter(Integer(minimum=0), 10_000,
+                               "router random-expansion width M (0: no expansion, ridge regression on the features)"),
+    "ridge": Parameter(Ridge(), 1e4, "router ridge lambda > 0, or 'auto' (generalised cross-validation)"),
+    "seed": Parameter(Integer(), 0, "seed of the random draws"),
+    "decays": Parameter(Decays(), (0.9, 0.99), "comma-separated EMA decays of the ensemble, distinct, in (0, 1)"),
+    "aggregate": Parameter(OneOf(AGGREGATION_RULES), "softmax_max",
+                           "ensemble aggregation rule, one of " + ", ".join(AGGREGATION_RULES)),
 }
+
+
+def shared_default(name: str) -> Any:
+    """The default of the shared parameter ``name`` (what every signature and flag defaults to)."""
+    default = SHARED_PARAMETERS[name].default
+    if default is REQUIRED:
+        raise KeyError(f"the shared parameter {name!r} has no common default")
+    return default
+
+
+def shared_constraints(*names: str, **own: Constraint) -> Dict[str, Constraint]:
+    """A class's ``_parameter_constraints``: the shared entries ``names`` and its ``own`` rules, in the
+    order given (shared first), the order :func:`validate_parameters` checks them in."""
+    return {**{name: SHARED_PARAMETERS[name] for name in names}, **own}
+
+
+def validate_parameters(constraints: Dict[str, Constraint], values: Dict[str, Any], *, caller: str) -> Dict[str, Any]:
+    """Every value of ``values`` converted by its rule in ``constraints`` (the first refused raises
+    :class:`InvalidParameterError` naming ``caller``), in the order of ``constraints``."""
+    return {name: rule.check(values[name], name, caller=caller) for name, rule in constraints.items()}
 
 
 def check_shared(value: Any, name: str, *, caller: str) -> Any:

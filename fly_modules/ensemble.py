@@ -21,18 +21,21 @@ from ._validation import (
     AGGREGATION_RULES,
     InvalidParameterError,
     NotFittedError,
+    OneOf,
     check_choice,
     check_expert_ids,
     check_features,
     check_int,
-    check_shared,
+    shared_constraints,
+    shared_default,
+    validate_parameters,
 )
 from .classifier import find_classifier
 
 __all__ = ["TemporalEnsembleHead", "aggregate_logits", "AGGREGATION_RULES"]
 
 
-def aggregate_logits(member_logits: Tensor, rule: str = "softmax_max") -> Tensor:
+def aggregate_logits(member_logits: Tensor, rule: str = shared_default("aggregate")) -> Tensor:
     """Combine the ensemble members' (already masked) logits ``(N, H, C)`` into scores ``(N, C)``.
 
     Rules (FlyPrompt, appendix "aggregation methods"; the prediction is the argmax of the result):
@@ -136,22 +139,27 @@ class TemporalEnsembleHead(nn.Module):
     """
 
     _version = 1
+    #: the rules of the arguments, in the order they are checked
+    _parameter_constraints = {
+        **shared_constraints("num_experts", "decays", "aggregate"),
+        "check_values": OneOf((None, True, False)),
+    }
 
     def __init__(
         self,
         head: nn.Module,
         num_experts: int = 1,
         *,
-        decays: Sequence[float] = (0.9, 0.99),
-        aggregate: str = "softmax_max",
+        decays: Sequence[float] = shared_default("decays"),
+        aggregate: str = shared_default("aggregate"),
         check_values: Optional[bool] = None,
     ) -> None:
         super().__init__()
-        caller = "TemporalEnsembleHead"
-        num_experts = check_shared(num_experts, "num_experts", caller=caller)
-        decays = check_shared(decays, "decays", caller=caller)
-        self.aggregate = check_shared(aggregate, "aggregate", caller=caller)
-        self.check_values = check_choice(check_values, "check_values", (None, True, False), caller=caller)
+        given = validate_parameters(self._parameter_constraints, dict(
+            num_experts=num_experts, decays=decays, aggregate=aggregate, check_values=check_values),
+            caller="TemporalEnsembleHead")
+        num_experts, decays = given["num_experts"], given["decays"]
+        self.aggregate, self.check_values = given["aggregate"], given["check_values"]
         self.online = find_classifier(head)
         weight = self.online.weight.detach()
         self.register_buffer("decays", torch.tensor(decays, dtype=torch.float64, device=weight.device))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -23,15 +23,19 @@ from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_
 from ._ridge import RouterSolveError
 from ._validation import (
     SHARED_PARAMETERS,
+    Integer,
     InvalidParameterError,
+    NoneOr,
     NotFittedError,
-    check_choice,
+    OneOf,
+    PositiveReals,
     check_expert_ids,
     check_features,
-    check_float,
     check_int,
-    check_shared,
     finite_peak,
+    shared_constraints,
+    shared_default,
+    validate_parameters,
 )
 from .distributed import all_gather_update
 
@@ -71,21 +75,29 @@ class RandomExpansion(nn.Module):
             checkpoint does not depend on the random-number generator of the torch version that loads it.
     """
 
+    #: the rules of the arguments, in the order they are checked (``out_features`` is the router's M)
+    _parameter_constraints = {
+        "in_features": Integer(minimum=1),
+        "out_features": SHARED_PARAMETERS["expansion_dim"],
+        "activation": OneOf(_ACTIVATIONS),
+        "seed": SHARED_PARAMETERS["seed"],
+    }
+
     def __init__(
         self,
         in_features: int,
-        out_features: int = 10_000,
+        out_features: int = shared_default("expansion_dim"),
         *,
         activation: str = "relu",
-        seed: int = 0,
+        seed: int = shared_default("seed"),
         device: Optional[torch.device] = None,
         dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
-        self.in_features = check_int(in_features, "in_features", caller="RandomExpansion", minimum=1)
-        self.out_features = SHARED_PARAMETERS["expansion_dim"].check(out_features, "out_features", caller="RandomExpansion")
-        self.activation = check_choice(activation, "activation", _ACTIVATIONS, caller="RandomExpansion")
-        self.seed = check_shared(seed, "seed", caller="RandomExpansion")
+        given = validate_parameters(self._parameter_constraints, dict(
+            in_features=in_features, out_features=out_features, activation=activation, seed=seed), caller="RandomExpansion")
+        self.in_features, self.out_features = given["in_features"], given["out_features"]
+        self.activation, self.seed = given["activation"], given["seed"]
         generator = torch.Generator(device="cpu").manual_seed(self.seed)
         weight = torch.randn(self.out_features, self.in_features, generator=generator, dtype=torch.float32)
         self.register_buffer("weight", weight.to(device=device, dtype=dtype or torch.float32))
@@ -205,17 +217,26 @@ class AnalyticRouter(nn.Module):
 
     # 2: the settings (ridge, ridge_grid, solver, activation, seed) are saved as extra state.
     _version = 2
+    #: the rules of the arguments, in the order they are checked (the expansion checks its own)
+    _parameter_constraints = {
+        "fold_rows": NoneOr(Integer(minimum=1)),
+        **shared_constraints("num_experts", "expansion_dim", "seed"),
+        "stats_dtype": OneOf((torch.float32, torch.float64)),
+        "ridge": SHARED_PARAMETERS["ridge"],
+        "ridge_grid": NoneOr(PositiveReals()),
+        "solver": OneOf(_SOLVERS),
+    }
 
     def __init__(
         self,
         in_features: int,
         num_experts: int = 0,
         *,
-        expansion_dim: int = 10_000,
-        ridge: Union[float, Literal["auto"]] = 1e4,
+        expansion_dim: int = shared_default("expansion_dim"),
+        ridge: Union[float, Literal["auto"]] = shared_default("ridge"),
         ridge_grid: Optional[Sequence[float]] = None,
         activation: str = "relu",
-        seed: int = 0,
+        seed: int = shared_default("seed"),
         solver: str = "auto",
         stats_dtype: torch.dtype = torch.float64,
         device: Optional[torch.device] = None,
@@ -223,14 +244,12 @@ class AnalyticRouter(nn.Module):
     ) -> None:
         super().__init__()
         self._pending = _blocked.PendingRows()
-        self.fold_rows = None if fold_rows is None else check_int(fold_rows, "fold_rows", caller="AnalyticRouter", minimum=1)
-        num_experts = check_shared(num_experts, "num_experts", caller="AnalyticRouter")
-        expansion_dim = check_shared(expansion_dim, "expansion_dim", caller="AnalyticRouter")
-        seed = check_shared(seed, "seed", caller="AnalyticRouter")
-        check_choice(stats_dtype, "stats_dtype", (torch.float32, torch.float64), caller="AnalyticRouter")
-        self.ridge = check_shared(ridge, "ridge", caller="AnalyticRouter")
-        self.ridge_grid = _check_ridge_grid(ridge_grid)
-        self.solver = check_choice(solver, "solver", _SOLVERS, caller="AnalyticRouter")
+        given = validate_parameters(self._parameter_constraints, dict(
+            fold_rows=fold_rows, num_experts=num_experts, expansion_dim=expansion_dim, seed=seed,
+            stats_dtype=stats_dtype, ridge=ridge, ridge_grid=ridge_grid, solver=solver), caller="AnalyticRouter")
+        self.fold_rows, self.ridge, self.ridge_grid, self.solver = (
+            given["fold_rows"], given["ridge"], given["ridge_grid"], given["solver"])
+        num_experts, expansion_dim, seed = given["num_experts"], given["expansion_dim"], given["seed"]
         self.expansion = RandomExpansion(
             in_features, expansion_dim, activation=activation, seed=seed, device=device, dtype=stats_dtype
         )
@@ -645,15 +664,6 @@ def _user_stacklevel() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRECTORIES):
         level, frame = level + 1, frame.f_back
     return level
-
-
-def _check_ridge_grid(grid: Optional[Sequence[float]]) -> Optional[List[float]]:
-    if grid is None:
-        return None
-    values = [check_float(value, f"ridge_grid[{i}]", caller="AnalyticRouter", above=0) for i, value in enumerate(grid)]
-    if not values:
-        raise InvalidParameterError("AnalyticRouter: ridge_grid must hold at least one value, got an empty sequence")
-    return values
 
 
 def _conditioning_message(result: _ridge.RidgeSolution, largest_diagonal: float) -> str:

@@ -68,4 +68,4 @@ def test_the_command_writes_table_json_and_figure(tmp_path, capsys):
     assert "| G matrix | 0.00 | 0.00 | 0.00 | 0.00 | 4.00 | 100.00 |" in (tmp_path / "study_components_cost.md").read_text()
     with pytest.raises(SystemExit):
         main(["--experts", "0", "--output", str(tmp_path)])
-    assert "--experts must be a positive integer" in capsys.readouterr().err
+    assert "--experts: experts must be an int >= 1, got 0" in capsys.readouterr().err

@@ -30,11 +30,12 @@ from benchmarks.ablation.sweep_values import SWEEP_ALIASES, parser_of
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.backbone import BACKBONES
 from benchmarks.data.loaders import DATASETS
+from benchmarks.flags import Checked
 from benchmarks.methods import list_methods
 from benchmarks.studies.command import STUDIES
 from benchmarks.studies.router_set import ROUTERS
-from fly_modules import AGGREGATION_RULES, InvalidParameterError
-from fly_modules._validation import SHARED_PARAMETERS, Constraint, Integer
+from fly_modules import AGGREGATION_RULES
+from fly_modules._validation import SHARED_PARAMETERS, Constraint, Integer, Real
 
 DESCRIPTION = "Cross-ablation of the analytic router and the temporal ensemble: methods x variants x datasets x seeds."
 
@@ -72,6 +73,7 @@ def _integer(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
         return value
 
+    parse.rules = (Integer(minimum=minimum),)  # what it refuses, for tests/test_parameter_flags.py
     return parse
 
 
@@ -86,49 +88,15 @@ def _real(low: float, high: float, *, open_low: bool = False) -> Callable[[str],
             raise argparse.ArgumentTypeError(f"expected a number in {bound}, got {text}")
         return value
 
+    parse.rules = (Real(above=low, maximum=high) if open_low else Real(minimum=low, maximum=high),)
     return parse
 
 
-def _number(text: str) -> Union[int, float]:
-    """An int if ``text`` spells one, else a float (``nan`` and ``inf`` included: the rules refuse them)."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
-def _numbers(text: str) -> Tuple[Union[int, float], ...]:
-    return tuple(_number(item) for item in text.split(","))
-
-
-def _number_or_text(text: str) -> Union[int, float, str]:
-    """A number if ``text`` spells one, else the text itself (for rules that take words, e.g. ``"auto"``)."""
-    try:
-        return _number(text)
-    except argparse.ArgumentTypeError:
-        return text
-
-
-def _shared(name: str, parse: Callable[[str], Any], *, narrower: Optional[Constraint] = None) -> Callable[[str], Any]:
-    """The type of the flag of a parameter the library shares: ``parse``'s value, checked by the library's
-    rule (``SHARED_PARAMETERS[name]``), so the flag refuses what the library refuses, with its message;
-    then by ``narrower``, a rule of the benchmarks on top."""
-    rules = [SHARED_PARAMETERS[name], *([narrower] if narrower else [])]
-
-    def parse_shared(text: str) -> Any:
-        value = parse(text)
-        try:
-            for rule in rules:
-                value = rule.convert(value, name)
-        except InvalidParameterError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-        return value
-
-    return parse_shared
+def _shared(name: str, *, narrower: Optional[Constraint] = None) -> Checked:
+    """The type of the flag of a parameter the library shares: checked by the library's rule
+    (``SHARED_PARAMETERS[name]``), so the flag refuses what the library refuses, with its message; then by
+    ``narrower``, a rule of the benchmarks on top."""
+    return Checked(name, SHARED_PARAMETERS[name], *([narrower] if narrower else []))
 
 
 def _json_object(text: str) -> Dict[str, Any]:
@@ -161,6 +129,9 @@ def _seeds(text: str) -> List[int]:
     return seeds
 
 
+_seeds.rules = (Integer(minimum=0),)  # type: ignore[attr-defined]
+
+
 def _checkpoint_period(text: str) -> Union[str, int]:
     if text in ("evaluation", "off"):
         return 0 if text == "off" else text
@@ -168,6 +139,9 @@ def _checkpoint_period(text: str) -> Union[str, int]:
         return _integer(0)(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected 'evaluation', 'off' or a number of batches >= 0, got {text!r}") from None
+
+
+_checkpoint_period.rules = (Integer(minimum=0),)  # type: ignore[attr-defined]
 
 
 def parse_names(text: str) -> List[str]:
@@ -192,15 +166,15 @@ PROTOCOL_FLAGS: Dict[str, Tuple[Any, str]] = {
     "num_sessions": (_integer(1), "Si-Blurry sessions T"),
     "disjoint_ratio": (_real(0.0, 1.0), "r_D, fraction of disjoint classes"),
     "blurry_ratio": (_real(0.0, 1.0), "r_B, fraction of blurry-class samples moved between sessions"),
-    "num_experts": (_shared("num_experts", _number, narrower=Integer(minimum=1)),
+    "num_experts": (_shared("num_experts", narrower=Integer(minimum=1)),
                     "experts (steps/tasks/prompt groups) per method, at least 1"),
     "lr": (_real(0.0, math.inf, open_low=True), "Adam learning rate (default: the method's, 0.005; 0.003 for "
                                                "HiDe-Prompt/NoRGa)"),
-    "expansion_dim": (_shared("expansion_dim", _number), "router random-expansion width M (0: no expansion, "
+    "expansion_dim": (_shared("expansion_dim"), "router random-expansion width M (0: no expansion, "
                                                           "ridge regression on the query features)"),
-    "ridge": (_shared("ridge", _number_or_text), "router ridge lambda > 0, or 'auto' (generalised cross-validation)"),
-    "decays": (_shared("decays", _numbers), "comma-separated EMA decays of the ensemble, distinct, in (0, 1)"),
-    "aggregate": (_shared("aggregate", str), "ensemble aggregation rule, one of " + ", ".join(AGGREGATION_RULES)),
+    "ridge": (_shared("ridge"), "router ridge lambda > 0, or 'auto' (generalised cross-validation)"),
+    "decays": (_shared("decays"), "comma-separated EMA decays of the ensemble, distinct, in (0, 1)"),
+    "aggregate": (_shared("aggregate"), "ensemble aggregation rule, one of " + ", ".join(AGGREGATION_RULES)),
     "amp": (_bool, "mixed precision training on CUDA (true/false)"),
     "augment": (_bool, "reference training augmentation (true/false)"),
     "method_kwargs": (_json_object, "JSON object: method name -> constructor keyword arguments"),

@@ -13,7 +13,6 @@ work costs an idle core) and wall seconds on CUDA. docs/performance.md ("Profile
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 import torch
+
+from benchmarks.flags import Parser
 
 from .evaluation import VariantEvaluator
 from .runner import build_run
@@ -103,7 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .sweep import resolve
     from .sweep_data import load_data
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.ablation.profile", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m benchmarks.ablation.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="proxy-short", choices=list(PRESETS))
     parser.add_argument("--methods", type=parse_names, default=["l2p", "hide"])
     parser.add_argument("--device", default=None)

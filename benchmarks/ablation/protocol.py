@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Literal, Optional, Tuple, Union
 
+from fly_modules._validation import shared_default
+
 __all__ = ["PAPER_METHODS", "ROUTER_QUERIES", "Protocol", "RunSpec"]
 
 #: the methods of the paper's cross-ablation table
@@ -36,10 +38,10 @@ class Protocol:
     blurry_ratio: float = 0.1
     num_experts: int = 5
     lr: Optional[float] = None  # None: the method's default (Adam 0.005; 0.003 for HiDe-Prompt/NoRGa)
-    expansion_dim: int = 10_000
-    ridge: Union[float, Literal["auto"]] = 1e4  # "auto": chosen by generalised cross-validation
-    decays: Tuple[float, ...] = (0.9, 0.99)
-    aggregate: str = "softmax_max"
+    expansion_dim: int = shared_default("expansion_dim")
+    ridge: Union[float, Literal["auto"]] = shared_default("ridge")  # "auto": chosen by generalised cross-validation
+    decays: Tuple[float, ...] = shared_default("decays")
+    aggregate: str = shared_default("aggregate")
     amp: bool = True  # used on CUDA only
     augment: bool = True
     method_kwargs: Dict[str, Dict[str, Any]] = field(default_factory=dict)

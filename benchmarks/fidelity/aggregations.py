@@ -10,7 +10,6 @@ official ``min_entropy``'s raw-logit entropy is a number, so that its choice of 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import types
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from benchmarks.flags import Parser
 from benchmarks.speed import reference_checkout as ref
 from fly_modules import aggregate_logits, seen_class_mask
 
@@ -105,7 +105,7 @@ def markdown_table(rows: Sequence[AggregationRow], commit: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity.aggregations", description=__doc__)
+    parser = Parser(prog="python -m benchmarks.fidelity.aggregations", description=__doc__)
     parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
     parser.add_argument("--methods", nargs="+", choices=TRAINERS, default=list(TRAINERS),
                         help="the official trainers whose _ensemble_logits to compare")

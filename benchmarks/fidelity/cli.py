@@ -11,6 +11,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from benchmarks.flags import Parser, add_common_flag
 from benchmarks.speed import reference_checkout as ref
 
 from .comparison import compare_method
@@ -27,7 +28,7 @@ __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__)
+    parser = Parser(prog="python -m benchmarks.fidelity", description=__doc__)
     parser.add_argument("--flygcl", help="a checkout of AnAppleCore/FlyGCL (read only)")
     parser.add_argument("--misa", help="a checkout of kangzhiq/MISA (read only): the misa rows against its own code")
     parser.add_argument("--misa-vit", choices=("base-16px", "micro"), default="base-16px",
@@ -38,7 +39,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              "(python -m benchmarks.fidelity.loop): its table after the side-by-side one")
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     parser.add_argument("--markdown", type=Path, help="write the table to this Markdown file")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    add_common_flag(parser, "threads", default=1, help="torch threads")
     parser.add_argument("--fused-attention", action="store_true",
                         help="keep timm's fused attention kernel on our side (by default both sides' backbones "
                              "compute attention the same way)")

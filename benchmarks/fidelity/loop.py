@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from benchmarks.flags import Parser, add_common_flag
 from benchmarks.speed import reference_checkout as ref
 
 from .loop_comparison import LOOP_METHODS, LOOP_SETUPS, LoopRow, compare_loop
@@ -59,12 +60,12 @@ def markdown_table(rows: Sequence[LoopRow]) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.fidelity.loop", description=__doc__)
+    parser = Parser(prog="python -m benchmarks.fidelity.loop", description=__doc__)
     parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
     parser.add_argument("--methods", nargs="+", choices=LOOP_METHODS, default=list(LOOP_METHODS))
     parser.add_argument("--json", type=Path, help="write the rows, every evaluation included, to this JSON file")
     parser.add_argument("--markdown", type=Path, help="write the table to this Markdown file")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    add_common_flag(parser, "threads", default=1, help="torch threads")
     return parser.parse_args(argv)
 
 

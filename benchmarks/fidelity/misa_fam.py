@@ -7,7 +7,6 @@ exit status 1 when it is not 0."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 from functools import partial
@@ -17,7 +16,9 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from benchmarks.flags import Parser, add_flag
 from benchmarks.proxy.isa import ForgettingAwareStep
+from fly_modules._validation import Integer
 
 __all__ = ["load_fam", "largest_difference", "main"]
 
@@ -61,9 +62,9 @@ def largest_difference(fam_class: type, *, updates: int = 20, lr: float = 5e-3, 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--misa", type=Path, required=True, help="a checkout of kangzhiq/MISA (read only)")
-    parser.add_argument("--updates", type=int, default=20)
+    add_flag(parser, "--updates", Integer(minimum=1), default=20, help="forgetting-aware updates compared")
     args = parser.parse_args(argv)
     try:
         fam_class = load_fam(args.misa)

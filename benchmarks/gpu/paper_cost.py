@@ -37,6 +37,8 @@ from benchmarks.ablation.protocol import PAPER_METHODS
 from benchmarks.ablation.results import plan as specs_of
 from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.data.records import AUTOAUGMENT_POLICY, DATASET_STATS, TensorImageDataset
+from benchmarks.flags import Parser, add_flag
+from fly_modules._validation import Real
 
 METHODS = (*PAPER_METHODS, "flyprompt")
 BUDGET_SECONDS = 480
@@ -189,13 +191,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--output", required=True, help="folder for paper_cost.json and paper_table_plan.md")
     parser.add_argument("--device", default="cuda", help="cuda (the GPU check) or cpu (with --tiny: the CI check)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes: every step end to end in seconds")
-    parser.add_argument("--budget", type=float, default=BUDGET_SECONDS, help="seconds for all steps together")
-    parser.add_argument("--reserve", type=float, default=30.0, help="seconds a step needs left to start")
+    add_flag(parser, "--budget", Real(above=0), default=BUDGET_SECONDS, help="seconds for all steps together")
+    add_flag(parser, "--reserve", Real(minimum=0), default=30.0, help="seconds a step needs left to start")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (the table: all)")
     args = parser.parse_args(argv)
     args.methods = [name.strip() for name in args.methods.split(",") if name.strip()]
@@ -204,8 +205,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"--methods: expected names from {', '.join(METHODS)}, found {args.methods}")
     if not args.device.startswith(("cuda", "cpu")):
         parser.error(f"--device: expected cuda or cpu, found {args.device!r}")
-    if args.budget <= 0:
-        parser.error(f"--budget: expected a positive number of seconds, found {args.budget:g}")
     return args
 
 

@@ -39,6 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from benchmarks.flags import Parser, add_flag
+from fly_modules._validation import Real
+
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("environment", "cuda_tests", "kernels", "proxy", "vs_reference")
 #: Seconds per stage on one H100 (they sum to TOTAL_BUDGET); the last stage also gets what the others left.
@@ -571,8 +574,7 @@ def run_stage_body(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------- CLI
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--output", required=True, help=f"folder for the {len(OUTPUT_FILES)} result files")
     parser.add_argument("--device", default="cuda", help="cuda (the GPU run) or cpu (with --tiny: the CI check)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes: every stage end to end in seconds")
@@ -580,11 +582,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="a checkout of AnAppleCore/FlyGCL for the vs_reference stage (skipped without it)")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help="comma-separated stages to run, from " + ", ".join(STAGES) + " (environment always runs)")
-    parser.add_argument("--budget", type=float, default=TOTAL_BUDGET, help="seconds for all stages together")
+    add_flag(parser, "--budget", Real(above=0), default=TOTAL_BUDGET, help="seconds for all stages together")
     parser.add_argument("--keep-workdir", action="store_true", help="keep the scratch folder (its path is printed)")
     parser.add_argument("--run-stage", choices=("environment", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
-    parser.add_argument("--budget-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    add_flag(parser, "--budget-seconds", Real(minimum=0), default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     stages = [name.strip() for name in args.stages.split(",") if name.strip()]
     unknown = [name for name in stages if name not in STAGES]
@@ -593,8 +595,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.stages = ["environment", *(name for name in stages if name != "environment")]
     if not args.device.startswith(("cuda", "cpu")):
         parser.error(f"--device: expected cuda or cpu, found {args.device!r}")
-    if args.budget <= 0:
-        parser.error(f"--budget: expected a positive number of seconds, found {args.budget:g}")
     if args.reference_repo is not None and not os.path.isdir(args.reference_repo):
         parser.error(f"--reference-repo: expected a folder, found {args.reference_repo!r}")
     return args

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from fly_modules import AnalyticRouter, TemporalEnsembleHead
-from fly_modules._validation import check_int
+from fly_modules._validation import check_int, shared_default
 
 from ..parallel import WHOLE_BATCH, BatchShare
 from .base import MethodOutput, register_method
@@ -65,11 +65,11 @@ class FlyPrompt(ExpertPromptMethod):
         num_experts: int = 5,
         prompt_layers: Optional[Iterable[int]] = None,
         prompt_length: int = 20,
-        router_expansion_dim: int = 10_000,
-        router_ridge: Union[float, Literal["auto"]] = 1e4,
-        router_seed: int = 0,
-        decays: Sequence[float] = (0.9, 0.99),
-        aggregate: str = "softmax_max",
+        router_expansion_dim: int = shared_default("expansion_dim"),
+        router_ridge: Union[float, Literal["auto"]] = shared_default("ridge"),
+        router_seed: int = shared_default("seed"),
+        decays: Sequence[float] = shared_default("decays"),
+        aggregate: str = shared_default("aggregate"),
     ) -> None:
         super().__init__(backbone, num_classes, num_experts=num_experts)
         prompt_length = check_int(prompt_length, "prompt_length", caller="FlyPrompt", minimum=1)

@@ -32,6 +32,9 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from benchmarks.flags import Parser, add_common_flag, add_flag
+from fly_modules._validation import Integer, Real
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT = REPO / "benchmarks" / "proxy" / "weights" / "proxy_vit.safetensors"
 #: The proxy backbone: a standard timm VisionTransformer (vit_tiny_patch16_224 family) on 32x32 images.
@@ -53,20 +56,19 @@ def sha256_file(path: Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--upstream-classes", type=int, default=NUM_UPSTREAM)
-    parser.add_argument("--train-per-class", type=int, default=120)
-    parser.add_argument("--test-per-class", type=int, default=10)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--weight-decay", type=float, default=0.05)
-    parser.add_argument("--warmup-steps", type=int, default=300)
-    parser.add_argument("--label-smoothing", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the initialisation, shuffling and augmentation")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (part of the determinism; 1 is fastest on a shared 2-core box)")
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_flag(parser, "--upstream-classes", Integer(minimum=2), default=NUM_UPSTREAM, help="pretraining classes")
+    add_flag(parser, "--train-per-class", Integer(minimum=1), default=120, help="training images per class")
+    add_flag(parser, "--test-per-class", Integer(minimum=1), default=10, help="test images per class")
+    add_flag(parser, "--epochs", Integer(minimum=1), default=20, help="passes over the training images")
+    add_flag(parser, "--batch-size", Integer(minimum=1), default=128, help="images per step")
+    add_flag(parser, "--lr", Real(above=0), default=1e-3, help="peak AdamW learning rate")
+    add_flag(parser, "--weight-decay", Real(minimum=0), default=0.05, help="AdamW weight decay")
+    add_flag(parser, "--warmup-steps", Integer(minimum=0), default=300, help="steps of the linear warm-up")
+    add_flag(parser, "--label-smoothing", Real(minimum=0, below=1), default=0.1, help="label smoothing of the loss")
+    add_common_flag(parser, "seed", default=0, help="seed of the initialisation, shuffling and augmentation")
+    add_common_flag(parser, "threads", default=1,
+                    help="torch intra-op threads (part of the determinism; 1 is fastest on a shared 2-core box)")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="safetensors file (a .json sidecar goes next to it)")
     parser.add_argument("--quick", action="store_true",
                         help="a few steps on a few classes (end-to-end check, not a usable backbone)")

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from benchmarks.flags import Parser, add_common_flag, add_flag
 from benchmarks.proxy.pretrain import (
     DATA_SEED,
     MODEL_KWARGS,
@@ -35,6 +36,7 @@ from benchmarks.proxy.pretrain import (
     sha256_file,
 )
 from benchmarks.proxy.pretrain import DEFAULT_OUTPUT as BACKBONE
+from fly_modules._validation import Integer, Real
 
 DEFAULT_OUTPUT = BACKBONE.with_name("proxy_misa_prompts.safetensors")
 #: MISA's prompt layout (its DualPrompt with --load_pt): G at blocks 0-1, E at 2-4, a pool of 10.
@@ -43,22 +45,21 @@ LAYOUT: Dict[str, Any] = dict(g_prompt_layers=[0, 1], g_prompt_length=10, e_prom
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--classes", type=int, default=NUM_UPSTREAM, help="pretraining classes 0..N-1 used")
-    parser.add_argument("--held-out-classes", type=int, default=NUM_UPSTREAM // 10,
-                        help="the last of them, drawn from for the forgetting-aware update, never streamed")
-    parser.add_argument("--draw-classes", type=int, default=10, help="held-out classes per draw")
-    parser.add_argument("--sessions", type=int, default=10)
-    parser.add_argument("--train-per-class", type=int, default=32)
-    parser.add_argument("--test-per-class", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=3, help="passes over each session's images")
-    parser.add_argument("--online-iter", type=int, default=3, help="updates per stream batch")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=5e-3)
-    parser.add_argument("--rho", type=float, default=0.1, help="radius of the forgetting-aware move")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the prompts, the stream, draws and augmentation")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (part of the determinism)")
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_flag(parser, "--classes", Integer(minimum=2), default=NUM_UPSTREAM, help="pretraining classes 0..N-1 used")
+    add_flag(parser, "--held-out-classes", Integer(minimum=1), default=NUM_UPSTREAM // 10,
+             help="the last of them, drawn from for the forgetting-aware update, never streamed")
+    add_flag(parser, "--draw-classes", Integer(minimum=1), default=10, help="held-out classes per draw")
+    add_flag(parser, "--sessions", Integer(minimum=1), default=10, help="sessions of the stream")
+    add_flag(parser, "--train-per-class", Integer(minimum=1), default=32, help="training images per class")
+    add_flag(parser, "--test-per-class", Integer(minimum=1), default=5, help="test images per class")
+    add_flag(parser, "--epochs", Integer(minimum=1), default=3, help="passes over each session's images")
+    add_flag(parser, "--online-iter", Integer(minimum=1), default=3, help="updates per stream batch")
+    add_flag(parser, "--batch-size", Integer(minimum=1), default=16, help="images per stream batch")
+    add_flag(parser, "--lr", Real(above=0), default=5e-3, help="learning rate of the prompts")
+    add_flag(parser, "--rho", Real(minimum=0), default=0.1, help="radius of the forgetting-aware move")
+    add_common_flag(parser, "seed", default=0, help="seed of the prompts, the stream, draws and augmentation")
+    add_common_flag(parser, "threads", default=1, help="torch intra-op threads (part of the determinism)")
     parser.add_argument("--backbone", default=str(BACKBONE), help="the proxy backbone (safetensors)")
     parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="safetensors file (a .json sidecar goes next to it)")
     parser.add_argument("--quick", action="store_true", help="a few steps on a few classes (end-to-end check)")

@@ -13,7 +13,6 @@ ratio is below ``--min-ratio`` (2 by default).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
+from benchmarks.flags import Parser, add_common_flag, add_flag
 from benchmarks.proxy.pretrain import (
     DATA_SEED,
     DEFAULT_OUTPUT,
@@ -31,6 +31,7 @@ from benchmarks.proxy.pretrain import (
     NUM_DOWNSTREAM,
     NUM_UPSTREAM,
 )
+from fly_modules._validation import Integer, Real
 
 RIDGES = (1e-3, 1e-2, 1e-1, 1.0, 1e1, 1e2, 1e3, 1e4)
 
@@ -76,15 +77,15 @@ def _display_path(path: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--weights", default=str(DEFAULT_OUTPUT), help="the proxy backbone (safetensors)")
-    parser.add_argument("--upstream-classes", type=int, default=NUM_UPSTREAM,
-                        help="downstream class ids start here (must match the pretraining)")
-    parser.add_argument("--classes", type=int, default=NUM_DOWNSTREAM, help="downstream classes probed")
-    parser.add_argument("--train-per-class", type=int, default=50)
-    parser.add_argument("--test-per-class", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--min-ratio", type=float, default=2.0)
+    add_flag(parser, "--upstream-classes", Integer(minimum=0), default=NUM_UPSTREAM,
+             help="downstream class ids start here (must match the pretraining)")
+    add_flag(parser, "--classes", Integer(minimum=2), default=NUM_DOWNSTREAM, help="downstream classes probed")
+    add_flag(parser, "--train-per-class", Integer(minimum=1), default=50, help="training images per class")
+    add_flag(parser, "--test-per-class", Integer(minimum=1), default=20, help="test images per class")
+    add_common_flag(parser, "threads", default=1)
+    add_flag(parser, "--min-ratio", Real(above=0), default=2.0, help="the probe's accuracy over chance it must reach")
     parser.add_argument("--output", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

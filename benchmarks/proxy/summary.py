@@ -10,7 +10,6 @@ variant), averaged over the seeds; "REAR given TE2" is ``both`` minus ``ensemble
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from benchmarks.ablation.report import METHOD_NAMES, METHOD_ORDER
+from benchmarks.flags import Parser
 from benchmarks.studies.paper_rows import paper_row
 
 __all__ = ["DELTAS", "ProxySummary", "load_runs", "markers", "render", "replace_block"]
@@ -171,7 +171,7 @@ def replace_block(page: str, block: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.proxy.summary", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.proxy.summary", description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("docs/results/proxy"), help="the proxy's output folder")
     parser.add_argument("--dataset", default="cifar100-like", help="the dataset whose runs to summarise")
     action = parser.add_mutually_exclusive_group()

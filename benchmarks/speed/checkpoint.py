@@ -34,7 +34,9 @@ from benchmarks.ablation.results import plan
 from benchmarks.ablation.runner import CheckpointPolicy, run_training
 from benchmarks.ablation.sweep import resolve, run_setting
 from benchmarks.ablation.sweep_data import load_data
+from benchmarks.flags import Parser, add_common_flag, add_flag
 from benchmarks.speed.timing import Report, configure_threads, median, print_header
+from fly_modules._validation import Integer
 
 TARGET_OVERHEAD = 0.05  # of the training's time, at the default period
 DISK_SPEEDS = {"local NVMe, 1 GB/s": 1e9, "network file system, 200 MB/s": 2e8}
@@ -142,11 +144,10 @@ def estimate(args: argparse.Namespace) -> None:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--method", default="dualprompt", help="the method trained (its variants are all scored)")
-    parser.add_argument("--rounds", type=int, default=2, help="trainings with and without checkpoints, alternating")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    add_flag(parser, "--rounds", Integer(minimum=1), default=2, help="trainings with and without checkpoints, alternating")
+    add_common_flag(parser, "threads", default=1, help="torch threads")
     parser.add_argument("--quick", action="store_true", help="20 classes instead of 100 (smoke test)")
     parser.add_argument("--estimate", action="store_true", help="only the paper-scale size estimate")
     return parser.parse_args(argv)

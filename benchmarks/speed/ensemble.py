@@ -30,6 +30,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from benchmarks.flags import Parser, add_flag
 from benchmarks.speed.figures import FigureReport
 from benchmarks.speed.timing import (
     Report,
@@ -42,6 +43,7 @@ from benchmarks.speed.timing import (
     start_run,
     time_side_by_side,
 )
+from fly_modules._validation import Integer, Real, shared_default
 from fly_modules.ensemble import TemporalEnsembleHead
 
 TARGET_SMALL_BATCH = 3.0
@@ -126,16 +128,16 @@ def bench_batch(
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--dim", type=int, default=768, help="feature width d")
-    parser.add_argument("--classes", type=int, default=100)
-    parser.add_argument("--experts", type=int, default=5)
-    parser.add_argument("--decays", type=float, nargs="+", default=[0.9, 0.99])
-    parser.add_argument("--seen-fraction", type=float, default=0.6, help="fraction of classes unmasked")
-    parser.add_argument("--small-batch", type=int, default=64, help=f"batch with target >= {TARGET_SMALL_BATCH:g}x")
-    parser.add_argument("--large-batch", type=int, default=256, help=f"batch with target >= {TARGET_LARGE_BATCH:g}x")
-    parser.add_argument("--repeats", type=int, default=30, help="measured rounds per batch size")
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_flag(parser, "--dim", Integer(minimum=1), default=768, help="feature width d")
+    add_flag(parser, "--classes", Integer(minimum=1), default=100, help="classes C of the head")
+    add_flag(parser, "--experts", Integer(minimum=1), default=5, help="experts of the ensemble")
+    add_flag(parser, "--decays", Real(above=0, below=1), nargs="+", default=list(shared_default("decays")),
+             help="EMA decays of the ensemble, each in (0, 1)")
+    add_flag(parser, "--seen-fraction", Real(above=0, maximum=1), default=0.6, help="fraction of classes unmasked")
+    add_flag(parser, "--small-batch", Integer(minimum=1), default=64, help=f"batch with target >= {TARGET_SMALL_BATCH:g}x")
+    add_flag(parser, "--large-batch", Integer(minimum=1), default=256, help=f"batch with target >= {TARGET_LARGE_BATCH:g}x")
+    add_flag(parser, "--repeats", Integer(minimum=1), default=30, help="measured rounds per batch size")
     add_run_options(parser, placed="the heads")
     args = parser.parse_args(argv)
     if args.quick:

@@ -15,14 +15,18 @@ from typing import Optional, Sequence
 import torch
 
 from benchmarks.ablation import preflight
-from benchmarks.ablation.arguments import build_parser
+from benchmarks.ablation.arguments import UsageError, build_parser
 from benchmarks.ablation.sweep import resolve
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    sweep = resolve(build_parser().parse_args(argv))
-    started = time.perf_counter()
-    preflight.check(sweep)
+    try:
+        sweep = resolve(build_parser().parse_args(argv))
+        started = time.perf_counter()
+        preflight.check(sweep)
+    except (UsageError, preflight.PreflightError) as error:  # the cross-ablation's user errors: one line
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(f"checks of {len(sweep.methods)} methods on {sweep.protocol.model}: {time.perf_counter() - started:.1f} s "
           f"on {torch.get_num_threads()} CPU thread(s)")
     return 0

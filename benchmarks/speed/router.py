@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from benchmarks.flags import Parser, add_flag, add_shared_flag
 from benchmarks.speed.figures import FigureReport
 from benchmarks.speed.timing import (
     Report,
@@ -54,6 +55,7 @@ from benchmarks.speed.timing import (
     time_side_by_side,
 )
 from fly_modules import _blocked, _ridge  # private but supported: the kernels and solvers
+from fly_modules._validation import Integer, Real
 from fly_modules.router import AnalyticRouter
 
 _REPOSITORY = Path(__file__).resolve().parents[2]
@@ -559,19 +561,17 @@ def _sections(text: str) -> Tuple[str, ...]:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--expansion-dim", type=int, default=10_000, help="random expansion width M")
-    parser.add_argument("--dim", type=int, default=768, help="query feature width d")
-    parser.add_argument("--batch", type=int, default=64, help="batch of the update and of the routing query")
-    parser.add_argument("--repeats", type=int, default=15, help="measured rounds of the update benchmark")
-    parser.add_argument("--solve-repeats", type=int, default=3, help="measured rounds of the solve benchmark")
-    parser.add_argument("--samples", type=int, default=4000, help="samples accumulated before the solve")
-    parser.add_argument("--experts", type=int, default=5, help="experts T")
-    parser.add_argument("--stream-samples", type=int, default=20_000,
-                        help="stream length of the expansion-precision comparison")
-    parser.add_argument("--queries", type=int, default=2000, help="held-out queries of the precision comparison")
-    parser.add_argument("--ridge", type=float, default=1e4, help="ridge lambda")
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_shared_flag(parser, "expansion_dim", narrower=[Integer(minimum=1)], help="random expansion width M")
+    add_flag(parser, "--dim", Integer(minimum=1), default=768, help="query feature width d")
+    add_flag(parser, "--batch", Integer(minimum=1), default=64, help="batch of the update and of the routing query")
+    add_flag(parser, "--repeats", Integer(minimum=1), default=15, help="measured rounds of the update benchmark")
+    add_flag(parser, "--solve-repeats", Integer(minimum=1), default=3, help="measured rounds of the solve benchmark")
+    add_flag(parser, "--samples", Integer(minimum=1), default=4000, help="samples accumulated before the solve")
+    add_flag(parser, "--experts", Integer(minimum=1), default=5, help="experts T")
+    add_flag(parser, "--stream-samples", Integer(minimum=1), default=20_000, help="stream length of the expansion-precision comparison")
+    add_flag(parser, "--queries", Integer(minimum=1), default=2000, help="held-out queries of the precision comparison")
+    add_shared_flag(parser, "ridge", narrower=[Real(above=0)], help="ridge lambda > 0")
     add_run_options(parser, placed="the routers and the baselines")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     parser.add_argument("--float32-lu", action="store_true",

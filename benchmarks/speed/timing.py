@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
+from benchmarks.flags import add_common_flag
 from fly_modules._validation import check_int
 
 __all__ = [
@@ -65,8 +66,8 @@ def synchronizer(device: torch.device) -> Optional[Callable[[], None]]:
 def add_run_options(parser: argparse.ArgumentParser, *, placed: str) -> None:
     """The options every micro-benchmark takes (``--seed --threads --device --quick --strict --json``);
     ``placed`` names what ``--device`` places, for its help."""
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
+    add_common_flag(parser, "seed", default=0)
+    add_common_flag(parser, "threads", default=None, help="torch threads (default: all available CPUs)")
     parser.add_argument("--device", default="cpu", help=f"where {placed} run: cpu or cuda[:N]")
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")

@@ -52,11 +52,13 @@ import torch
 from fly_modules.adapters import Retrofit, retrofit
 from torch import Tensor, nn
 
+from benchmarks.flags import Parser, add_common_flag, add_flag, add_shared_flag
 from benchmarks.speed import reference_checkout as ref
 from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
 from fly_modules import SampleBudgetSchedule
 from fly_modules._blocked import default_fold_rows
 from fly_modules._ridge import PANEL_ROWS, panels
+from fly_modules._validation import Integer, Real
 
 # % of the baseline's training step, router + ensemble together: ViT-B/16 on a GPU, the tiny ViT on a CPU
 # (whose step is so cheap that the router's float64 update weighs more; see fold_arithmetic).
@@ -573,8 +575,7 @@ def reference_commit(path: str) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--reference-repo", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
     parser.add_argument("--methods", nargs="+", choices=ref.METHODS, default=list(ref.METHODS))
     parser.add_argument("--vit", choices=sorted(ref.VIT_PRESETS), default="tiny",
@@ -582,34 +583,33 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                             f"{k}: {', '.join(f'{a}={b}' for a, b in v.items())}" for k, v in ref.VIT_PRESETS.items()))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--amp", action="store_true", help="fp16 autocast as the official --use_amp (CUDA only)")
-    parser.add_argument("--expansion-dim", type=int, default=10_000, help="router expansion M (official --rp_dim)")
-    parser.add_argument("--ridge", type=float, default=1e4, help="router ridge (official --rp_ridge)")
-    parser.add_argument("--num-classes", type=int, default=100)
-    parser.add_argument("--num-experts", type=int, default=5, help="steps (official --step_num / --n_tasks)")
-    parser.add_argument("--train-batch", type=int, default=None,
-                        help="stream batch (default 64; 8 for --vit base on the CPU)")
-    parser.add_argument("--eval-batch", type=int, default=None,
-                        help="evaluation batch (default 128; 16 for --vit base on the CPU)")
-    parser.add_argument("--eval-batches", type=int, default=None,
-                        help="batches per evaluation (default 40 on CUDA, 10 on the CPU, 1 for --vit base on the CPU)")
-    parser.add_argument("--online-iter", type=int, default=3, help="optimizer steps per stream batch")
-    parser.add_argument("--block-batches", type=int, default=None,
-                        help="stream batches per variant per round, timed together (default: enough rows for one "
-                             "fold of our router's buffer, e.g. 8 batches of 64 at M = 10,000 on the CPU)")
-    parser.add_argument("--warmup-batches", type=int, default=1,
-                        help="untimed stream batches per expert before timing (every expert gets statistics)")
-    parser.add_argument("--rounds", type=int, default=5, help="measured alternating rounds")
-    parser.add_argument("--warmup-rounds", type=int, default=1, help="unmeasured rounds first")
-    parser.add_argument("--lr", type=float, default=0.005, help="Adam learning rate (the paper's for DualPrompt/MVP)")
+    add_shared_flag(parser, "expansion_dim", narrower=[Integer(minimum=1)], help="router expansion M (official --rp_dim)")
+    add_shared_flag(parser, "ridge", narrower=[Real(above=0)], help="router ridge > 0 (official --rp_ridge)")
+    add_flag(parser, "--num-classes", Integer(minimum=2), default=100, help="classes of the stream")
+    add_flag(parser, "--num-experts", Integer(minimum=1), default=5, help="steps (official --step_num / --n_tasks)")
+    add_flag(parser, "--train-batch", Integer(minimum=1), default=None, help="stream batch (default 64; 8 for --vit base on the CPU)")
+    add_flag(parser, "--eval-batch", Integer(minimum=1), default=None,
+             help="evaluation batch (default 128; 16 for --vit base on the CPU)")
+    add_flag(parser, "--eval-batches", Integer(minimum=1), default=None,
+             help="batches per evaluation (default 40 on CUDA, 10 on the CPU, 1 for --vit base on the CPU)")
+    add_flag(parser, "--online-iter", Integer(minimum=1), default=3, help="optimizer steps per stream batch")
+    add_flag(parser, "--block-batches", Integer(minimum=1), default=None,
+             help="stream batches per variant per round, timed together (default: enough rows for one "
+                  "fold of our router's buffer, e.g. 8 batches of 64 at M = 10,000 on the CPU)")
+    add_flag(parser, "--warmup-batches", Integer(minimum=0), default=1,
+             help="untimed stream batches per expert before timing (every expert gets statistics)")
+    add_flag(parser, "--rounds", Integer(minimum=1), default=5, help="measured alternating rounds")
+    add_flag(parser, "--warmup-rounds", Integer(minimum=0), default=1, help="unmeasured rounds first")
+    add_flag(parser, "--lr", Real(above=0), default=0.005, help="Adam learning rate (the paper's for DualPrompt/MVP)")
     parser.add_argument("--mvp-router-features", choices=("cls", "query"), default="cls",
                         help="our MVP router's features (fly_modules.adapters.mvp router_features)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or this process's CPU time (CPU only; steadier on a shared machine "
                              "with --threads 1)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all available CPUs)")
+    add_common_flag(parser, "seed", default=0)
+    add_common_flag(parser, "threads", default=None, help="torch threads (default: all available CPUs)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler tables of official and ours")
-    parser.add_argument("--profile-rows", type=int, default=15)
+    add_flag(parser, "--profile-rows", Integer(minimum=1), default=15, help="rows of each profiler table")
     parser.add_argument("--quick", action="store_true", help="micro ViT and small sizes for a smoke test (seconds)")
     parser.add_argument("--train-only", action="store_true",
                         help="time the training step only: no evaluations, no inference agreement check")

@@ -13,11 +13,13 @@ state_dict, FlyPrompt's prompts). Nothing is trained or downloaded.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from benchmarks.flags import Parser, add_flag, add_shared_flag
+from fly_modules._validation import Integer, shared_default
 
 from ..ablation.report import save_figure
 from .study_figures import pyplot_or_none
@@ -30,7 +32,7 @@ __all__ = ["CostSetting", "ComponentCost", "COMPONENT_COSTS", "PAPER_COMPONENT_C
 class CostSetting:
     """The sizes the costs depend on; the defaults are the paper's (FlyPrompt on ViT-B/16, 100 classes)."""
 
-    expansion_dim: int = 10_000  # M
+    expansion_dim: int = shared_default("expansion_dim")  # M
     experts: int = 5  # T
     prompt_length: int = 20  # l
     width: int = 768  # d
@@ -157,17 +159,14 @@ def write_breakdown(output: Path, setting: CostSetting = CostSetting(), name: st
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.components_cost",
-                                     description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m benchmarks.studies.components_cost", description=__doc__.split("\n\n")[0])
     defaults = CostSetting()
-    for flag, field in (("--expansion-dim", "expansion_dim"), ("--experts", "experts"),
-                        ("--prompt-length", "prompt_length"), ("--width", "width"), ("--classes", "classes")):
-        parser.add_argument(flag, dest=field, type=int, default=getattr(defaults, field))
+    add_shared_flag(parser, "expansion_dim", narrower=[Integer(minimum=1)], help="M, the router's expansion width")
+    for field, text in (("experts", "T, experts"), ("prompt_length", "l, prompt tokens"), ("width", "d, feature width"),
+                        ("classes", "C, classes")):
+        add_flag(parser, f"--{field.replace('_', '-')}", Integer(minimum=1), default=getattr(defaults, field), help=text)
     parser.add_argument("--output", type=Path, default=Path("results/components_cost"))
     args = parser.parse_args(argv)
-    bad = [f for f in ("expansion_dim", "experts", "prompt_length", "width", "classes") if getattr(args, f) < 1]
-    if bad:
-        parser.error(f"--{bad[0].replace('_', '-')} must be a positive integer, got {getattr(args, bad[0])}")
     setting = CostSetting(expansion_dim=args.expansion_dim, experts=args.experts, prompt_length=args.prompt_length,
                           width=args.width, classes=args.classes)
     print(write_breakdown(args.output, setting))

@@ -15,13 +15,14 @@ each difference from the paper.
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
+
+from benchmarks.flags import Parser
 
 from .paper_numbers import COST
 from .study_tables import table_cell
@@ -111,7 +112,7 @@ def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.cost", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m benchmarks.studies.cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=None,
                         help="a sweep's output folder: BWT and training seconds per batch from its result files, "
                              "inference seconds per test batch from its plan.json (run --plan into it)")

@@ -23,7 +23,9 @@ import torch
 from torch import Tensor
 
 from fly_modules import AnalyticRouter
+from fly_modules._validation import Integer
 
+from ..flags import Parser, add_flag, add_shared_flag
 from ..speed.router import clustered_features
 from ..speed.timing import add_run_options, median, print_header, start_run, time_side_by_side
 from .router_set import RIDGE, ROUTERS, RouterSet
@@ -125,15 +127,15 @@ def format_costs(costs: Sequence[RouterCosts]) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.router_timing", description=__doc__.split("\n")[0])
-    parser.add_argument("--features", type=int, default=768, help="width of the CLS features (ViT-B/16: 768)")
-    parser.add_argument("--expansion-dim", type=int, default=10_000, help="M, the expansion width (the paper's 10,000)")
-    parser.add_argument("--experts", type=int, default=5, help="experts to route among (the paper's 5 sessions)")
-    parser.add_argument("--batch-size", type=int, default=64, help="samples per batch (the paper's 64)")
-    parser.add_argument("--batches", type=int, default=20, help="batches learnt before the timed one")
-    parser.add_argument("--ridge", type=float, default=1e4, help="the analytic router's lambda")
-    parser.add_argument("--fold-rows", type=int, default=512, help="rows the analytic router folds at once")
-    parser.add_argument("--repeats", type=int, default=7, help="measured rounds (medians are reported)")
+    parser = Parser(prog="python -m benchmarks.studies.router_timing", description=__doc__.split("\n")[0])
+    add_flag(parser, "--features", Integer(minimum=1), default=768, help="width of the CLS features (ViT-B/16: 768)")
+    add_shared_flag(parser, "expansion_dim", help="M, the expansion width (the paper's)")
+    add_flag(parser, "--experts", Integer(minimum=1), default=5, help="experts to route among (the paper's 5 sessions)")
+    add_flag(parser, "--batch-size", Integer(minimum=1), default=64, help="samples per batch (the paper's 64)")
+    add_flag(parser, "--batches", Integer(minimum=1), default=20, help="batches learnt before the timed one")
+    add_shared_flag(parser, "ridge", help="the analytic router's lambda, or 'auto'")
+    add_flag(parser, "--fold-rows", Integer(minimum=1), default=512, help="rows the analytic router folds at once")
+    add_flag(parser, "--repeats", Integer(minimum=1), default=7, help="measured rounds (medians are reported)")
     add_run_options(parser, placed="the routers")
     args = parser.parse_args(argv)
     if args.quick:

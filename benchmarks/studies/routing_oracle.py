@@ -12,13 +12,14 @@ number for either figure (they are images), so the table has no paper column.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
+
+from benchmarks.flags import Parser
 
 from ..ablation.report import METHOD_NAMES, METHOD_ORDER, save_figure
 from ..ablation.results import load_results
@@ -143,7 +144,7 @@ def write_routing(output: Path, results: Iterable[Dict[str, Any]]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.routing_oracle",
+    parser = Parser(prog="python -m benchmarks.studies.routing_oracle",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, required=True, help="a sweep's output folder (its runs/)")
     parser.add_argument("--output", type=Path, default=None, help="where to write (default: --results)")

@@ -7,7 +7,6 @@ code's own printing is hidden unless ``--verbose``.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import sys
@@ -15,14 +14,16 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
+from benchmarks.flags import Parser, add_common_flag
+
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("name")
     parser.add_argument("--checkout", required=True, type=Path)
     parser.add_argument("--json", required=True, type=Path)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    add_common_flag(parser, "threads", default=1)
+    add_common_flag(parser, "seed", default=0)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     sys.dont_write_bytecode = True  # never leave __pycache__ folders in the checkout

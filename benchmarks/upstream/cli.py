@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from benchmarks.flags import add_common_flag
 from benchmarks.upstream.registry import HARNESSES, REPOSITORIES, checkout_commit
 from benchmarks.upstream.table import markdown_table, status_line, summarise
 
@@ -46,8 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, default=None, help="write every harness's rows and metadata here")
     parser.add_argument("--markdown", type=Path, default=None,
                         help="write the table, each harness's statuses and the versions here (for docs/results/)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per harness (default: 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the models and the generated stream")
+    add_common_flag(parser, "threads", default=1, help="torch threads per harness")
+    add_common_flag(parser, "seed", default=0, help="seed of the models and the generated stream")
     parser.add_argument("--verbose", action="store_true", help="show each harness's output and the upstream code's")
     return parser
 
@@ -57,8 +58,6 @@ def resolve(args: argparse.Namespace) -> List[str]:
     if not args.checkouts.is_dir():
         raise UsageError(f"--checkouts: expected a folder holding the upstream checkouts, found no folder at "
                          f"{args.checkouts}")
-    if args.threads < 1:
-        raise UsageError(f"--threads: expected an integer >= 1, got {args.threads}")
     for option in ("json", "markdown"):
         path = getattr(args, option)
         if path is not None and not path.parent.is_dir():

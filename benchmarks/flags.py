@@ -1,0 +1,150 @@
+"""Command-line flags from rules: the bridge between ``argparse`` and the library's parameter table.
+
+Every value flag of every benchmark command is checked by a rule when it is parsed: a parameter the
+library shares (``fly_modules._validation.SHARED_PARAMETERS``: its rule, its default and its help), a
+flag many commands share (:data:`COMMON_FLAGS`: ``--threads``, ``--seed``), or a command's own rule
+(``Integer(minimum=1)``, ``Real(above=0)``, ...). A refused value, like any other usage error of a
+:class:`Parser`, ends in one line on stderr and exit status 2 (``tests/test_parameter_flags.py`` walks
+every command's parser to check it).
+
+    parser = Parser(prog="python -m benchmarks.speed.router")
+    add_shared_flag(parser, "expansion_dim")                        # --expansion-dim, default 10,000
+    add_common_flag(parser, "threads", default=None, help="torch threads (default: all CPUs)")
+    add_flag(parser, "--repeats", Integer(minimum=1), default=15, help="measured rounds")
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+
+from fly_modules._validation import (
+    REQUIRED,
+    SHARED_PARAMETERS,
+    Constraint,
+    Decays,
+    Integer,
+    InvalidParameterError,
+    NoneOr,
+    OneOf,
+    Parameter,
+    Ridge,
+)
+
+__all__ = ["COMMON_FLAGS", "Checked", "Parser", "add_common_flag", "add_flag", "add_shared_flag", "checked"]
+
+#: flags many commands share, each with its rule and meaning (the default is each command's own)
+COMMON_FLAGS: Dict[str, Parameter] = {
+    "threads": Parameter(Integer(minimum=1), help="torch intra-op threads"),
+    "seed": Parameter(SHARED_PARAMETERS["seed"].rule, help="seed of the models and the generated data"),
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, ``error: ... (see --help)``, and
+    exit status 2 (not the usage block and a traceback-like wall of text)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see --help)\n")
+
+
+def _number(text: str) -> Union[int, float]:
+    """An int if ``text`` spells one, else a float (``nan`` and ``inf`` included: the rules refuse them)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _number_or_text(text: str) -> Union[int, float, str]:
+    try:
+        return _number(text)
+    except argparse.ArgumentTypeError:
+        return text
+
+
+def _numbers(text: str) -> Tuple[Union[int, float], ...]:
+    return tuple(_number(item) for item in text.split(","))
+
+
+def _reader(rule: Constraint) -> Callable[[str], Any]:
+    """How the text of a flag checked by ``rule`` is read before the rule converts it."""
+    while isinstance(rule, (Parameter, NoneOr)):
+        rule = rule.rule
+    if isinstance(rule, Decays):
+        return _numbers
+    if isinstance(rule, (Ridge, OneOf)):
+        return _number_or_text if isinstance(rule, Ridge) else str
+    return _number
+
+
+class Checked:
+    """The ``type`` of a flag: its text read as the rules expect, then converted by each of ``rules`` in
+    turn; a refused value is an ``ArgumentTypeError`` with the rule's message ("threads must be an int
+    >= 1, got 0"). ``rules`` stays readable, so a test can derive the values each flag must refuse."""
+
+    def __init__(self, name: str, *rules: Constraint) -> None:
+        self.name, self.rules = name, rules
+        self.read = _reader(rules[0])
+        self.__name__ = name  # argparse names the type in some messages
+
+    def __call__(self, text: str) -> Any:
+        value = self.read(text)
+        try:
+            for rule in self.rules:
+                value = rule.convert(value, self.name)
+        except InvalidParameterError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return value
+
+    def __repr__(self) -> str:
+        return f"Checked({self.name!r}, {', '.join(map(repr, self.rules))})"
+
+
+def checked(rule: Constraint, name: str = "value") -> Checked:
+    """A flag type for ``type=`` where :func:`add_flag` does not fit (``nargs``, a parser's own ``add_argument``)."""
+    return Checked(name, rule)
+
+
+def _with_default(text: str, default: Any) -> str:
+    return text if default is None or "%(default)" in text else f"{text} (default: %(default)s)"
+
+
+def add_flag(parser: Any, flag: str, rule: Constraint, *, default: Any, help: str, **options: Any) -> argparse.Action:
+    """``parser.add_argument(flag, ...)`` checked by ``rule`` (the rule's name: the flag's dest), its default
+    shown in the help. ``options`` go to ``add_argument`` (``dest``, ``metavar``, ``required``, ...)."""
+    name = options.get("dest") or flag.lstrip("-").replace("-", "_")
+    rules = rule.rule if isinstance(rule, Parameter) else rule
+    return parser.add_argument(flag, type=Checked(name, rules), default=default, help=_with_default(help, default),
+                               **options)
+
+
+def _entry_flag(parser: Any, name: str, entry: Parameter, default: Any, help: Optional[str],
+                narrower: Sequence[Constraint], options: Dict[str, Any]) -> argparse.Action:
+    if default is REQUIRED:
+        default = entry.default
+    if default is REQUIRED:
+        raise ValueError(f"the flag of {name!r} needs a default: the table has none in common")
+    flag = options.pop("flag", None) or f"--{name.replace('_', '-')}"
+    text = _with_default(help or entry.help, default)
+    if isinstance(entry.rule, OneOf) and not narrower:
+        return parser.add_argument(flag, choices=entry.rule.choices, default=default, help=text, **options)
+    return parser.add_argument(flag, type=Checked(name, entry.rule, *narrower), default=default, help=text, **options)
+
+
+def add_shared_flag(parser: Any, name: str, *, default: Any = REQUIRED, help: Optional[str] = None,
+                    narrower: Sequence[Constraint] = (), **options: Any) -> argparse.Action:
+    """The flag of the library's shared parameter ``name`` (``--expansion-dim`` for ``expansion_dim``): the
+    table's rule (then ``narrower``, a command's own rules on top), default and help unless given;
+    ``flag=`` names it otherwise."""
+    return _entry_flag(parser, name, SHARED_PARAMETERS[name], default, help, narrower, options)
+
+
+def add_common_flag(parser: Any, name: str, *, default: Any, help: Optional[str] = None,
+                    **options: Any) -> argparse.Action:
+    """The flag of :data:`COMMON_FLAGS`'s ``name`` (``--threads``), with this command's default."""
+    return _entry_flag(parser, name, COMMON_FLAGS[name], default, help, (), options)
