@@ -181,10 +181,6 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: expected 0 < --held-out-classes < --classes <= {NUM_UPSTREAM} and at least "
                          f"--sessions ({args.sessions}) streamed classes, got --classes {args.classes} "
                          f"--held-out-classes {args.held_out_classes}")
-    if min(args.sessions, args.train_per_class, args.test_per_class, args.epochs, args.online_iter,
-           args.batch_size, args.draw_classes) < 1 or not args.lr > 0:
-        raise SystemExit("error: sessions, images per class, epochs, online iterations, batch size and draw "
-                         "must be positive integers and --lr positive")
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
