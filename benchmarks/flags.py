@@ -31,7 +31,7 @@ from fly_modules._validation import (
     Ridge,
 )
 
-__all__ = ["COMMON_FLAGS", "Checked", "Parser", "add_common_flag", "add_flag", "add_shared_flag", "checked"]
+__all__ = ["COMMON_FLAGS", "Checked", "Parser", "add_common_flag", "add_flag", "add_shared_flag"]
 
 #: flags many commands share, each with its rule and meaning (the default is each command's own)
 COMMON_FLAGS: Dict[str, Parameter] = {
@@ -105,13 +105,10 @@ class Checked:
         return f"Checked({self.name!r}, {', '.join(map(repr, self.rules))})"
 
 
-def checked(rule: Constraint, name: str = "value") -> Checked:
-    """A flag type for ``type=`` where :func:`add_flag` does not fit (``nargs``, a parser's own ``add_argument``)."""
-    return Checked(name, rule)
-
-
 def _with_default(text: str, default: Any) -> str:
-    return text if default is None or "%(default)" in text else f"{text} (default: %(default)s)"
+    if default is None or text == argparse.SUPPRESS or "%(default)" in text:
+        return text
+    return f"{text} (default: %(default)s)"
 
 
 def add_flag(parser: Any, flag: str, rule: Constraint, *, default: Any, help: str, **options: Any) -> argparse.Action:

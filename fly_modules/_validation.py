@@ -3,10 +3,15 @@
 Every check raises before any state is touched, so a rejected call leaves the statistics as they
 were. Messages say what was found and what was expected (scikit-learn's convention).
 
+Each class declares the rules of its arguments once, in ``_parameter_constraints`` (scikit-learn's
+idea), built from the table's entries (:func:`shared_constraints`) and checked in that order by
+:func:`validate_parameters`. The table also holds each shared parameter's default: every signature
+reads it with :func:`shared_default`, so the paper's settings are written here only.
+
 Private, but supported for ``benchmarks/``: the benchmarks check their own arguments with
-:func:`check_int` and their command line checks the shared parameters with :data:`SHARED_PARAMETERS`,
-so that a flag refuses exactly what the library refuses, with the same message. Nothing else of the
-core's private modules is theirs to import (``tests/test_layers.py``).
+:func:`check_int` and the rules here, and every flag of their commands is checked by a rule
+(``benchmarks/flags.py``), so that a flag refuses exactly what the library refuses, with the same
+message. Nothing else of the core's private modules is theirs to import (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -102,13 +107,13 @@ class Real(Constraint):
     maximum: Optional[float] = None
 
     def _bound(self) -> str:
-        if self.minimum is None and self.maximum is None:
-            return _bounds(self.above, self.below, closed=False)
-        low, high = _side(self.minimum, self.above, "[>=", "(>"), _side(self.maximum, self.below, "]<=", ")<")
-        if low and high:
+        """`` in (a, b]``, `` > a``, `` <= b``...: each side's closed bound if given, else its open one."""
+        low = ("[", ">=", self.minimum) if self.minimum is not None else ("(", ">", self.above)
+        high = ("]", "<=", self.maximum) if self.maximum is not None else (")", "<", self.below)
+        if low[2] is not None and high[2] is not None:
             return f" in {low[0]}{low[2]:g}, {high[2]:g}{high[0]}"
-        side = low or high
-        return f" {side[1]} {side[2]:g}"
+        side = low if low[2] is not None else high
+        return f" {side[1]} {side[2]:g}" if side[2] is not None else ""
 
     def convert(self, value: Any, name: str) -> float:
         above, below = self.above, self.below
@@ -123,15 +128,6 @@ class Real(Constraint):
                 or (self.minimum is not None and number < self.minimum) or (self.maximum is not None and number > self.maximum)):
             raise InvalidParameterError(f"{expected}, got {number!r}")
         return number
-
-
-def _side(closed: Optional[float], open_: Optional[float], signs: str, open_signs: str) -> Tuple[str, str, float]:
-    """(bracket, comparison, number) of one side of a real interval: the closed bound if given, else the open one."""
-    if closed is not None:
-        return signs[0], signs[1:], closed
-    if open_ is not None:
-        return open_signs[0], open_signs[1:], open_
-    return ()  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
