@@ -9,6 +9,7 @@ flag parsed by a bare ``int`` or ``float`` (which takes ``--threads 0`` or ``--e
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import inspect
 import math
@@ -221,6 +222,41 @@ def test_every_default_of_a_shared_parameter_is_the_tables(owner, defaults):
     for name, default in defaults.items():
         assert default == SHARED_PARAMETERS[name].default and type(default) is type(SHARED_PARAMETERS[name].default), (
             owner, name, default)
+
+
+#: the paper's settings (a seed of 0 is every function's default, not a setting of the paper)
+SETTINGS = ("expansion_dim", "ridge", "decays", "aggregate")
+#: ``(file, parameter)``: a literal equal to the table's default that is not the shared parameter
+OWN_VALUES = {("benchmarks/methods/ranpac.py", "expansion_dim")}  # RanPAC's own projection width (its paper's M)
+
+
+def literal_defaults(path: Path) -> Iterator[Tuple[str, Any]]:
+    """``(name, value)`` of every literal default of a parameter or a class field in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        pairs: List[Tuple[str, ast.AST]] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            positional, defaults = [*node.args.posonlyargs, *node.args.args], node.args.defaults
+            pairs += [(arg.arg, default) for arg, default in zip(positional[len(positional) - len(defaults):], defaults)]
+            pairs += [(arg.arg, default) for arg, default in zip(node.args.kwonlyargs, node.args.kw_defaults) if default]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            pairs.append((node.target.id, node.value))
+        for name, default in pairs:
+            try:
+                yield name, ast.literal_eval(default)
+            except ValueError:  # not a literal: read from the table, or computed
+                continue
+
+
+def test_the_shared_defaults_are_written_once_in_the_table():
+    """No signature or field of the library, the adapters or the benchmarks spells a shared default itself."""
+    repository = BENCHMARKS.parent
+    copies = [f"{path.relative_to(repository)}: {name} = {value!r}"
+              for root in ("fly_modules", "adapters", "benchmarks") for path in sorted((repository / root).rglob("*.py"))
+              for name, value in literal_defaults(path)
+              if name.removeprefix("router_") in SETTINGS
+              and value == SHARED_PARAMETERS[name.removeprefix("router_")].default
+              and (path.relative_to(repository).as_posix(), name) not in OWN_VALUES]
+    assert not copies, "read these from the table (fly_modules._validation.shared_default):\n" + "\n".join(copies)
 
 
 def test_the_tables_defaults_are_the_papers_and_pass_their_own_rules():
