@@ -42,7 +42,7 @@ COMMON_FLAGS: Dict[str, Parameter] = {
 
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line on stderr, ``error: ... (see --help)``, and
-    exit status 2 (not the usage block and a traceback-like wall of text)."""
+    exit status 2 (instead of the usage block followed by the error)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"error: {message} (see --help)\n")
@@ -115,8 +115,7 @@ def add_flag(parser: Any, flag: str, rule: Constraint, *, default: Any, help: st
     """``parser.add_argument(flag, ...)`` checked by ``rule`` (the rule's name: the flag's dest), its default
     shown in the help. ``options`` go to ``add_argument`` (``dest``, ``metavar``, ``required``, ...)."""
     name = options.get("dest") or flag.lstrip("-").replace("-", "_")
-    rules = rule.rule if isinstance(rule, Parameter) else rule
-    return parser.add_argument(flag, type=Checked(name, rules), default=default, help=_with_default(help, default),
+    return parser.add_argument(flag, type=Checked(name, rule), default=default, help=_with_default(help, default),
                                **options)
 
 
