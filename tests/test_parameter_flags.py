@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import pytest
 from fly_modules.adapters import RetrofitOptions, retrofit
 
-from benchmarks.ablation.protocol import Protocol
+from benchmarks.core.protocol import Protocol
 from benchmarks.flags import Parser, add_common_flag, add_flag, add_shared_flag
 from benchmarks.methods.flyprompt import FlyPrompt
 from benchmarks.studies.components_cost import CostSetting
@@ -151,7 +151,7 @@ def outcome(main: Callable[..., Any], argv: List[str], monkeypatch, capsys) -> T
 
 def test_the_walk_finds_every_command():
     assert {"benchmarks.ablation.cli", "benchmarks.fidelity.cli", "benchmarks.fidelity.loop", "benchmarks.speed.router",
-            "benchmarks.speed.vs_reference", "benchmarks.studies.router_timing", "benchmarks.gpu.suite",
+            "benchmarks.speed.vs_reference", "benchmarks.speed.router_timing", "benchmarks.gpu.suite",
             "benchmarks.proxy.pretrain", "benchmarks.upstream.cli"} <= set(COMMANDS)
     assert len(COMMANDS) >= 20
 
@@ -185,8 +185,8 @@ def test_the_walk_catches_a_bare_int_flag_and_an_unchecked_value(monkeypatch, ca
 
 
 def test_the_three_examples_of_a_new_user_end_in_one_line(monkeypatch, capsys):
-    for name, argv in [("benchmarks.studies.router_timing", ["--expansion-dim", "-5"]),
-                       ("benchmarks.studies.router_timing", ["--threads", "0"]),
+    for name, argv in [("benchmarks.speed.router_timing", ["--expansion-dim", "-5"]),
+                       ("benchmarks.speed.router_timing", ["--threads", "0"]),
                        ("benchmarks.fidelity.cli", ["--flygcl", "DIR", "--threads", "0"])]:
         status, error = outcome(COMMANDS[name], argv, monkeypatch, capsys)
         assert status == 2 and error.count("\n") == 1 and argv[-2] in error, (name, argv, error)

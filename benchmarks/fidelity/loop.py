@@ -13,8 +13,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from benchmarks.core import reference_checkout as ref
 from benchmarks.flags import Parser, add_common_flag
-from benchmarks.speed import reference_checkout as ref
 
 from .loop_comparison import LOOP_METHODS, LOOP_SETUPS, LoopRow, compare_loop
 from .official_loop import missing_loop_files

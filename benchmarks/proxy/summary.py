@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from benchmarks.ablation.report import METHOD_NAMES, METHOD_ORDER
+from benchmarks.core.method_names import METHOD_NAMES, METHOD_ORDER
 from benchmarks.flags import Parser
 from benchmarks.studies.paper_rows import paper_row
 

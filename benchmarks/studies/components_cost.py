@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from benchmarks.flags import Parser, add_flag, add_shared_flag
 from fly_modules._validation import Integer, shared_default
 
-from ..ablation.report import save_figure
+from ..core.files import save_figure
 from .study_figures import pyplot_or_none
 
 __all__ = ["CostSetting", "ComponentCost", "COMPONENT_COSTS", "PAPER_COMPONENT_COSTS", "cost_breakdown",

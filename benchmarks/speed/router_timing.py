@@ -1,6 +1,6 @@
 """Seconds per batch of the routing study's five routers, side by side at the paper's sizes.
 
-    python -m benchmarks.studies.router_timing [--device cuda] [--quick] [--json FILE]
+    python -m benchmarks.speed.router_timing [--device cuda] [--quick] [--json FILE]
 
 The routing study's runs time the four alternative routers inside the training, on the expanded
 features the run already computed; the analytic router (``ridge``) is not timed there, since a
@@ -26,9 +26,9 @@ from fly_modules import AnalyticRouter
 from fly_modules._validation import Integer
 
 from ..flags import Parser, add_flag, add_shared_flag
-from ..speed.router import clustered_features
-from ..speed.timing import add_run_options, median, print_header, start_run, time_side_by_side
-from .router_set import RIDGE, ROUTERS, RouterSet
+from ..studies.router_set import RIDGE, ROUTERS, RouterSet
+from .router import clustered_features
+from .timing import add_run_options, median, print_header, start_run, time_side_by_side
 
 __all__ = ["RouterCosts", "build_routers", "multiply_adds", "time_routers", "main"]
 
@@ -127,7 +127,7 @@ def format_costs(costs: Sequence[RouterCosts]) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = Parser(prog="python -m benchmarks.studies.router_timing", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m benchmarks.speed.router_timing", description=__doc__.split("\n")[0])
     add_flag(parser, "--features", Integer(minimum=1), default=768, help="width of the CLS features (ViT-B/16: 768)")
     add_shared_flag(parser, "expansion_dim", help="M, the expansion width (the paper's)")
     add_flag(parser, "--experts", Integer(minimum=1), default=5, help="experts to route among (the paper's 5 sessions)")
