@@ -229,7 +229,7 @@ def test_other_layers_import_only_the_supported_private_core_modules():
 # tables and figures), so the runner imports them and never the other way round; the commands on top do not
 # import one another (what two of them share lives lower down).
 BENCHMARK_LAYERS = {
-    "data": 0, "parallel": 0, "backbone": 0,
+    "data": 0, "parallel": 0, "backbone": 0, "flags": 0,
     "core": 1,
     "methods": 2,
     "studies": 3,
