@@ -138,7 +138,7 @@ class _Ahead:
 
 def _epoch_batches(images: torch.Tensor, targets: torch.Tensor, batch_size: int, generator: torch.Generator,
                    pin: bool) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch of augmented batches, drawing from ``generator`` in ``pretrain_proxy.main``'s order."""
+    """One epoch of augmented batches, drawing from ``generator`` in the order of ``pretrain_proxy.Pretraining``."""
     order = torch.randperm(len(targets), generator=generator)
     for start in range(0, len(order), batch_size):
         index = order[start:start + batch_size]
