@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional, Tuple
 from torch import nn
 
 __all__ = [
-    "BACKBONES", "BackbonePreset", "BackboneLoadError", "build_backbone", "cached_weights", "check_backbone_available",
+    "BACKBONES", "BackbonePreset", "BackboneLoadError", "backbone_of", "build_backbone", "cached_weights", "check_backbone_available",
     "downloads_allowed",
 ]
 
@@ -167,6 +167,12 @@ def build_backbone(model: str, model_kwargs: dict, *, pretrained: bool, weights:
             f"could not load pretrained weights for {model!r} ({type(error).__name__}: {_first_line(error)}); "
             f"pass --weights /path/to/file (.safetensors/.pth/.npz) or --pretrained false"
         ) from error
+
+
+def backbone_of(protocol: Any) -> nn.Module:
+    """The timm ViT (no classifier) a protocol names: its ``model``, ``model_kwargs``, ``pretrained`` and
+    ``weights`` (:class:`benchmarks.core.protocol.Protocol`), built by :func:`build_backbone`."""
+    return build_backbone(protocol.model, protocol.model_kwargs, pretrained=protocol.pretrained, weights=protocol.weights)
 
 
 def unwrap_checkpoint(path: str, wrapped: Tuple[str, str], model: nn.Module) -> dict:

@@ -138,7 +138,7 @@ def test_fold_flops_count_the_lower_triangle_panels():
 
 
 def test_loading_leaves_no_checkout_module_or_path_behind():
-    from benchmarks.speed import reference_checkout as ref
+    from benchmarks.core import reference_checkout as ref
 
     sentinel = types.ModuleType("utils")  # an unrelated top-level `utils` of the user's process
     previous = sys.modules.get("utils")

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.ablation import checkpointing as checkpoint
 from benchmarks.ablation import cli as cross_ablation
-from benchmarks.ablation.checkpointing import CheckpointError, CheckpointStore
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE, StopSignals
 from benchmarks.ablation.training import OnlineTrainer
+from benchmarks.core import checkpointing as checkpoint
+from benchmarks.core.checkpointing import CheckpointError, CheckpointStore
 
 ROOT = Path(__file__).resolve().parents[1]
 # Three trainings: FlyPrompt (its own router and ensemble), HiDe-Prompt (sessions, classifier alignment

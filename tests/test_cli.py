@@ -12,7 +12,7 @@ import torch
 from cli_errors import one_line_error
 
 from benchmarks.ablation import cli as cross_ablation
-from benchmarks.ablation.presets import PRESETS
+from benchmarks.core.presets import PRESETS
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from tiny_sweep import TINY
 
 from benchmarks.ablation import cli, execution
 from benchmarks.ablation.claims import Claim, Claims, claim_path, this_process
-from benchmarks.ablation.protocol import RunSpec
+from benchmarks.core.protocol import RunSpec
 from benchmarks.parallel import DataParallel
 
 REPOSITORY = Path(__file__).resolve().parents[1]

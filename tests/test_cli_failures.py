@@ -12,8 +12,9 @@ import pytest
 import torch
 from tiny_sweep import TINY
 
-from benchmarks.ablation import checkpointing, cli, execution, failures, files, report, results
+from benchmarks.ablation import cli, execution, failures, report
 from benchmarks.ablation.preemption import RunInterrupted
+from benchmarks.core import checkpointing, files, results
 
 TWO_METHODS = [*TINY, "--methods", "l2p,dualprompt"]
 
@@ -171,6 +172,6 @@ def test_a_failed_table_or_figure_write_keeps_the_previous_one(tmp_path, monkeyp
 
     (tmp_path / "deltas.png").write_bytes(b"the previous figure")
     with pytest.raises(results.WriteError, match="Disk quota exceeded"):
-        report.save_figure(Figure(), tmp_path / "deltas.png")
+        files.save_figure(Figure(), tmp_path / "deltas.png")
     assert (tmp_path / "deltas.png").read_bytes() == b"the previous figure"
     assert not list(tmp_path.glob(".*.tmp"))

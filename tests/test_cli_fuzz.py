@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from tiny_sweep import TINY, TINY_MODEL
 
 from benchmarks.ablation import cli
-from benchmarks.ablation.results import plan, result_path
+from benchmarks.ablation.run_specs import run_specs
+from benchmarks.core.results import result_path
 
 #: flag -> values: valid ones, values valid alone that may not fit the rest, and invalid ones
 FLAGS = {
@@ -95,7 +96,7 @@ def outcome_is_clean(argv, output: Path, capsys) -> None:
     assert status == 0, f"exit status {status}: {err}"
     args = cli.build_parser().parse_args([*TINY, *argv])
     sweep = cli.resolve(args)
-    for spec in plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds):
+    for spec in run_specs(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds):
         assert "metrics" in json.loads(result_path(output, spec).read_text())
     assert json.loads((output / "table.json").read_text())
 

@@ -15,11 +15,12 @@ import torch
 
 from benchmarks.ablation import cli as cross_ablation
 from benchmarks.ablation import evaluation, execution, plan, shard
-from benchmarks.ablation.presets import PRESETS
 from benchmarks.ablation.probe import probe
-from benchmarks.ablation.protocol import RunSpec
 from benchmarks.ablation.runner import run_training
-from benchmarks.ablation.timer import PartTimer
+from benchmarks.core.plan_file import PLAN_FORMAT
+from benchmarks.core.presets import PRESETS
+from benchmarks.core.protocol import RunSpec
+from benchmarks.core.timer import PartTimer
 from benchmarks.data import make_synthetic_train_test
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,7 +189,7 @@ def test_shard_without_a_plan_balances_counted_work(tmp_path, capsys, monkeypatc
     # One training and two shards: the second has nothing to do.
     assert cross_ablation.main([*sweep, "--shard", "2/2"]) == 0
     assert "0 of 1 trainings, balanced by counted work (no plan.json" in capsys.readouterr().out
-    (output / "plan.json").write_text(json.dumps({"format": plan.PLAN_FORMAT, "protocol": {}, "trainings": []}))
+    (output / "plan.json").write_text(json.dumps({"format": PLAN_FORMAT, "protocol": {}, "trainings": []}))
     assert cross_ablation.main([*sweep, "--shard", "1/2"]) == 2
     assert "was made for another protocol" in capsys.readouterr().err
 

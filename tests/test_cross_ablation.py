@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from benchmarks.ablation import cli as cross_ablation
-from benchmarks.ablation import execution, report, results
+from benchmarks.ablation import execution, report
 from benchmarks.ablation.arguments import PROTOCOL_FLAGS
-from benchmarks.ablation.presets import PRESETS
-from benchmarks.ablation.protocol import PAPER_METHODS
-from benchmarks.ablation.variants import ORACLE_VARIANTS
+from benchmarks.core import results
+from benchmarks.core.method_names import METHOD_NAMES
+from benchmarks.core.presets import PRESETS
+from benchmarks.core.protocol import PAPER_METHODS
+from benchmarks.core.variants import ORACLE_VARIANTS
 
 REDUCED = [
     "--synthetic-classes", "6", "--synthetic-train-per-class", "12", "--synthetic-test-per-class", "4",
@@ -77,11 +79,11 @@ def check_table_files(output, rows, printed):
     markdown = (output / "table.md").read_text()
     assert markdown.strip() in printed
     for row in rows:
-        name = report.METHOD_NAMES[row["method"]]
+        name = METHOD_NAMES[row["method"]]
         assert f"| {name} | {row['variant']} | 1 | {row['A_auc_mean']:.2f} ± n/a |" in markdown
     assert markdown.startswith("smoke-level numbers")
     for method in PAPER_METHODS:  # the verdict under the table
-        assert re.search(rf"^{report.METHOD_NAMES[method]} \(cifar100-like\): (oracle gap|no gap)", markdown, re.MULTILINE)
+        assert re.search(rf"^{METHOD_NAMES[method]} \(cifar100-like\): (oracle gap|no gap)", markdown, re.MULTILINE)
 
 
 def check_resume_recomputes_only_missing_runs(output, rows, monkeypatch):

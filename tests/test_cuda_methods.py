@@ -31,9 +31,9 @@ pytestmark = [
 ]
 pytest.importorskip("timm")
 
-from benchmarks.ablation.protocol import Protocol, RunSpec  # noqa: E402
 from benchmarks.ablation.runner import run_reference, run_training  # noqa: E402
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
+from benchmarks.core.protocol import Protocol, RunSpec  # noqa: E402
+from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import list_methods, method_class  # noqa: E402
 

@@ -10,8 +10,8 @@ import torch
 pytest.importorskip("timm")
 
 from benchmarks.ablation.diagnostics import ExpertUsage, expert_matrix_summary, routing_summary  # noqa: E402
-from benchmarks.ablation.protocol import Protocol  # noqa: E402
 from benchmarks.ablation.runner import run_training  # noqa: E402
+from benchmarks.core.protocol import Protocol  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 
 CPU = torch.device("cpu")

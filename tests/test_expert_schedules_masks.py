@@ -12,8 +12,8 @@ pytest.importorskip("timm")
 
 from benchmarks.ablation.expert_schedules import build_schedule, schedule_refusal  # noqa: E402
 from benchmarks.ablation.logit_masks import TrainingMask  # noqa: E402
-from benchmarks.ablation.protocol import Protocol  # noqa: E402
 from benchmarks.ablation.runner import build_run  # noqa: E402
+from benchmarks.core.protocol import Protocol  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import method_class  # noqa: E402
 from fly_modules import SampleBudgetSchedule, SessionSchedule  # noqa: E402

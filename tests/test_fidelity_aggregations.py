@@ -8,8 +8,8 @@ import shutil
 import pytest
 from fidelity_stand_in import FAKE_FLYGCL
 
+from benchmarks.core import reference_checkout as ref
 from benchmarks.fidelity import aggregations
-from benchmarks.speed import reference_checkout as ref
 from fly_modules import AGGREGATION_RULES
 
 

@@ -16,12 +16,12 @@ from fidelity_stand_in import FAKE_FLYGCL as FAKE  # noqa: E402
 from fidelity_stand_in import SMALL  # noqa: E402
 
 from benchmarks.ablation import training  # noqa: E402
-from benchmarks.ablation.metrics import AnytimeEvalTrigger  # noqa: E402
+from benchmarks.core import reference_checkout as ref  # noqa: E402
+from benchmarks.core.metrics import AnytimeEvalTrigger  # noqa: E402
 from benchmarks.fidelity import official_loop  # noqa: E402
 from benchmarks.fidelity.loop import main  # noqa: E402
 from benchmarks.fidelity.loop_comparison import LOOP_SETUPS, compare_loop  # noqa: E402
 from benchmarks.fidelity.pairs import PAIRS  # noqa: E402
-from benchmarks.speed import reference_checkout as ref  # noqa: E402
 
 
 @pytest.fixture(scope="module")

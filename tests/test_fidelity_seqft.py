@@ -15,10 +15,10 @@ pytest.importorskip("timm")
 from fidelity_stand_in import FAKE_FLYGCL as FAKE  # noqa: E402
 from fidelity_stand_in import SMALL  # noqa: E402
 
+from benchmarks.core import reference_checkout as ref  # noqa: E402
 from benchmarks.fidelity.comparison import compare_method  # noqa: E402
 from benchmarks.fidelity.loop_comparison import LOOP_SETUPS, compare_loop  # noqa: E402
 from benchmarks.fidelity.pairs import PAIRS  # noqa: E402
-from benchmarks.speed import reference_checkout as ref  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("timm")
 
-from benchmarks.ablation.protocol import Protocol  # noqa: E402
-from benchmarks.ablation.runner import build_backbone  # noqa: E402
+from benchmarks.backbone import backbone_of  # noqa: E402
+from benchmarks.core.protocol import Protocol  # noqa: E402
 from benchmarks.gpu import proxy as _gpu_proxy
 from benchmarks.gpu import suite as gpu_suite  # noqa: E402
 from benchmarks.speed.timing import Report  # noqa: E402
@@ -71,7 +71,7 @@ def test_tiny_cpu_run_writes_every_stage(tmp_path):
     assert pretraining["bytes"] == weights.stat().st_size <= _gpu_proxy.MAX_WEIGHT_BYTES
     assert pretraining["training"]["epochs_completed"] == _gpu_proxy.TINY_SCALE.epochs
     assert pretraining["training"]["deterministic_algorithms"] == "strict"
-    backbone = build_backbone(Protocol(model=pretraining["model"], model_kwargs=pretraining["model_kwargs"],
+    backbone = backbone_of(Protocol(model=pretraining["model"], model_kwargs=pretraining["model_kwargs"],
                                        pretrained=True, weights=str(weights)))
     assert backbone.embed_dim == _gpu_proxy.TINY_SCALE.model_kwargs["embed_dim"]
     assert all(proxy["sweep"]["methods"][m]["status"] == "finished" for m in _gpu_proxy.SWEEP_METHODS)

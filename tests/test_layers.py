@@ -222,3 +222,63 @@ def test_other_layers_import_only_the_supported_private_core_modules():
         found += [f"{module}:{targets[t]} imports {t}" for t in private if t not in allowed]
     assert not found, "; ".join(found)
     assert "fly_modules._validation" in import_graph()["benchmarks.ablation.arguments"]  # the graph was read
+
+
+# The benchmarks' packages from the bottom up: a module imports only from packages of a lower layer (or its
+# own). The shared core sits under every command; the studies are the runner's plug-ins (their routers,
+# tables and figures), so the runner imports them and never the other way round; the commands on top do not
+# import one another (what two of them share lives lower down).
+BENCHMARK_LAYERS = {
+    "data": 0, "parallel": 0, "backbone": 0,
+    "core": 1,
+    "methods": 2,
+    "studies": 3,
+    "ablation": 4,
+    "proxy": 5,
+    "fidelity": 6, "speed": 6, "gpu": 6, "upstream": 6,
+    "cross_ablation": 7,
+}
+
+
+def benchmark_package(module: str) -> Optional[str]:
+    """``benchmarks.core.stream`` -> ``core``; None for ``benchmarks`` itself and outside it."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "benchmarks" and len(parts) > 1 else None
+
+
+def sideways_or_upward(graph: Dict[str, Dict[str, int]]) -> List[str]:
+    """Imports between two benchmarks packages whose target is not in a lower layer."""
+    found = []
+    for module, targets in graph.items():
+        source = benchmark_package(module)
+        for target, line in targets.items():
+            package = benchmark_package(target)
+            if source is None or package is None or package == source:
+                continue
+            if BENCHMARK_LAYERS[package] >= BENCHMARK_LAYERS[source]:
+                found.append(f"{module}:{line} imports {target} ({package} is not below {source})")
+    return found
+
+
+def test_every_benchmarks_package_has_a_layer_and_is_a_package():
+    folders = {path.name for path in (ROOT / "benchmarks").iterdir()
+               if path.is_dir() and not path.name.startswith(("_", "."))}
+    modules = {path.stem for path in (ROOT / "benchmarks").glob("*.py") if path.stem != "__init__"}
+    assert folders | modules == set(BENCHMARK_LAYERS)
+    for folder in folders:
+        assert (ROOT / "benchmarks" / folder / "__init__.py").is_file(), f"benchmarks/{folder}/ is not a package"
+
+
+def test_benchmarks_import_only_from_lower_layers():
+    """Imports inside functions count: an import moved into a function to dodge a cycle still fails here."""
+    found = sideways_or_upward(import_graph(type_checking=False))
+    assert not found, "; ".join(found)
+    assert "benchmarks.core.stream" in import_graph()["benchmarks.ablation.runner"]  # the graph was read
+
+
+def test_the_benchmark_layer_rule_can_fail():
+    graph = {"benchmarks.core.results": {"benchmarks.methods": 10, "benchmarks.core.files": 11},
+             "benchmarks.fidelity.cli": {"benchmarks.speed.timing": 3, "benchmarks.ablation.runner": 4}}
+    assert sideways_or_upward(graph) == [
+        "benchmarks.core.results:10 imports benchmarks.methods (methods is not below core)",
+        "benchmarks.fidelity.cli:3 imports benchmarks.speed.timing (speed is not below fidelity)"]

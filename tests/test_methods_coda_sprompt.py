@@ -163,8 +163,8 @@ def test_at_the_papers_configuration_both_have_the_papers_counts():
 
 
 def test_both_admit_every_variant_and_name_their_departures_in_the_run_record():
-    from benchmarks.ablation.protocol import Protocol
-    from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for
+    from benchmarks.core.protocol import Protocol
+    from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for
     from benchmarks.methods import method_class
 
     every = [*ABLATION_VARIANTS, *ORACLE_VARIANTS]
@@ -181,8 +181,8 @@ def test_every_variant_of_one_training_equals_its_own_run():
     # reference adapter (S-Prompt's prototypes built before each evaluation, CODA-P's components at session ends).
     import json
 
-    from benchmarks.ablation.protocol import Protocol, RunSpec
     from benchmarks.ablation.runner import run_reference, run_training
+    from benchmarks.core.protocol import Protocol, RunSpec
     from benchmarks.data import make_synthetic_train_test
 
     protocol = Protocol(

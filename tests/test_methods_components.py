@@ -14,9 +14,10 @@ import torch
 pytest.importorskip("timm")
 scipy_linalg = pytest.importorskip("scipy.linalg")
 
-from benchmarks.ablation.protocol import Protocol, RunSpec  # noqa: E402
-from benchmarks.ablation.runner import build_backbone, build_run, run_reference, run_training  # noqa: E402
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, skipped_variants, variants_for  # noqa: E402
+from benchmarks.ablation.runner import build_run, run_reference, run_training  # noqa: E402
+from benchmarks.backbone import backbone_of  # noqa: E402
+from benchmarks.core.protocol import Protocol, RunSpec  # noqa: E402
+from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, skipped_variants, variants_for  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import create_method, method_class  # noqa: E402
 from benchmarks.methods.ranpac import RANPAC_ENSEMBLE_REFUSAL  # noqa: E402
@@ -53,7 +54,7 @@ def test_variants_they_cannot_run_are_refused_with_the_reason():
         "oracle_both": RANPAC_ENSEMBLE_REFUSAL}
     with pytest.raises(ValueError, match="'linear-probe' runs the variants \\[\\] for \\['router'\\]"):
         run_training("linear-probe", "synthetic", 1, ["router"], PROTOCOL, None, None, device=CPU)
-    backbone = build_backbone(PROTOCOL)
+    backbone = backbone_of(PROTOCOL)
     for name in ("linear-probe", "ranpac"):
         with pytest.raises(ValueError, match="num_experts must be 1, found 3"):
             create_method(name, backbone, 8, num_experts=3)
@@ -141,9 +142,9 @@ def test_ranpac_trains_its_adaptation_in_the_first_session_then_solves_the_ridge
 
 @pytest.mark.parametrize("method,variants", [("ranpac", ["baseline", "oracle"]), ("linear-probe", ["baseline", "ensemble"])])
 def test_a_run_stopped_and_resumed_from_its_checkpoint_equals_the_uninterrupted_run(data, tmp_path, method, variants):
-    from benchmarks.ablation.checkpointing import CheckpointStore
     from benchmarks.ablation.preemption import RunInterrupted
     from benchmarks.ablation.runner import CheckpointPolicy
+    from benchmarks.core.checkpointing import CheckpointStore
 
     whole = run_training(method, "synthetic", 1, variants, PROTOCOL, *data, device=CPU)
     store = CheckpointStore(tmp_path / "checkpoints")

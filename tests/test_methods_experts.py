@@ -12,7 +12,7 @@ import torch
 timm = pytest.importorskip("timm")
 from method_steps import train_step  # noqa: E402
 
-from benchmarks.ablation.variants import skipped_variants, variants_for  # noqa: E402
+from benchmarks.core.variants import skipped_variants, variants_for  # noqa: E402
 from benchmarks.methods.base import create_method, method_class  # noqa: E402
 from benchmarks.methods.sdlora import sdlora_parameter_count  # noqa: E402
 from benchmarks.methods.task_experts import adapter_parameter_count, lora_parameter_count  # noqa: E402
@@ -175,8 +175,8 @@ def test_every_variant_of_one_training_equals_its_own_run():
     # of a run through the reference adapter (SD-LoRA: no routed variant to run).
     import json
 
-    from benchmarks.ablation.protocol import Protocol, RunSpec
     from benchmarks.ablation.runner import run_reference, run_training
+    from benchmarks.core.protocol import Protocol, RunSpec
     from benchmarks.data import make_synthetic_train_test
 
     protocol = Protocol(

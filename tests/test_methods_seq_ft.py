@@ -12,9 +12,10 @@ import torch
 
 pytest.importorskip("timm")
 
-from benchmarks.ablation.protocol import Protocol  # noqa: E402
-from benchmarks.ablation.runner import build_backbone, build_run, run_training  # noqa: E402
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, skipped_variants, variants_for  # noqa: E402
+from benchmarks.ablation.runner import build_run, run_training  # noqa: E402
+from benchmarks.backbone import backbone_of  # noqa: E402
+from benchmarks.core.protocol import Protocol  # noqa: E402
+from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, skipped_variants, variants_for  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import create_method, method_class  # noqa: E402
 from benchmarks.methods.seq_ft import SEQ_FT_HEAD_LR, SEQ_FT_WEIGHT_DECAY  # noqa: E402
@@ -40,10 +41,10 @@ def test_the_router_is_refused_and_the_ensemble_admitted():
         assert skipped_variants(cls, ABLATION_VARIANTS) == {"router": SINGLE_EXPERT_ROUTER_REFUSAL,
                                                             "both": SINGLE_EXPERT_ROUTER_REFUSAL}
     with pytest.raises(ValueError, match="num_experts must be 1, found 3"):
-        create_method("seq-ft", build_backbone(PROTOCOL), 6, num_experts=3)
+        create_method("seq-ft", backbone_of(PROTOCOL), 6, num_experts=3)
     for bad in ({"head_lr": 0}, {"head_lr": float("nan")}, {"weight_decay": -1e-4}, {"weight_decay": True}):
         with pytest.raises(ValueError, match=f"{next(iter(bad))} must be"):
-            create_method("seq-ft", build_backbone(PROTOCOL), 6, **bad)
+            create_method("seq-ft", backbone_of(PROTOCOL), 6, **bad)
 
 
 def test_the_optimizer_is_sgd_with_the_backbones_and_the_heads_learning_rates(data):
@@ -74,9 +75,9 @@ def test_the_whole_vit_trains_and_the_ema_heads_change_predictions(data):
 
 
 def test_a_run_stopped_and_resumed_from_its_checkpoint_equals_the_uninterrupted_run(data, tmp_path):
-    from benchmarks.ablation.checkpointing import CheckpointStore
     from benchmarks.ablation.preemption import RunInterrupted
     from benchmarks.ablation.runner import CheckpointPolicy
+    from benchmarks.core.checkpointing import CheckpointStore
 
     whole = run_training("seq-ft-sl", "synthetic", 1, ["baseline"], PROTOCOL, *data, device=CPU)
     store = CheckpointStore(tmp_path / "checkpoints")

@@ -1,4 +1,4 @@
-"""Tests of benchmarks.ablation.metrics: hand-computed logs, both metric definitions, triggers, JSON round trip."""
+"""Tests of benchmarks.core.metrics: hand-computed logs, both metric definitions, triggers, JSON round trip."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.ablation.metrics import (
+from benchmarks.core.metrics import (
     AnytimeEvalTrigger,
     EvaluationLog,
     a_auc,
@@ -28,7 +28,7 @@ from benchmarks.ablation.metrics import (
     session_accuracy_matrix,
     summarize,
 )
-from benchmarks.ablation.stream import build_si_blurry_stream
+from benchmarks.core.stream import build_si_blurry_stream
 from fly_modules import InvalidParameterError
 
 # Relative tolerance that absorbs the reference's 1e-5 in correct / (count + 1e-5) on 10-sample classes.

@@ -1,4 +1,4 @@
-"""MISA's pretrained prompts on the CPU proxy: the adaptation that makes them (benchmarks/proxy/isa.py,
+"""MISA's pretrained prompts on the CPU proxy: the adaptation that makes them (benchmarks/methods/misa_adaptation.py,
 pretrain_misa_prompts.py), the committed file and its sidecar, and MISA loading them (``prompt_weights``)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from cli_errors import one_line_error
 from tiny_sweep import TINY
 
 from benchmarks.ablation import cli
-from benchmarks.ablation.protocol import Protocol
-from benchmarks.ablation.runner import build_backbone
+from benchmarks.backbone import backbone_of
+from benchmarks.core.protocol import Protocol
 from benchmarks.methods.base import method_class
-from benchmarks.proxy.isa import ForgettingAwareStep, SessionAdaptation
+from benchmarks.methods.misa_adaptation import ForgettingAwareStep, SessionAdaptation
 from benchmarks.proxy.pretrain import MODEL_KWARGS, MODEL_NAME
 
 timm = pytest.importorskip("timm")
@@ -62,7 +62,7 @@ def test_committed_prompts_match_their_sidecar():
 
 def test_the_proxy_misa_loads_the_committed_prompts():
     protocol = _proxy_protocol(PROMPTS)
-    misa = method_class("misa").from_protocol(build_backbone(protocol), 10, protocol, seed=1)
+    misa = method_class("misa").from_protocol(backbone_of(protocol), 10, protocol, seed=1)
     stored = safetensors_torch.load_file(str(PROMPTS))
     assert torch.equal(misa.g_prompts.data, stored["g_prompt"]) and torch.equal(misa.e_prompts.data, stored["e_prompt"])
     notes = method_class("misa").protocol_notes(protocol)
@@ -161,7 +161,7 @@ def test_quick_pretraining_is_deterministic_and_its_prompts_load(tmp_path):
         assert sidecar["sha256"] == _sha256(output) and sidecar["sha256"] in finished.stdout and sidecar["quick"]
         digests.append(sidecar["sha256"])
     protocol = _proxy_protocol(output)
-    misa = method_class("misa").from_protocol(build_backbone(protocol), 10, protocol, seed=1)
+    misa = method_class("misa").from_protocol(backbone_of(protocol), 10, protocol, seed=1)
     assert torch.equal(misa.g_prompts.data, safetensors_torch.load_file(str(output))["g_prompt"])
     assert digests[0] == digests[1]
 

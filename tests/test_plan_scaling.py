@@ -13,7 +13,7 @@ from tiny_sweep import TINY  # noqa: E402
 
 from benchmarks import cross_ablation  # noqa: E402
 from benchmarks.ablation.probe import scale_training  # noqa: E402
-from benchmarks.ablation.protocol import Protocol  # noqa: E402
+from benchmarks.core.protocol import Protocol  # noqa: E402
 
 
 def test_training_parts_scale_with_the_images_and_the_iterations():

@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("timm")
 
-from benchmarks.ablation.dataset_sizes import DATASET_SIZES, stand_in  # noqa: E402
 from benchmarks.ablation.plan import count_work, make_plan  # noqa: E402
-from benchmarks.ablation.protocol import Protocol, RunSpec  # noqa: E402
+from benchmarks.core.dataset_sizes import DATASET_SIZES, stand_in  # noqa: E402
+from benchmarks.core.protocol import Protocol, RunSpec  # noqa: E402
 from benchmarks.data.records import DatasetNotFoundError  # noqa: E402
 
 PROTOCOL = Protocol(

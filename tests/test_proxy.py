@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from benchmarks.ablation import cli as cross_ablation
-from benchmarks.ablation.presets import PRESETS
-from benchmarks.ablation.protocol import Protocol
-from benchmarks.ablation.runner import build_backbone
+from benchmarks.backbone import backbone_of
+from benchmarks.core.presets import PRESETS
+from benchmarks.core.protocol import Protocol
 from benchmarks.data import make_synthetic_dataset, make_synthetic_train_test, synthetic_class_split
 from benchmarks.proxy.pretrain import MODEL_KWARGS, MODEL_NAME
 
@@ -63,7 +63,7 @@ def _assert_loads_through_runner(path: Path, model_kwargs) -> None:
 
     stored = load_file(str(path))
     assert not any(k.startswith("head.") for k in stored)
-    model = build_backbone(Protocol(model=MODEL_NAME, model_kwargs=dict(model_kwargs), pretrained=True, weights=str(path)))
+    model = backbone_of(Protocol(model=MODEL_NAME, model_kwargs=dict(model_kwargs), pretrained=True, weights=str(path)))
     state = model.state_dict()
     assert set(state) == set(stored)  # strict: every backbone tensor comes from the file, nothing else
     assert all(torch.equal(state[k], stored[k].to(state[k].dtype)) for k in stored)

@@ -7,17 +7,17 @@ import json
 from pathlib import Path
 
 from benchmarks.ablation import cli as cross_ablation
-from benchmarks.ablation.dataset_sizes import DATASET_SIZES
-from benchmarks.ablation.presets import PRESETS
-from benchmarks.ablation.proxy_datasets import (
+from benchmarks.ablation.sweep import resolve
+from benchmarks.ablation.sweep_data import load_data
+from benchmarks.core.dataset_sizes import DATASET_SIZES
+from benchmarks.core.presets import PRESETS
+from benchmarks.core.proxy_datasets import (
     PROXY_DATASETS,
     PROXY_SCALE,
     PROXY_TEST_SCALE,
     is_generated,
     paper_dataset_of,
 )
-from benchmarks.ablation.sweep import resolve
-from benchmarks.ablation.sweep_data import load_data
 
 SIDECAR = Path(__file__).resolve().parents[1] / "benchmarks" / "proxy" / "weights" / "proxy_vit.json"
 

@@ -13,11 +13,11 @@ import torch
 pytest.importorskip("timm")
 
 from benchmarks.ablation.evaluation import VariantEvaluator  # noqa: E402
-from benchmarks.ablation.metrics import AnytimeEvalTrigger  # noqa: E402
-from benchmarks.ablation.protocol import Protocol, RunSpec  # noqa: E402
 from benchmarks.ablation.runner import run_reference, run_training  # noqa: E402
-from benchmarks.ablation.stream import build_si_blurry_stream  # noqa: E402
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
+from benchmarks.core.metrics import AnytimeEvalTrigger  # noqa: E402
+from benchmarks.core.protocol import Protocol, RunSpec  # noqa: E402
+from benchmarks.core.stream import build_si_blurry_stream  # noqa: E402
+from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import method_class  # noqa: E402
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead  # noqa: E402

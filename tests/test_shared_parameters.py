@@ -16,7 +16,7 @@ from torch import nn
 
 from benchmarks.ablation import cli
 from benchmarks.ablation.arguments import UsageError, build_parser
-from benchmarks.ablation.protocol import Protocol
+from benchmarks.core.protocol import Protocol
 from fly_modules import AnalyticRouter, InvalidParameterError, TemporalEnsembleHead
 from fly_modules._validation import SHARED_PARAMETERS
 

@@ -1,4 +1,4 @@
-"""Tests of benchmarks.ablation.stream: pinned streams, invariants, edge cases, batching, sharding, exposure.
+"""Tests of benchmarks.core.stream: pinned streams, invariants, edge cases, batching, sharding, exposure.
 
 The pinned digests in ``tests/fixtures/si_blurry_streams.json`` were produced by
 ``python tests/test_stream.py --regenerate`` and checked, before being committed, against an
@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.ablation.stream import (
+from benchmarks.core.stream import (
     SiBlurryStream,
     build_si_blurry_stream,
     check_label_vector,
@@ -85,7 +85,7 @@ def _regenerate() -> None:  # pragma: no cover - run by hand only
         )
         entries.append(entry)
     payload = {
-        "description": "SHA-256 of Si-Blurry session orders (benchmarks.ablation.stream.SiBlurryStream.digest)",
+        "description": "SHA-256 of Si-Blurry session orders (benchmarks.core.stream.SiBlurryStream.digest)",
         "label_vectors": {
             "cifar_like_100": "torch.arange(50000) % 100",
             "imagenet_r_like_200": "torch.repeat_interleave(torch.arange(200), 60 + (torch.arange(200) * 37) % 90)",

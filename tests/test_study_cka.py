@@ -84,8 +84,8 @@ def test_rows_average_the_seeds_once_per_training():
 @pytest.fixture(scope="module")
 def trained():
     pytest.importorskip("timm")
-    from benchmarks.ablation.protocol import Protocol
     from benchmarks.ablation.runner import build_run
+    from benchmarks.core.protocol import Protocol
     from benchmarks.data import make_synthetic_train_test
 
     protocol = Protocol(

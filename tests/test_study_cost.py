@@ -32,7 +32,7 @@ def test_a_sweeps_training_and_inference_seconds_per_batch_are_read_from_its_fol
     from tiny_sweep import TINY
 
     from benchmarks.ablation import cli
-    from benchmarks.ablation.plan import inference_per_image
+    from benchmarks.core.plan_file import inference_per_image
 
     output = tmp_path / "sweep"
     assert cli.main([*TINY, "--seeds", "1,2", "--output", str(output), "--plan"]) == 0

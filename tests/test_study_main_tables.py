@@ -7,8 +7,8 @@ import json
 import pytest
 
 from benchmarks.ablation.arguments import protocol_value
-from benchmarks.ablation.results import load_results
 from benchmarks.backbone import BACKBONES
+from benchmarks.core.results import load_results
 from benchmarks.studies.command import study_defaults
 from benchmarks.studies.main_tables import format_main_table, main_table_rows, study_methods, write_main_table
 from benchmarks.studies.paper_tables import OFFLINE, OVERALL, TABLE_1_NOT_OURS

@@ -12,8 +12,8 @@ from tiny_sweep import TINY_MODEL
 
 pytest.importorskip("timm")
 
-from benchmarks.ablation.protocol import Protocol  # noqa: E402
 from benchmarks.ablation.runner import build_run  # noqa: E402
+from benchmarks.core.protocol import Protocol  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import create_method  # noqa: E402
 from benchmarks.methods.base import frozen_cls  # noqa: E402

@@ -9,9 +9,9 @@ import torch
 
 pytest.importorskip("timm")
 
-from benchmarks.ablation.protocol import Protocol  # noqa: E402
 from benchmarks.ablation.runner import run_training  # noqa: E402
-from benchmarks.ablation.variants import ABLATION_VARIANTS  # noqa: E402
+from benchmarks.core.protocol import Protocol  # noqa: E402
+from benchmarks.core.variants import ABLATION_VARIANTS  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.studies.router_set import ROUTERS  # noqa: E402
 
@@ -140,9 +140,9 @@ def test_a_backbone_on_timm_weights_other_than_the_papers_says_so(capsys):
 
 
 def test_a_study_run_stopped_and_resumed_from_its_checkpoint_equals_the_uninterrupted_run(data, tmp_path):
-    from benchmarks.ablation.checkpointing import CheckpointStore
     from benchmarks.ablation.preemption import RunInterrupted
     from benchmarks.ablation.runner import CheckpointPolicy
+    from benchmarks.core.checkpointing import CheckpointStore
 
     studies = dict(routers=list(ROUTERS), aggregations=["mean", "softmax_max"])
     args = ("dualprompt", "synthetic", 1, ["router", "both"], PROTOCOL, *data)

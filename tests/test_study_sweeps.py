@@ -16,8 +16,8 @@ from cli_errors import one_line_error  # noqa: E402
 from tiny_sweep import TINY  # noqa: E402
 
 from benchmarks import cross_ablation  # noqa: E402
-from benchmarks.ablation.protocol import Protocol  # noqa: E402
 from benchmarks.ablation.runner import run_training  # noqa: E402
+from benchmarks.core.protocol import Protocol  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.studies import registry  # noqa: E402
 from benchmarks.studies.paper_numbers import SWEEPS  # noqa: E402

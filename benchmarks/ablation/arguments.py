@@ -18,17 +18,17 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from benchmarks.ablation.errors import UsageError
 from benchmarks.ablation.expert_schedules import EXPERT_SCHEDULES
 from benchmarks.ablation.logit_masks import TRAIN_MASKS
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
-from benchmarks.ablation.presets import PRESETS
-from benchmarks.ablation.protocol import ROUTER_QUERIES, Protocol
-from benchmarks.ablation.proxy_datasets import PROXY_DATASETS
 from benchmarks.ablation.shard import parse_shard
 from benchmarks.ablation.sweep_values import SWEEP_ALIASES, parser_of
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.backbone import BACKBONES
+from benchmarks.core.errors import UsageError
+from benchmarks.core.presets import PRESETS
+from benchmarks.core.protocol import ROUTER_QUERIES, Protocol
+from benchmarks.core.proxy_datasets import PROXY_DATASETS
+from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.data.loaders import DATASETS
 from benchmarks.methods import list_methods
 from benchmarks.studies.command import STUDIES

@@ -28,8 +28,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
-from .files import WriteError, temporary_beside
-from .protocol import RunSpec
+from ..core.files import WriteError, temporary_beside
+from ..core.protocol import RunSpec
 
 __all__ = ["Claim", "ClaimHeldError", "Claims", "claim_path", "holder_text", "this_process"]
 

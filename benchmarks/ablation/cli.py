@@ -25,14 +25,14 @@ from typing import Optional, Sequence
 
 from benchmarks.ablation import preflight
 from benchmarks.ablation.arguments import UsageError, build_parser, protocol_value
-from benchmarks.ablation.checkpointing import CheckpointError
 from benchmarks.ablation.claims import ClaimHeldError
-from benchmarks.ablation.cost import run_plan
 from benchmarks.ablation.execution import execute
-from benchmarks.ablation.results import ProtocolMismatchError, WriteError
 from benchmarks.ablation.sweep import resolve
 from benchmarks.ablation.sweep_points import run_points
+from benchmarks.ablation.work_plan import run_plan
 from benchmarks.backbone import BackboneLoadError, downloads_allowed
+from benchmarks.core.checkpointing import CheckpointError
+from benchmarks.core.results import ProtocolMismatchError, WriteError
 from benchmarks.data.records import DatasetNotFoundError
 from benchmarks.studies.analysis_studies import components_cost_error, run_components_cost
 from benchmarks.studies.command import study_defaults

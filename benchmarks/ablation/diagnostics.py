@@ -132,6 +132,6 @@ def expert_matrix_summary(correct: Tensor, sizes: Tensor, experts: Tensor) -> Di
 
 def member_summary(names: List[str], logs: Sequence[Any]) -> Dict[str, Dict[str, float]]:
     """``{member: {"A_auc", "A_last"}}`` of an ensemble's members' evaluation logs."""
-    from .metrics import a_auc, a_last
+    from ..core.metrics import a_auc, a_last
 
     return {name: {"A_auc": a_auc(log), "A_last": a_last(log)} for name, log in zip(names, logs)}

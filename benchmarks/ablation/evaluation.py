@@ -25,15 +25,17 @@ from torch import Tensor
 from fly_modules import seen_class_mask
 from fly_modules.ensemble import aggregate_logits
 
+from ..core.head_sets import head_set_members
+from ..core.metrics import EvaluationLog, count_correct
+from ..core.stream import Exposure
+from ..core.timer import NO_TIMER, PartTimer
+from ..core.variants import VARIANTS
+from ..data.records import TensorImageDataset
 from ..methods.base import MethodOutput, PromptMethod, QueryFeatures
 from ..parallel import DataParallel
+from ..studies.cka import ExpertFeatureMoments, cka_matrices
 from .components import ScoredComponents
 from .diagnostics import ROUTING_VERSIONS, ExpertUsage, expert_matrix_summary, member_summary, routing_summary
-from .head_sets import head_set_members
-from .metrics import EvaluationLog, count_correct
-from .stream import Exposure
-from .timer import NO_TIMER, PartTimer
-from .variants import VARIANTS
 
 __all__ = ["EvaluationPoint", "PredictEvaluator", "TestImages", "VariantEvaluator"]
 
@@ -56,8 +58,6 @@ class TestImages:
     """
 
     def __init__(self, test: Any, device: torch.device, *, max_device_bytes: int = 2 << 30) -> None:
-        from ..data.records import TensorImageDataset
-
         self.test, self.device = test, device
         raw, targets = test.get_raw_batch(torch.arange(len(test)))
         home = device if raw.numel() <= max_device_bytes else torch.device("cpu")
@@ -143,10 +143,10 @@ class VariantEvaluator:
         model: the trained method; forced and routed selections go through ``model(x, expert=ids, query=q)``.
         components: its REAR and TE2 (``benchmarks.ablation.components``): ``route`` and ``ensemble``.
         usage: the class x expert training counts (true experts, docs/diagnostics.md).
-        variants: names from ``benchmarks.ablation.variants.VARIANTS``.
+        variants: names from ``benchmarks.core.variants.VARIANTS``.
         member_names: names of the ensemble's members (online head, then one per decay).
         meta: the evaluation logs' meta (the variant's spec is added).
-        timer: times the parts of each evaluation (``benchmarks.ablation.timer``).
+        timer: times the parts of each evaluation (``benchmarks.core.timer``).
         reuse: reuse the frozen features of a batch the previous evaluation had and skip a pass whose
             selection was already made (``False``: every pass at every evaluation, the reference the
             reuse is tested and profiled against).
@@ -158,7 +158,7 @@ class VariantEvaluator:
             the ensemble variants' members as ``<variant>~<rule>`` (the aggregation study).
         cka: at the last evaluation, the linear CKA between the trained experts' features of the forced
             passes (the CKA study, ``benchmarks.studies.cka``; the method needs ``common_features``).
-        heads: subsets of the ensemble's heads (``benchmarks.ablation.head_sets``) each scored with the run's
+        heads: subsets of the ensemble's heads (``benchmarks.core.head_sets``) each scored with the run's
             rule on the ensemble variants as ``<variant>#<subset>`` (the EMA-decay study).
     """
 
@@ -217,8 +217,6 @@ class VariantEvaluator:
         tally = _Tally(self.per_class_counts, exposed, self.usage.num_experts, self.subset.device, self.routing_counts)
         matrix_experts = torch.nonzero(trained).flatten().tolist() if final else []
         if final and self.cka:
-            from ..studies.cka import ExpertFeatureMoments
-
             width = self.model.get_classifier().in_features
             self.cka_moments = ExpertFeatureMoments(len(matrix_experts) + 1, width, self.subset.device)
         batches = iter(self.subset.batches(indices, targets, self.batch_size))
@@ -246,8 +244,6 @@ class VariantEvaluator:
         if final:
             self.expert_matrix = expert_matrix_summary(counts["matrix"], counts["group_sizes"], trained)
             if self.cka_moments is not None:
-                from ..studies.cka import cka_matrices
-
                 self.cka_moments.reduce(self.parallel)
                 self.cka_summary, self.cka_moments = cka_matrices(self.cka_moments, matrix_experts), None
             self.true_experts = modal[:exposed].tolist()

@@ -20,29 +20,32 @@ import torch
 from benchmarks.ablation import failures
 from benchmarks.ablation.arguments import UsageError, command_line
 from benchmarks.ablation.claims import Claims
-from benchmarks.ablation.cost import shard_of
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE, RunInterrupted, StopSignals, any_process
-from benchmarks.ablation.presets import PRESETS
-from benchmarks.ablation.protocol import RunSpec
 from benchmarks.ablation.report import add_failures, plot_curves, plot_paper_deltas, summarize_results, write_tables
-from benchmarks.ablation.results import (
+from benchmarks.ablation.run_specs import run_specs
+from benchmarks.ablation.runner import CheckpointPolicy, run_training
+from benchmarks.ablation.sweep import Sweep, run_setting
+from benchmarks.ablation.sweep_data import SweepData
+from benchmarks.ablation.work_plan import shard_of
+from benchmarks.core.presets import PRESETS
+from benchmarks.core.protocol import RunSpec
+from benchmarks.core.results import (
     check_checkpoints,
     check_resumable,
     checkpoints_of,
     load_results,
-    plan,
     remove_finished_checkpoints,
     result_path,
     trainings,
     write_json_atomic,
 )
-from benchmarks.ablation.runner import CheckpointPolicy, run_training
-from benchmarks.ablation.sweep import Sweep, run_setting
-from benchmarks.ablation.sweep_data import SweepData
-from benchmarks.ablation.variants import skipped_variants
+from benchmarks.core.variants import skipped_variants
 from benchmarks.methods import method_class
 from benchmarks.parallel import DataParallel
 from benchmarks.studies.analysis_studies import write_analysis_study
+from benchmarks.studies.main_tables import write_main_table
+from benchmarks.studies.registry import REGISTRY, resolve_hook
+from benchmarks.studies.study_tables import write_study
 
 
 def execute(
@@ -62,7 +65,7 @@ def execute(
     """
     if sweep.threads:
         torch.set_num_threads(sweep.threads)
-    specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
+    specs = run_specs(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
     settings = {name: run_setting(sweep, name) for name in sweep.datasets}
     todo = [s for s in specs if not resume or not result_path(sweep.output, s).exists()]
     if merge and todo:
@@ -269,13 +272,9 @@ def _write_tables(sweep: Sweep, specs: List[RunSpec], settings: Dict[str, Dict[s
     markdown = write_tables(sweep.output, rows, caption=PRESETS[sweep.preset]["caption"])
     plot_curves(sweep.output, results)
     plot_paper_deltas(sweep.output, [row for row in rows if row["seeds"]])
-    from benchmarks.studies.registry import REGISTRY, resolve_hook
-
     registered = REGISTRY.get(sweep.study or "")
     for study in ("routers", "aggregations", "heads"):  # what was scored on one training, when asked
         if getattr(sweep, study):
-            from benchmarks.studies.study_tables import write_study
-
             name = sweep.study if registered is not None and study in dict(registered.scored) else study
             table = write_study(sweep.output, results, study, name)
             markdown += f"\n\n{name} study (study_{name}.md):\n\n" + table
@@ -284,8 +283,6 @@ def _write_tables(sweep: Sweep, specs: List[RunSpec], settings: Dict[str, Dict[s
         markdown += f"\n\n{sweep.study} study (study_{sweep.study}.md):\n\n" + table
     markdown += write_analysis_study(sweep.study, sweep.output, results)  # cka, routing, ranpac: "" for the others
     if sweep.study in ("overall", "offline"):  # the paper's Tables 1 and 2
-        from benchmarks.studies.main_tables import write_main_table
-
         markdown += f"\n\n{sweep.study} study (study_{sweep.study}.md):\n\n" + write_main_table(sweep.output, results,
                                                                                                  sweep.study)
     return markdown, failed

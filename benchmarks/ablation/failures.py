@@ -14,11 +14,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-from .checkpointing import CheckpointError
-from .files import WriteError
+from ..core.checkpointing import CheckpointError
+from ..core.files import WriteError
+from ..core.protocol import RunSpec
+from ..core.results import result_path, write_json_atomic
 from .preemption import RunInterrupted
-from .protocol import RunSpec
-from .results import result_path, write_json_atomic
 
 __all__ = ["FAILED_RUNS_EXIT_CODE", "failure_path", "recordable", "record_failure", "clear_failures", "load_failures"]
 

@@ -16,17 +16,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ..core.metrics import AnytimeEvalTrigger
+from ..core.plan_file import PLAN_FORMAT, inference_per_image
+from ..core.protocol import Protocol, RunSpec
+from ..core.results import trainings
+from ..core.stream import build_si_blurry_stream
+from ..core.variants import VARIANTS
 from ..methods import method_class
-from .metrics import AnytimeEvalTrigger
-from .protocol import Protocol, RunSpec
-from .results import trainings
-from .stream import build_si_blurry_stream
-from .variants import VARIANTS
 
-__all__ = ["PLAN_FORMAT", "PlanData", "TrainingWork", "count_work", "estimate", "format_plan", "inference_per_image",
-           "make_plan", "training_key"]
+__all__ = ["PlanData", "TrainingWork", "count_work", "estimate", "format_plan", "make_plan", "training_key"]
 
-PLAN_FORMAT = 1
 
 
 def training_key(dataset: str, method: str, seed: int) -> str:
@@ -107,13 +106,6 @@ def count_work(specs: Sequence[RunSpec], protocol: Protocol, data: Callable[[str
             experts=protocol.num_experts, selections=len(selections),
         ))
     return work
-
-
-def inference_per_image(unit: Dict[str, Any]) -> float:
-    """Seconds to infer one test image with one variant, from a probe's unit costs: its query pass and one
-    prompted pass (as the official code evaluates; no pass reused)."""
-    query = unit["frozen_per_image"] or unit["eval_parts"].get("eval/query", 0.0)
-    return query + unit["prompted_per_image"]
 
 
 def estimate(work: TrainingWork, unit: Dict[str, Any]) -> Dict[str, float]:
@@ -234,15 +226,15 @@ def make_plan(
 
 class PlanData:
     """The sweep's datasets where they are found, and stand-ins of the paper's datasets' sizes where they
-    are not (``benchmarks.ablation.dataset_sizes``): a plan is made before anything is downloaded."""
+    are not (``benchmarks.core.dataset_sizes``): a plan is made before anything is downloaded."""
 
     def __init__(self, load: Callable[[str], Any], image_size: int, log: Callable[[str], None]) -> None:
         self.load, self.image_size, self.log = load, int(image_size), log
         self.stand_ins: set = set()
 
     def __call__(self, name: str) -> Any:
+        from ..core.dataset_sizes import DATASET_SIZES, stand_in
         from ..data.records import DatasetNotFoundError
-        from .dataset_sizes import DATASET_SIZES, stand_in
 
         if name in self.stand_ins:
             return stand_in(name, self.image_size)

@@ -25,10 +25,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
+from ..backbone import BackboneLoadError, backbone_of
+from ..core.protocol import Protocol
+from ..core.proxy_datasets import is_generated
 from ..methods import method_class
-from .protocol import Protocol
-from .proxy_datasets import is_generated
-from .runner import BackboneLoadError, build_backbone
 
 __all__ = ["PreflightError", "USER_ERRORS", "check", "check_output", "check_device", "check_models", "class_counts"]
 
@@ -111,7 +111,7 @@ def check_models(protocol: Protocol, methods: Sequence[str], datasets: Sequence[
     """Build the backbone and each method on the CPU and score one blank image with each."""
     with _SavedRandomState(), torch.no_grad():
         try:
-            backbone = build_backbone(protocol).eval()
+            backbone = backbone_of(protocol).eval()
         except BackboneLoadError:
             raise  # its own line says how to supply the weights
         except (TypeError, ValueError, AssertionError) as error:

@@ -19,10 +19,10 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
+from ..core.protocol import Protocol
+from ..core.timer import PartTimer
 from ..data.records import TensorImageDataset
-from .protocol import Protocol
 from .runner import build_run
-from .timer import PartTimer
 
 __all__ = ["probe", "scale_training", "test_sample"]
 

@@ -22,10 +22,15 @@ from typing import Any, Dict, Optional, Sequence
 
 import torch
 
+from ..core.presets import PRESETS
+from ..core.timer import PartTimer
+from ..core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for
+from ..methods import method_class
+from .arguments import build_parser, parse_names
 from .evaluation import VariantEvaluator
 from .runner import build_run
-from .timer import PartTimer
-from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for
+from .sweep import resolve
+from .sweep_data import load_data
 
 __all__ = ["profile_method", "main"]
 
@@ -33,8 +38,6 @@ __all__ = ["profile_method", "main"]
 def profile_method(method: str, dataset: str, seed: int, protocol: Any, train: Any, test: Any, *,
                    device: torch.device) -> Dict[str, Any]:
     """One training of ``method`` with both evaluators at every evaluation point; figures by part."""
-    from ..methods import method_class
-
     clock = time.process_time if device.type == "cpu" else time.perf_counter
     timer, reference_timer = PartTimer(device, clock=clock), PartTimer(device, clock=clock)
     variants = variants_for(method_class(method), [*ABLATION_VARIANTS, *ORACLE_VARIANTS])
@@ -98,11 +101,6 @@ def _format(result: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from .arguments import build_parser, parse_names
-    from .presets import PRESETS
-    from .sweep import resolve
-    from .sweep_data import load_data
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ablation.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="proxy-short", choices=list(PRESETS))
     parser.add_argument("--methods", type=parse_names, default=["l2p", "hide"])

@@ -11,28 +11,20 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from ..core.files import save_figure
+from ..core.method_names import METHOD_NAMES, METHOD_ORDER
+from ..core.results import write_json_atomic, write_text_atomic
+from ..core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from ..studies.paper_rows import paper_row, run_backbone
 from .diagnostics import ROUTING_VERSIONS
-from .files import write_atomic
-from .results import write_json_atomic, write_text_atomic
-from .variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 
 __all__ = [
     "ABLATION_VARIANTS", "METRICS", "PAPER_NOTE", "summarize_results", "add_failures", "format_markdown",
     "write_tables",
-    "plot_curves", "plot_paper_deltas", "save_figure", "verdicts",
+    "plot_curves", "plot_paper_deltas", "verdicts",
 ]
 
 VARIANT_ORDER = {name: i for i, name in enumerate((*ABLATION_VARIANTS, "full", *ORACLE_VARIANTS))}
-#: Rows follow the paper's method order (its main table, then its cross-ablation), FlyPrompt last.
-METHOD_ORDER = {name: i for i, name in enumerate(
-    ("seq-ft", "seq-ft-sl", "l2p", "dualprompt", "coda-prompt", "mvp", "misa", "s-prompt", "hide", "norga", "hide-lora",
-     "hide-adapter", "sd-lora", "ranpac", "ranpac-frozen", "ranpac-collect", "linear-probe", "flyprompt"))}
-METHOD_NAMES = {"seq-ft": "Seq FT", "seq-ft-sl": "Seq FT w/ SL", "l2p": "L2P", "dualprompt": "DualPrompt",
-                "coda-prompt": "CODA-P", "mvp": "MVP", "misa": "MISA", "s-prompt": "S-Prompt++", "hide": "HiDe-Prompt",
-                "norga": "NoRGa", "hide-lora": "HiDe-LoRA", "hide-adapter": "HiDe-Adapter", "sd-lora": "SD-LoRA",
-                "ranpac": "RanPAC†", "ranpac-frozen": "RanPAC‡", "ranpac-collect": "RanPAC*", "linear-probe": "Linear probe",
-                "flyprompt": "FlyPrompt"}
 METRICS = ("A_auc", "A_last", "A_avg", "F_last")
 #: where the paper's numbers of each kind of row are from (``benchmarks.studies.paper_rows``)
 PAPER_NOTE = (
@@ -292,11 +284,6 @@ def write_tables(output: Path, rows: Sequence[Dict[str, Any]], caption: str = ""
         writer.writerows(rows)
         write_text_atomic(output / "table.csv", text.getvalue())
     return markdown
-
-
-def save_figure(figure: Any, path: Path) -> None:
-    """``savefig`` whole or not at all: a failed write keeps the previous figure (:class:`WriteError`)."""
-    write_atomic(path, lambda stream: figure.savefig(stream, dpi=100, format=path.suffix.lstrip(".")), binary=True)
 
 
 def plot_curves(output: Path, results: Sequence[Dict[str, Any]]) -> Optional[Path]:

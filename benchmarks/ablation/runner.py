@@ -1,7 +1,7 @@
 """Runs of the cross-ablation: one training of a method on a Si-Blurry stream, every requested variant
 scored on it, one JSON-serialisable record per variant.
 
-:func:`run_training` trains once and scores all variants (``benchmarks.ablation.variants``) on the same test
+:func:`run_training` trains once and scores all variants (``benchmarks.core.variants``) on the same test
 batches; :func:`run_reference` runs one ablation variant through ``fly_modules.adapters.reference``,
 as a user would, and is what the tests hold :func:`run_training` to. The loop is
 ``benchmarks.ablation.training``; its differences from the reference loop are listed in docs/methods.md.
@@ -15,30 +15,30 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch import nn
 
-from ..backbone import BackboneLoadError as BackboneLoadError
-from ..backbone import build_backbone as _build_timm_backbone
+from ..backbone import backbone_of
+from ..core.checkpointing import CheckpointError, CheckpointStore, capture, frozen_backbone_digest, restore, rng_states
+from ..core.metrics import EvaluationLog, summarize
+from ..core.protocol import ROUTER_QUERIES, Protocol, RunSpec
+from ..core.results import setting_differences
+from ..core.stream import Exposure, SiBlurryStream, build_si_blurry_stream
+from ..core.timer import NO_TIMER, PartTimer
+from ..core.variants import ABLATION_VARIANTS, VARIANTS, variants_for
 from ..methods import PromptMethod, method_class
 from ..parallel import DataParallel
-from .checkpointing import CheckpointError, CheckpointStore, capture, frozen_backbone_digest, restore, rng_states
+from ..studies.router_components import WithRouters
+from ..studies.router_set import check_router_names
 from .components import AddedComponents, BuiltinComponents, RetrofitComponents, ScoredComponents
 from .diagnostics import ExpertUsage
 from .evaluation import PredictEvaluator, VariantEvaluator
-from .metrics import EvaluationLog, summarize
 from .preemption import RunInterrupted, any_process
-from .protocol import ROUTER_QUERIES, Protocol, RunSpec
-from .results import setting_differences
-from .stream import Exposure, SiBlurryStream, build_si_blurry_stream
-from .timer import NO_TIMER, PartTimer
 from .training import OnlineTrainer
-from .variants import ABLATION_VARIANTS, VARIANTS, variants_for
 
-__all__ = ["CheckpointPolicy", "Run", "build_run", "run_training", "run_reference", "build_backbone", "BackboneLoadError"]
+__all__ = ["CheckpointPolicy", "Run", "build_run", "run_training", "run_reference"]
 
 @dataclass
 class CheckpointPolicy:
-    """How a training checkpoints itself (``benchmarks.ablation.checkpointing``) and when it stops early.
+    """How a training checkpoints itself (``benchmarks.core.checkpointing``) and when it stops early.
 
     Attributes:
         store: the training's checkpoint files.
@@ -60,14 +60,6 @@ class CheckpointPolicy:
     lead: bool = True
 
 
-def build_backbone(protocol: Protocol) -> nn.Module:
-    """The protocol's timm ViT (no classifier), weights as :mod:`benchmarks.backbone` resolves them."""
-    return _build_timm_backbone(
-        protocol.model, protocol.model_kwargs, pretrained=protocol.pretrained, weights=protocol.weights
-    )
-
-
-
 def run_training(
     method: str,
     dataset: str,
@@ -86,7 +78,7 @@ def run_training(
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
     ``train``/``test`` are ``benchmarks.data`` records and ``variants`` names from
-    ``benchmarks.ablation.variants.VARIANTS`` that the method runs (``variants_for``). Returns one record per
+    ``benchmarks.core.variants.VARIANTS`` that the method runs (``variants_for``). Returns one record per
     variant: the spec, the metrics (official-code and paper definitions), the evaluation log, the
     diagnostics (docs/diagnostics.md), timings and memory of the shared training.
 
@@ -171,9 +163,6 @@ def build_run(
     if getattr(components, "router", None) is None:
         routers = []  # a method no router can choose for (router_refusal): no study router either
     if routers:
-        from ..studies.router_components import WithRouters
-        from ..studies.router_set import check_router_names
-
         routers = check_router_names(routers)
         components = WithRouters(components, model, routers, seed=seed)
     lr = _learning_rate(model, protocol)
@@ -248,7 +237,7 @@ def _prepare(
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     torch.manual_seed(seed)
-    backbone = build_backbone(protocol)
+    backbone = backbone_of(protocol)
     model = method_class(method).from_protocol(backbone, len(train.classes), protocol, seed).to(device)
     stream = build_si_blurry_stream(
         train.targets, num_sessions=protocol.num_sessions, disjoint_ratio=protocol.disjoint_ratio,

@@ -15,11 +15,11 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .plan import PLAN_FORMAT, TrainingWork
+from ..core.plan_file import PLAN_FILE, PLAN_FORMAT
+from .plan import TrainingWork
 
-__all__ = ["parse_shard", "split", "work_costs", "plan_costs", "PLAN_FILE"]
+__all__ = ["parse_shard", "split", "work_costs", "plan_costs"]
 
-PLAN_FILE = "plan.json"
 
 
 def parse_shard(text: str) -> Tuple[int, int]:

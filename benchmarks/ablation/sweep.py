@@ -17,15 +17,18 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from benchmarks.ablation.arguments import UsageError
-from benchmarks.ablation.presets import PRESETS
-from benchmarks.ablation.protocol import PAPER_METHODS, Protocol
-from benchmarks.ablation.proxy_datasets import PROXY_DATASETS, is_generated
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
+from benchmarks.ablation.expert_schedules import schedule_refusal
 from benchmarks.backbone import BACKBONES, check_backbone_available
+from benchmarks.core.head_sets import head_set_members
+from benchmarks.core.presets import PRESETS
+from benchmarks.core.protocol import PAPER_METHODS, Protocol
+from benchmarks.core.proxy_datasets import PROXY_DATASETS, is_generated
+from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.data.loaders import DATASETS, canonical_dataset_name, check_dataset
-from benchmarks.methods import list_methods
+from benchmarks.methods import list_methods, method_class
 from benchmarks.studies.command import with_backbone
 from benchmarks.studies.paper_numbers import compared_backbone
+from benchmarks.studies.router_set import ROUTERS
 
 
 @dataclass
@@ -100,9 +103,6 @@ def resolve(args: argparse.Namespace) -> Sweep:
 
 def _check_schedule(methods: Sequence[str], schedule: str) -> None:
     """Before any training: every method can start its experts on ``schedule``."""
-    from benchmarks.ablation.expert_schedules import schedule_refusal
-    from benchmarks.methods import method_class
-
     for name in methods:
         refusal = schedule_refusal(method_class(name), schedule)
         if refusal:
@@ -132,8 +132,6 @@ def _aggregations(args: argparse.Namespace) -> List[str]:
 
 def _heads(args: argparse.Namespace, protocol: Protocol) -> List[str]:
     """The EMA-decay study's subsets of heads (``--heads``), each of decays the run's ensemble has."""
-    from benchmarks.ablation.head_sets import head_set_members
-
     names = list(getattr(args, "heads", None) or [])
     members = ["online", *(f"ema_{decay:g}" for decay in protocol.decays)]
     for name in names:
@@ -146,8 +144,6 @@ def _heads(args: argparse.Namespace, protocol: Protocol) -> List[str]:
 
 def _routers(args: argparse.Namespace) -> List[str]:
     """The routing study's routers: ``--routers``, or all of them for ``--study routers``."""
-    from benchmarks.studies.router_set import ROUTERS
-
     names = getattr(args, "routers", None) or (list(ROUTERS) if getattr(args, "study", None) == "routers" else [])
     _check_names("router", names, list(ROUTERS))
     return names

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
-from benchmarks.ablation.proxy_datasets import is_generated
 from benchmarks.ablation.sweep import Sweep
+from benchmarks.core.proxy_datasets import is_generated
 
 
 def load_data(name: str, sweep: Sweep, data_root: str, download: bool) -> Tuple[Any, Any]:

@@ -13,10 +13,18 @@ import sys
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
+from benchmarks.ablation import preflight
 from benchmarks.ablation.arguments import PROTOCOL_FLAGS, UsageError
+from benchmarks.ablation.execution import execute
+from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
+from benchmarks.ablation.run_specs import run_specs
 from benchmarks.ablation.sweep import Sweep, resolve
 from benchmarks.ablation.sweep_values import point_arguments
+from benchmarks.ablation.work_plan import run_plan
+from benchmarks.backbone import downloads_allowed
+from benchmarks.core.results import load_results
 from benchmarks.studies.registry import Study, SweepPoint
+from benchmarks.studies.sweep_table import write_points
 
 __all__ = ["PointsRun", "run_points"]
 
@@ -41,8 +49,6 @@ class PointsRun:
 
     def plan(self, argv: Optional[Sequence[str]]) -> int:
         """``--plan`` of every point, then the study's total device time."""
-        from benchmarks.ablation.cost import run_plan
-
         total = 0.0
         for point, sweep in self.sweeps:
             print(f"== {self.study.name}: {point.label} ({sweep.output})", flush=True)
@@ -54,11 +60,6 @@ class PointsRun:
 
     def execute(self, argv: Optional[Sequence[str]]) -> int:
         """Train every point (each its own sweep), then the points' table; the worst exit status."""
-        from benchmarks.ablation import preflight
-        from benchmarks.ablation.execution import execute
-        from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
-        from benchmarks.backbone import downloads_allowed
-
         args, statuses = self.args, []
         for point, sweep in self.sweeps:
             print(f"== {self.study.name}: {point.label} ({sweep.output})", flush=True)
@@ -76,12 +77,9 @@ class PointsRun:
 
     def write_table(self) -> str:
         """The points' table, JSON and figure into the base folder; the markdown."""
-        from benchmarks.ablation.results import load_results, plan
-        from benchmarks.studies.sweep_table import write_points
-
         found: List[Tuple[SweepPoint, List[Any]]] = []
         for point, sweep in self.sweeps:
-            found.append((point, load_results(sweep.output, plan(sweep.methods, sweep.variants, sweep.datasets,
+            found.append((point, load_results(sweep.output, run_specs(sweep.methods, sweep.variants, sweep.datasets,
                                                                    sweep.seeds))))
         return write_points(self.base, self.study, found)
 

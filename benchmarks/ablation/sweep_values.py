@@ -2,7 +2,7 @@
 rule (the flag's parser: the library's ``SHARED_PARAMETERS`` rule for M, lambda, the decays, the experts) when
 the command line is parsed, so a bad value ends the command in one line before anything runs.
 
-``NAME`` is a :class:`~benchmarks.ablation.protocol.Protocol` field, its flag (``expansion-dim``) or one of the
+``NAME`` is a :class:`~benchmarks.core.protocol.Protocol` field, its flag (``expansion-dim``) or one of the
 paper's symbols (:data:`SWEEP_ALIASES`: ``M``, ``lambda``, ``r_D``, ...). A value of the decays lists its
 decays joined by ``/`` (``decays=0.9,0.9/0.99``), as the comma separates the values.
 """

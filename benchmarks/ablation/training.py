@@ -15,15 +15,15 @@ from torch import Tensor
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule
 
+from ..core.metrics import AnytimeEvalTrigger
+from ..core.stream import Exposure, SiBlurryStream, StreamBatch
+from ..core.timer import NO_TIMER, PartTimer
 from ..methods.base import MethodOutput, PromptMethod
 from ..parallel import BatchShare, DataParallel
 from .components import Components
 from .diagnostics import ExpertUsage
 from .expert_schedules import build_schedule
 from .logit_masks import TrainingMask
-from .metrics import AnytimeEvalTrigger
-from .stream import Exposure, SiBlurryStream, StreamBatch
-from .timer import NO_TIMER, PartTimer
 
 __all__ = ["MixedPrecision", "OnlineTrainer", "StreamPosition"]
 
@@ -90,7 +90,7 @@ class OnlineTrainer:
         train: the training set (``benchmarks.data`` record: ``get_raw_batch``, ``get_batch``, ``train_transform``).
         lr: the run's learning rate (``model.make_optimizer``'s).
         seed: the run's seed (the random training mask's draws).
-        timer: times the parts of each batch (``benchmarks.ablation.timer``; the profile and the plan's probe).
+        timer: times the parts of each batch (``benchmarks.core.timer``; the profile and the plan's probe).
     """
 
     def __init__(

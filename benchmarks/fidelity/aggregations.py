@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import reference_checkout as ref
 from fly_modules import aggregate_logits, seen_class_mask
 
 from .comparison import checkout_commit

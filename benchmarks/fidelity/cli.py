@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import reference_checkout as ref
 
 from .comparison import compare_method
 from .loop import load_loop_checkout, loop_record, run_loops

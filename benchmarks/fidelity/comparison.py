@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 import torch
 from torch import Tensor
 
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import reference_checkout as ref
 
 from .evaluations import OfficialEvaluations
 from .measures import agreement, base_name, copy_tensors, tensor_differences, worst

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any, List, Tuple
 
-from benchmarks.ablation.stream import Exposure
-from benchmarks.speed.vs_reference import EvalBatches
+from benchmarks.core.reference_checkout import EvalBatches
+from benchmarks.core.stream import Exposure
 
 from .official import OfficialSide
 

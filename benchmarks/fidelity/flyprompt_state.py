@@ -8,7 +8,7 @@ from typing import Any, Dict, Tuple
 import torch
 from torch import Tensor, nn
 
-from benchmarks.speed.reference_checkout import ema_bank_weights
+from benchmarks.core.reference_checkout import ema_bank_weights
 
 __all__ = ["align", "load_official", "official_predict", "other_state"]
 

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import reference_checkout as ref
 
 from .loop_comparison import LOOP_METHODS, LOOP_SETUPS, LoopRow, compare_loop
 from .official_loop import missing_loop_files

@@ -1,6 +1,6 @@
 """One method's metrics end to end: the official trainer's own loop (``official_loop``: its stream,
 its evaluation points, its summary) and the cross-ablation's runner (``OnlineTrainer.train``: our
-stream, ``AnytimeEvalTrigger``, ``benchmarks.ablation.metrics``) on the same generated data, seed and
+stream, ``AnytimeEvalTrigger``, ``benchmarks.core.metrics``) on the same generated data, seed and
 initial state; compared batch by batch, evaluation by evaluation, metric by metric."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks.ablation import metrics
-from benchmarks.ablation.metrics import EvaluationLog, summarize
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import metrics
+from benchmarks.core import reference_checkout as ref
+from benchmarks.core.metrics import EvaluationLog, summarize
 
 from .comparison import check_pairing, checkout_commit
 from .measures import copy_tensors, tensor_differences, worst

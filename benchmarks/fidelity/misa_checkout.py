@@ -5,7 +5,7 @@ Nothing in the checkout is written or copied. In memory only, while its modules 
 
 * the checkout's top-level packages (``models``, ``methods``, ``utils``, ...) are imported with the
   checkout first on ``sys.path`` and removed from ``sys.modules`` afterwards (the classes keep working),
-  as ``benchmarks.speed.reference_checkout`` does for FlyGCL;
+  as ``benchmarks.core.reference_checkout`` does for FlyGCL;
 * the data pipeline (``datasets``, ``utils.data_loader``) and what only the full run uses
   (``pandas``, ``sklearn``, ``matplotlib``, tensorboard's writer, which the modules open on import
   and which would write a folder) are inert stand-ins;
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator
 
-from benchmarks.speed.reference_checkout import timm_registry_kept
+from benchmarks.core.reference_checkout import timm_registry_kept
 
 __all__ = ["FLYGCL_FILES", "MISACheckout", "load_misa", "REQUIRED_FILES"]
 

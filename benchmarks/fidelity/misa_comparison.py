@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from benchmarks.ablation.stream import Exposure
+from benchmarks.core.stream import Exposure
 
 from .comparison import _decisions, check_pairing, checkout_commit, exposed_test_images, train_side_by_side
 from .evaluations import OfficialEvaluations

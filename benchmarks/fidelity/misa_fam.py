@@ -1,5 +1,5 @@
 """``python -m benchmarks.fidelity.misa_fam --misa PATH``: the forgetting-aware update of MISA's prompt
-adaptation (``benchmarks.proxy.isa.ForgettingAwareStep``) side by side with ``optim/fam.py`` of a
+adaptation (``benchmarks.methods.misa_adaptation.ForgettingAwareStep``) side by side with ``optim/fam.py`` of a
 kangzhiq/MISA checkout (its ``FAM`` around Adam, ``first_step`` after the held-out batch's backward,
 ``second_step`` after the training batch's), on a small network from the same initial weights and batches
 (docs/methods.md, "MISA's pretrained prompts on the proxy"). Prints the largest parameter difference;
@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from benchmarks.proxy.isa import ForgettingAwareStep
+from benchmarks.methods.misa_adaptation import ForgettingAwareStep
 
 __all__ = ["load_fam", "largest_difference", "main"]
 

@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional
 import torch
 from torch import Tensor, nn
 
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import reference_checkout as ref
 
 from .pairs import MethodPair
 from .setting import Setting

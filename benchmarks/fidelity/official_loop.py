@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import reference_checkout as ref
 
 from .official import BACKBONE_NAME, CopiedBackbone
 from .seqft_state import vit_importable

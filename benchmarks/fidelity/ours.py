@@ -10,9 +10,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import torch
 from torch import Tensor
 
-from benchmarks.ablation.metrics import a_auc, a_last
 from benchmarks.ablation.runner import build_run
-from benchmarks.ablation.stream import StreamBatch
+from benchmarks.core.metrics import a_auc, a_last
+from benchmarks.core.stream import StreamBatch
 from benchmarks.methods import method_class
 from fly_modules import seen_class_mask
 

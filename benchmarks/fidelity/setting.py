@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-from benchmarks.ablation.protocol import Protocol
+from benchmarks.core.protocol import Protocol
+from benchmarks.core.reference_checkout import VIT_PRESETS
 from benchmarks.data import make_synthetic_train_test
-from benchmarks.speed.reference_checkout import VIT_PRESETS
 
 __all__ = ["Setting", "TIMM_MODEL"]
 
@@ -20,7 +20,7 @@ TIMM_MODEL = "vit_tiny_patch16_224"
 class Setting:
     """What both sides train on.
 
-    ``vit`` is the shape of the backbone (``benchmarks.speed.reference_checkout.VIT_PRESETS``); the
+    ``vit`` is the shape of the backbone (``benchmarks.core.reference_checkout.VIT_PRESETS``); the
     generated data set has ``classes`` classes of ``train_per_class`` / ``test_per_class`` images, the
     stream ``num_sessions`` sessions of batches of ``batch_size``, each trained ``online_iter`` times.
     No augmentation and no mixed precision: both sides see bit-identical batches in fp32.

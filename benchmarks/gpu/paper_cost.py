@@ -32,10 +32,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from benchmarks.ablation.plan import format_plan, make_plan
-from benchmarks.ablation.presets import PRESETS
-from benchmarks.ablation.protocol import PAPER_METHODS
-from benchmarks.ablation.results import plan as specs_of
-from benchmarks.ablation.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
+from benchmarks.ablation.run_specs import run_specs as specs_of
+from benchmarks.core.presets import PRESETS
+from benchmarks.core.protocol import PAPER_METHODS
+from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.data.records import AUTOAUGMENT_POLICY, DATASET_STATS, TensorImageDataset
 
 METHODS = (*PAPER_METHODS, "flyprompt")

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from benchmarks.ablation.presets import PRESETS
+from benchmarks.core.presets import PRESETS
 from benchmarks.proxy import pretrain as pretrain_proxy
 
 __all__ = ["ProxyScale", "GPU_SCALE", "TINY_SCALE", "MAX_WEIGHT_BYTES", "SWEEP_METHODS", "SWEEP_VARIANTS",

@@ -12,7 +12,7 @@ Training is deterministic for a given command line and thread count: seeded mode
 data, shuffling and augmentation, ``torch.use_deterministic_algorithms(True)`` and a fixed number of
 intra-op threads (``--threads``). The result is the backbone *without* its classifier head, saved as
 safetensors (loadable by ``timm.create_model(..., num_classes=0, pretrained=True,
-pretrained_cfg_overlay=dict(file=...))``, the path ``runner.build_backbone`` takes for real weights),
+pretrained_cfg_overlay=dict(file=...))``, the path ``backbone_of`` takes for real weights),
 plus a JSON sidecar with its SHA-256, the command, the model and data settings, the upstream accuracy
 and the wall time.
 """

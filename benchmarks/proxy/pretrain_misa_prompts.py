@@ -99,7 +99,7 @@ class Adaptation:
     """The adaptation run: the model, its update, the seen-class mask and the data."""
 
     def __init__(self, args: argparse.Namespace, backbone: torch.nn.Module, data: Dict[str, torch.Tensor]) -> None:
-        from benchmarks.proxy.isa import ForgettingAwareStep, SessionAdaptation
+        from benchmarks.methods.misa_adaptation import ForgettingAwareStep, SessionAdaptation
 
         torch.manual_seed(args.seed)
         self.model = SessionAdaptation(backbone, args.classes, pool_size=LAYOUT["pool_size"],
@@ -168,10 +168,10 @@ def load_data(args: argparse.Namespace) -> Dict[str, torch.Tensor]:
 
 
 def load_backbone(path: str) -> torch.nn.Module:
-    from benchmarks.ablation.protocol import Protocol
-    from benchmarks.ablation.runner import build_backbone
+    from benchmarks.backbone import backbone_of
+    from benchmarks.core.protocol import Protocol
 
-    return build_backbone(Protocol(model=MODEL_NAME, model_kwargs=dict(MODEL_KWARGS), pretrained=True, weights=path))
+    return backbone_of(Protocol(model=MODEL_NAME, model_kwargs=dict(MODEL_KWARGS), pretrained=True, weights=path))
 
 
 def check_arguments(args: argparse.Namespace) -> None:

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from benchmarks.ablation.report import METHOD_NAMES, METHOD_ORDER
+from benchmarks.core.method_names import METHOD_NAMES, METHOD_ORDER
 from benchmarks.studies.paper_rows import paper_row
 
 __all__ = ["DELTAS", "ProxySummary", "load_runs", "markers", "render", "replace_block"]

@@ -29,11 +29,11 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from benchmarks.ablation.arguments import build_parser
-from benchmarks.ablation.checkpointing import CheckpointStore, read_checkpoint
-from benchmarks.ablation.results import plan
+from benchmarks.ablation.run_specs import run_specs
 from benchmarks.ablation.runner import CheckpointPolicy, run_training
 from benchmarks.ablation.sweep import resolve, run_setting
 from benchmarks.ablation.sweep_data import load_data
+from benchmarks.core.checkpointing import CheckpointStore, read_checkpoint
 from benchmarks.speed.timing import Report, configure_threads, median, print_header
 
 TARGET_OVERHEAD = 0.05  # of the training's time, at the default period
@@ -50,7 +50,7 @@ def measure(args: argparse.Namespace, report: Report) -> None:
     configure_threads(sweep.threads)
     train, test = load_data("synthetic", sweep, "data", False)
     setting = run_setting(sweep, "synthetic")
-    specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
+    specs = run_specs(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
     variants = [spec.variant for spec in specs]
     print_header("mid-run checkpoints at proxy scale", {
         "method": f"{args.method} (variants {', '.join(variants)})", "rounds": args.rounds,
@@ -97,7 +97,7 @@ def estimate(args: argparse.Namespace) -> None:
     """Checkpoint sizes at the paper's settings from the tensors' shapes (meta device: nothing allocated)."""
     import timm
 
-    from benchmarks.ablation.presets import PRESETS
+    from benchmarks.core.presets import PRESETS
     from benchmarks.methods import method_class
     from fly_modules import AnalyticRouter, TemporalEnsembleHead
 

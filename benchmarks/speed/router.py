@@ -52,8 +52,7 @@ from benchmarks.speed.timing import (
 )
 from fly_modules.router import AnalyticRouter
 
-# The router-timing study draws its features here (benchmarks/studies/router_timing.py).
-__all__ = ["clustered_features", "main"]
+__all__ = ["main"]
 
 
 # ==================================================================================== benches

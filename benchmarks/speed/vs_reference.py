@@ -47,12 +47,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import reference_checkout as ref
+from benchmarks.core.reference_checkout import EvalBatches
 from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
 from benchmarks.speed.vs_reference_agreement import compare_inference, compare_training
 from benchmarks.speed.vs_reference_variants import (
     CLOCKS,
-    EvalBatches,
     Variant,
     block_batches,
     build_variants,
@@ -64,9 +64,9 @@ from benchmarks.speed.vs_reference_variants import (
 )
 from fly_modules._ridge import PANEL_ROWS, panels
 
-# The parts, one module each: the variants and their batches, and the agreement checks; the fidelity checks
-# share EvalBatches, and tests read block_batches here.
-__all__ = ["EvalBatches", "block_batches", "fold_flops", "main"]
+# The parts, one module each: the variants and their batches, and the agreement checks; tests read
+# block_batches here.
+__all__ = ["block_batches", "fold_flops", "main"]
 
 # % of the baseline's training step, router + ensemble together: ViT-B/16 on a GPU, the tiny ViT on a CPU
 # (whose step is so cheap that the router's float64 update weighs more; see fold_arithmetic).

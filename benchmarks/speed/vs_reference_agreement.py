@@ -12,8 +12,9 @@ import torch
 from fly_modules.adapters import retrofit
 from torch import Tensor
 
-from benchmarks.speed import reference_checkout as ref
-from benchmarks.speed.vs_reference_variants import EvalBatches, Variant
+from benchmarks.core import reference_checkout as ref
+from benchmarks.core.reference_checkout import EvalBatches
+from benchmarks.speed.vs_reference_variants import Variant
 
 
 # ================================================================================ agreement

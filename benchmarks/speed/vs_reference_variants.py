@@ -10,13 +10,14 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from fly_modules.adapters import Retrofit, retrofit
 from torch import Tensor, nn
 
-from benchmarks.speed import reference_checkout as ref
+from benchmarks.core import reference_checkout as ref
+from benchmarks.core.reference_checkout import EvalBatches
 from fly_modules import SampleBudgetSchedule
 from fly_modules._blocked import default_fold_rows
 
@@ -44,23 +45,6 @@ class Variant:
     hook_seconds: List[float] = field(default_factory=list)  # ours: the retrofit's forward (pre-)hooks
     fold_seconds: List[float] = field(default_factory=list)  # ours: the router's folds (end_batch, end of block)
     finish: Optional[Callable[[], None]] = None  # ours: folds the router's pending rows at the end of a block
-
-
-class EvalBatches:
-    """A fixed test set in the shape of a DataLoader (the trainers remap labels in place: fresh copies)."""
-
-    def __init__(self, batches: List[Tuple[Tensor, Tensor]]) -> None:
-        self.batches = batches
-
-    def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
-        return ((x, y.clone()) for x, y in self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    @property
-    def samples(self) -> int:
-        return sum(y.shape[0] for _, y in self.batches)
 
 
 def stream_batch(variant: Variant, images: Tensor, labels: Tensor, online_iter: int) -> None:

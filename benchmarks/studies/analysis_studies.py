@@ -45,7 +45,7 @@ def analysis_defaults(args: argparse.Namespace) -> None:
     args.methods = args.methods or list(module.STUDY_METHODS)
     args.variants = args.variants or list(module.STUDY_VARIANTS)
     if args.study == "cka":
-        from ..ablation.errors import UsageError
+        from ..core.errors import UsageError
         from ..methods import method_class
         from ..methods.base import PromptMethod
 

@@ -11,7 +11,7 @@ from typing import Dict, Tuple
 
 from fly_modules.ensemble import AGGREGATION_RULES
 
-from ..ablation.head_sets import PAPER_HEAD_SETS
+from ..core.head_sets import PAPER_HEAD_SETS
 from .registry import REGISTRY, Study, SweepPoint, register
 from .router_set import ROUTERS
 

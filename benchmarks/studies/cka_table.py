@@ -13,7 +13,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ..ablation.report import METHOD_NAMES, METHOD_ORDER, save_figure
+from ..core.files import save_figure
+from ..core.method_names import METHOD_NAMES, METHOD_ORDER
 from .study_figures import pyplot_or_none
 from .study_tables import table_cell
 

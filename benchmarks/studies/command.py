@@ -88,7 +88,7 @@ def cost_study_error(args: argparse.Namespace, given: Sequence[str]) -> Optional
 
 def run_cost_command(args: argparse.Namespace, given: Sequence[str]) -> int:
     """``--study cost`` with the options ``given``: its options checked (one line, exit status 2), then the table."""
-    from ..ablation.errors import UsageError
+    from ..core.errors import UsageError
 
     error = cost_study_error(args, given)
     if error:

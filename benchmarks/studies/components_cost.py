@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..ablation.report import save_figure
+from ..core.files import save_figure
 from .study_figures import pyplot_or_none
 
 __all__ = ["CostSetting", "ComponentCost", "COMPONENT_COSTS", "PAPER_COMPONENT_COSTS", "cost_breakdown",

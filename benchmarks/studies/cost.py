@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from ..core.plan_file import PLAN_FILE, inference_per_image
 from .paper_numbers import COST
 from .study_tables import table_cell
 
@@ -43,13 +44,13 @@ def count_parameters(model: torch.nn.Module) -> Dict[str, float]:
 
 def method_parameters(method: str, num_classes: int = 100) -> Dict[str, float]:
     """:func:`count_parameters` of ``method`` at the paper's configuration, random ViT-B/16 weights."""
-    from ..ablation.presets import PRESETS
-    from ..ablation.runner import build_backbone
+    from ..backbone import backbone_of
+    from ..core.presets import PRESETS
     from ..methods import method_class
 
     protocol = replace(PRESETS["paper"]["protocol"], pretrained=False, weights=None)
     torch.manual_seed(0)
-    model = method_class(method).from_protocol(build_backbone(protocol), num_classes, protocol, seed=0)
+    model = method_class(method).from_protocol(backbone_of(protocol), num_classes, protocol, seed=0)
     return count_parameters(model)
 
 
@@ -69,8 +70,6 @@ def _measured(results: Optional[Path], method: str) -> Dict[str, Optional[float]
 def _inference(results: Optional[Path], method: str) -> Dict[str, Any]:
     """Inference seconds per test batch of ``method`` from the probes of the sweep's ``plan.json`` (CIFAR-100's,
     the paper's dataset, where the plan probed it), and what they were measured on."""
-    from ..ablation.plan import inference_per_image
-    from ..ablation.shard import PLAN_FILE
 
     path = results / PLAN_FILE if results else None
     if path is None or not path.is_file():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from ..ablation.proxy_datasets import paper_dataset_of
+from ..core.proxy_datasets import paper_dataset_of
 
 __all__ = ["PAPER_DATASETS", "FALLBACK_DATASET", "compared_dataset", "OVERALL", "OFFLINE", "CROSS_ABLATION",
            "AVERAGE_FORGETTING", "TABLE_1_NOT_OURS", "PAPER_LABELS"]
@@ -33,7 +33,7 @@ FALLBACK_DATASET = "cifar100"
 
 def compared_dataset(dataset: str) -> str:
     """The paper's dataset whose numbers a run on ``dataset`` is printed beside: the paper's own, the one a
-    proxy dataset is shaped like (``benchmarks.ablation.proxy_datasets``, the one rule), else CIFAR-100."""
+    proxy dataset is shaped like (``benchmarks.core.proxy_datasets``, the one rule), else CIFAR-100."""
     return paper_dataset_of(dataset) or FALLBACK_DATASET
 
 

@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..ablation.report import save_figure
 from ..backbone import BACKBONES
+from ..core.files import save_figure
 
 __all__ = ["PANEL_KEYS", "draw_panel", "panel_grid", "plot_study", "pyplot_or_none", "study_series"]
 

@@ -104,7 +104,7 @@ def table_cell(value: Optional[float], scale: float = 100.0, digits: int = 2) ->
 
 #: why the ridge's milliseconds are blank in a run's table, and where they are
 RIDGE_TIMING_NOTE = ("\nms: the four alternatives as timed in the run, on the expanded features it computed once; the ridge "
-                     "(REAR) is fed by the method itself and not timed there: `python -m benchmarks.studies.router_timing` "
+                     "(REAR) is fed by the method itself and not timed there: `python -m benchmarks.speed.router_timing` "
                      "times all five side by side.")
 
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..ablation.report import save_figure
+from ..core.files import save_figure
 from .registry import Study
 from .study_figures import draw_panel, panel_grid, pyplot_or_none, study_series
 

@@ -52,7 +52,7 @@ from benchmarks.upstream.observe import forced_route
 from benchmarks.upstream.pair import Pair, run_loop
 from benchmarks.upstream.report import Report
 from benchmarks.upstream.snapshots import clone_state, max_diff, state_equal, structure, structure_diff
-from benchmarks.upstream.stream import make_stream
+from benchmarks.upstream.task_stream import make_stream
 from fly_modules import adapters
 
 BATCH_SAMPLES = 4  # check (i): the first test samples, routed [0, 1, 0, 1], and each alone

@@ -20,7 +20,7 @@ import torch
 from benchmarks.upstream.checks import Settings, try_retrofit
 from benchmarks.upstream.loading import quiet
 from benchmarks.upstream.report import Report
-from benchmarks.upstream.stream import make_stream
+from benchmarks.upstream.task_stream import make_stream
 
 FAMILIES = (("l2p", dict(num_experts=2)), ("dualprompt", dict(num_experts=2)), ("mvp", {}), ("hide", {}),
             ("norga", {}), ("sprompt", {}), ("coda_prompt", {}))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from benchmarks.upstream.loading import import_upstream
-from benchmarks.upstream.stream import BATCH_SIZE, BATCHES_PER_TASK, IMAGE_SIZE, NUM_TASKS
+from benchmarks.upstream.task_stream import BATCH_SIZE, BATCHES_PER_TASK, IMAGE_SIZE, NUM_TASKS
 
 BACKBONE = "fly_harness_tiny"
 TINY_VIT = dict(img_size=IMAGE_SIZE, patch_size=8, embed_dim=32, depth=5, num_heads=2)

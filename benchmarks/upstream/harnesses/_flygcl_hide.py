@@ -21,7 +21,7 @@ from benchmarks.upstream.harnesses._flygcl_tasks import (
     run_with_agreement,
 )
 from benchmarks.upstream.harnesses._online_trainer import NUM_CLASSES
-from benchmarks.upstream.stream import BATCH_SIZE
+from benchmarks.upstream.task_stream import BATCH_SIZE
 
 _CLASSES = {"hide": ("HiDePrefixModel", "HiDeGCLTrainer"), "norga": ("NoRGaPrefixModel", "NoRGaGCLTrainer")}
 

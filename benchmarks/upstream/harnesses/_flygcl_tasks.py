@@ -28,7 +28,7 @@ from benchmarks.upstream.harnesses._online_trainer import NUM_CLASSES, OnlineTra
 from benchmarks.upstream.loading import quiet
 from benchmarks.upstream.pair import run_loop
 from benchmarks.upstream.report import Report
-from benchmarks.upstream.stream import NUM_TASKS, make_stream
+from benchmarks.upstream.task_stream import NUM_TASKS, make_stream
 
 
 def import_with_sklearn_stub(checkout: Path, modules: Sequence[str]) -> List[str]:

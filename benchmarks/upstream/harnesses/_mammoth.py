@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.upstream.loading import import_upstream, install_stub
-from benchmarks.upstream.stream import CLASSES_PER_TASK
+from benchmarks.upstream.task_stream import CLASSES_PER_TASK
 
 
 def import_mammoth(checkout: Path, modules: Sequence[str]) -> List[str]:

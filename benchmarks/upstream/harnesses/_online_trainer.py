@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.upstream.observe import PromptFuncCapture, capture_outputs
 from benchmarks.upstream.pair import Pair, active_handle
-from benchmarks.upstream.stream import CLASSES_PER_TASK, NUM_TASKS
+from benchmarks.upstream.task_stream import CLASSES_PER_TASK, NUM_TASKS
 
 NUM_CLASSES = NUM_TASKS * CLASSES_PER_TASK
 

@@ -25,7 +25,7 @@ from benchmarks.upstream.harnesses._task_loop import FROZEN, TINY
 from benchmarks.upstream.loading import import_upstream
 from benchmarks.upstream.observe import backward_losses, capture_outputs
 from benchmarks.upstream.pair import Pair
-from benchmarks.upstream.stream import CLASSES_PER_TASK
+from benchmarks.upstream.task_stream import CLASSES_PER_TASK
 
 
 def import_pilot(checkout: Path, modules: Sequence[str]) -> List[str]:

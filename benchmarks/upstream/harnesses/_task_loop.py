@@ -23,7 +23,7 @@ from benchmarks.upstream.harnesses._flygcl import TINY_VIT
 from benchmarks.upstream.loading import import_upstream
 from benchmarks.upstream.observe import capture_outputs
 from benchmarks.upstream.pair import Pair
-from benchmarks.upstream.stream import CLASSES_PER_TASK, NUM_TASKS
+from benchmarks.upstream.task_stream import CLASSES_PER_TASK, NUM_TASKS
 
 TINY = dict(TINY_VIT, num_classes=NUM_TASKS * CLASSES_PER_TASK)
 FROZEN = ("blocks", "patch_embed", "cls_token", "norm", "pos_embed")  # their --freeze default

@@ -16,7 +16,7 @@ import torch
 from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses._flygcl_tasks import FlyGCLTaskPair, instance_wrapper
 from benchmarks.upstream.harnesses._online_trainer import NUM_CLASSES
-from benchmarks.upstream.stream import NUM_TASKS
+from benchmarks.upstream.task_stream import NUM_TASKS
 
 
 class _WindowCapture:

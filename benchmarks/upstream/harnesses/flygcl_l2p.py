@@ -14,7 +14,7 @@ from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses import _flygcl
 from benchmarks.upstream.harnesses._online_trainer import NUM_CLASSES, OnlineTrainerPair
 from benchmarks.upstream.observe import capture_outputs, match_rows
-from benchmarks.upstream.stream import NUM_TASKS
+from benchmarks.upstream.task_stream import NUM_TASKS
 
 POOL, TOP_K = 10, 5
 

@@ -15,7 +15,7 @@ import torch
 
 from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses._flygcl_tasks import FlyGCLTaskPair, Seen, instance_wrapper
-from benchmarks.upstream.stream import BATCH_SIZE
+from benchmarks.upstream.task_stream import BATCH_SIZE
 
 
 class _TaskCapture(Seen):

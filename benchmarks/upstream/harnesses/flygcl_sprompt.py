@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.upstream.checks import Settings
 from benchmarks.upstream.harnesses._flygcl_tasks import FlyGCLTaskPair, Seen, run_with_agreement
-from benchmarks.upstream.stream import BATCH_SIZE, BATCHES_PER_TASK, NUM_TASKS
+from benchmarks.upstream.task_stream import BATCH_SIZE, BATCHES_PER_TASK, NUM_TASKS
 
 
 class _ExpertCapture(Seen):

@@ -17,7 +17,7 @@ from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses import _siblurry
 from benchmarks.upstream.harnesses._online_trainer import NUM_CLASSES, OnlineTrainerPair, replay_settings
 from benchmarks.upstream.observe import match_rows
-from benchmarks.upstream.stream import NUM_TASKS
+from benchmarks.upstream.task_stream import NUM_TASKS
 
 FLAGS = dict(use_mask=True, use_contrastiv=False, use_last_layer=False)
 

@@ -1,11 +1,11 @@
 """Seconds per batch of the routing study's five routers, side by side at the paper's sizes.
 
-    python -m benchmarks.studies.router_timing [--device cuda] [--quick] [--json FILE]
+    python -m benchmarks.speed.router_timing [--device cuda] [--quick] [--json FILE]
 
 The routing study's runs time the four alternative routers inside the training, on the expanded
 features the run already computed; the analytic router (``ridge``) is not timed there, since a
 method feeds it itself. Here all five learn and route the same batches of clustered, ViT-like CLS
-features (``benchmarks.speed.router.clustered_features``) in interleaved rounds
+features (``benchmarks.speed.router_baselines.clustered_features``) in interleaved rounds
 (``benchmarks.speed.timing.time_side_by_side``), each cost counted as a user of that router alone pays
 it: the random expansion ``relu(h R)`` is in every row. The ridge's system is solved at most once per
 evaluation, not per batch, so its solve is a row of its own; its statistics are folded in blocks of
@@ -24,9 +24,9 @@ from torch import Tensor
 
 from fly_modules import AnalyticRouter
 
-from ..speed.router import clustered_features
-from ..speed.timing import add_run_options, median, print_header, start_run, time_side_by_side
-from .router_set import RIDGE, ROUTERS, RouterSet
+from ..studies.router_set import RIDGE, ROUTERS, RouterSet
+from .router_baselines import clustered_features
+from .timing import add_run_options, median, print_header, start_run, time_side_by_side
 
 __all__ = ["RouterCosts", "build_routers", "multiply_adds", "time_routers", "main"]
 
@@ -125,7 +125,7 @@ def format_costs(costs: Sequence[RouterCosts]) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.router_timing", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.speed.router_timing", description=__doc__.split("\n")[0])
     parser.add_argument("--features", type=int, default=768, help="width of the CLS features (ViT-B/16: 768)")
     parser.add_argument("--expansion-dim", type=int, default=10_000, help="M, the expansion width (the paper's 10,000)")
     parser.add_argument("--experts", type=int, default=5, help="experts to route among (the paper's 5 sessions)")

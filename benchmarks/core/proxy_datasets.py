@@ -1,6 +1,6 @@
 """The CPU proxy's datasets: generated stand-ins in the shapes of the paper's three datasets.
 
-Each stands in for one of the paper's datasets (:data:`~benchmarks.ablation.dataset_sizes.DATASET_SIZES`) and
+Each stands in for one of the paper's datasets (:data:`~benchmarks.core.dataset_sizes.DATASET_SIZES`) and
 has its number of classes, so that each of the five sessions holds as many classes as the real stream's (20
 for CIFAR-100, 40 for ImageNet-R and CUB-200). Its training images per class are the real set's times
 :data:`PROXY_SCALE` (the CIFAR-100-shaped stream then holds 10,000 images, what two CPU cores train for every

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from benchmarks.methods.dualprompt import DualPrompt
+from .dualprompt import DualPrompt
 
 __all__ = ["SessionAdaptation", "ForgettingAwareStep"]
 

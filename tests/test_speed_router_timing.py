@@ -1,10 +1,10 @@
-"""``python -m benchmarks.studies.router_timing``: every router of the routing study timed on the same batches."""
+"""``python -m benchmarks.speed.router_timing``: every router of the routing study timed on the same batches."""
 
 import json
 
 import torch
 
-from benchmarks.studies import router_timing
+from benchmarks.speed import router_timing
 from benchmarks.studies.router_set import ROUTERS
 
 

@@ -7,15 +7,14 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..methods import method_class
 from .checkpointing import CheckpointStore, checkpoint_folder
 from .files import WriteError, write_atomic
 from .protocol import RunSpec
-from .variants import variants_for
 
 __all__ = [
     "ProtocolMismatchError", "UnreadableResultError", "WriteError", "result_path", "write_text_atomic",
-    "write_json_atomic", "read_result", "load_results", "setting_differences", "check_resumable", "check_checkpoints", "checkpoints_of", "remove_finished_checkpoints", "plan", "trainings",
+    "write_json_atomic", "read_result", "load_results", "setting_differences", "check_resumable", "check_checkpoints", "checkpoints_of", "remove_finished_checkpoints",
+    "trainings",
 ]
 
 
@@ -144,17 +143,6 @@ class ProtocolMismatchError(RuntimeError):
 
 class UnreadableResultError(ProtocolMismatchError):
     """A file where a run's result belongs is not a result file."""
-
-
-def plan(methods: Sequence[str], variants: Sequence[str], datasets: Sequence[str], seeds: Sequence[int]) -> List[RunSpec]:
-    """Every result of a sweep: each method's variants for ``variants`` (``benchmarks.ablation.variants.variants_for``)."""
-    specs = []
-    for dataset in datasets:
-        for seed in seeds:
-            for method in methods:
-                for variant in variants_for(method_class(method), variants):
-                    specs.append(RunSpec(method, variant, dataset, seed))
-    return specs
 
 
 def trainings(specs: Sequence[RunSpec]) -> List[List[RunSpec]]:

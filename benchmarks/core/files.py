@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable
 
-__all__ = ["WriteError", "temporary_beside", "write_atomic"]
+__all__ = ["WriteError", "save_figure", "temporary_beside", "write_atomic"]
 
 
 class WriteError(Exception):
@@ -70,3 +70,8 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def save_figure(figure: Any, path: Path) -> None:
+    """``savefig`` whole or not at all: a failed write keeps the previous figure (:class:`WriteError`)."""
+    write_atomic(path, lambda stream: figure.savefig(stream, dpi=100, format=path.suffix.lstrip(".")), binary=True)

@@ -12,12 +12,14 @@ import torch
 from benchmarks.ablation import preflight
 from benchmarks.ablation.arguments import UsageError
 from benchmarks.ablation.plan import count_work, format_plan, make_plan, training_key
-from benchmarks.ablation.protocol import RunSpec
-from benchmarks.ablation.results import plan, trainings, write_json_atomic
-from benchmarks.ablation.shard import PLAN_FILE, plan_costs, split, work_costs
+from benchmarks.ablation.run_specs import run_specs
+from benchmarks.ablation.shard import plan_costs, split, work_costs
 from benchmarks.ablation.sweep import Sweep, run_setting
 from benchmarks.ablation.sweep_data import SweepData
 from benchmarks.backbone import BackboneLoadError, cached_weights, downloads_allowed
+from benchmarks.core.plan_file import PLAN_FILE
+from benchmarks.core.protocol import RunSpec
+from benchmarks.core.results import trainings, write_json_atomic
 
 
 def _device(sweep: Sweep) -> torch.device:
@@ -59,7 +61,7 @@ def run_plan(sweep: Sweep, *, data_root: str, argv: Optional[Sequence[str]] = No
     # The probe builds the router at its width; the check needs only that every method builds and runs.
     narrow = replace(probed.protocol, expansion_dim=min(probed.protocol.expansion_dim, CHECKED_EXPANSION))
     preflight.check(replace(probed, protocol=narrow))
-    specs = plan(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
+    specs = run_specs(sweep.methods, sweep.variants, sweep.datasets, sweep.seeds)
     with downloads_allowed(False):
         document = make_plan(specs, probed.protocol, SweepData(sweep, data_root, download=False),
                              device=_device(sweep), protocol_record=run_setting(sweep, sweep.datasets[0])["protocol"],

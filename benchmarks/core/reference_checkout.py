@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 __all__ = [
     "CLASSES", "METHODS", "VIT_PRESETS", "Checkout", "backbone_factory", "load_checkout", "build_models",
-    "make_trainer", "clean_query", "mvp_query", "ema_bank_weights", "timm_registry_kept",
+    "make_trainer", "clean_query", "mvp_query", "ema_bank_weights", "timm_registry_kept", "EvalBatches",
 ]
 
 METHODS = ("dualprompt", "mvp")
@@ -298,3 +298,20 @@ def ema_bank_weights(model: nn.Module) -> Tuple[Tensor, Tensor]:
     weights = torch.stack([torch.stack([head.weight for head in bank]) for bank in model.experts_fc])
     biases = torch.stack([torch.stack([head.bias for head in bank]) for bank in model.experts_fc])
     return weights.detach(), biases.detach()
+
+
+class EvalBatches:
+    """A fixed test set in the shape of a DataLoader (the trainers remap labels in place: fresh copies)."""
+
+    def __init__(self, batches: List[Tuple[Tensor, Tensor]]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[Tuple[Tensor, Tensor]]:
+        return ((x, y.clone()) for x, y in self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @property
+    def samples(self) -> int:
+        return sum(y.shape[0] for _, y in self.batches)

@@ -1,6 +1,6 @@
 """What the cross-ablation's checks before any data work cost (benchmarks/ablation/preflight.py).
 
-    python -m benchmarks.speed.preflight [cross-ablation flags]
+    python -m benchmarks.speed.preflight_time [cross-ablation flags]
 
 builds the backbone and every method of the sweep the flags describe, scores one blank image with each, and
 prints the time; nothing is trained or written (docs/benchmark.md).

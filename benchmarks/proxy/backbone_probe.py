@@ -1,10 +1,10 @@
 """Does the proxy pretraining matter? A linear probe on frozen features of the *downstream* classes.
 
-    python -m benchmarks.proxy.probe              # pretrained vs random backbone vs raw pixels
+    python -m benchmarks.proxy.backbone_probe              # pretrained vs random backbone vs raw pixels
 
 The same probe -- a closed-form ridge classifier on standardised features, its ridge chosen on a
 held-out fifth of the training images, then refitted on all of them -- is fitted on three inputs:
-the committed proxy backbone's features (loaded through ``runner.build_backbone``, the path real
+the committed proxy backbone's features (loaded through ``backbone_of``, the path real
 pretrained weights take), the features of the same architecture randomly initialised, and the raw
 pixels. The downstream classes are disjoint from the classes the backbone was pretrained on. The
 script prints the test accuracies and the ratio pretrained / random, and exits with status 1 when the
@@ -89,8 +89,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from benchmarks.ablation.protocol import Protocol
-    from benchmarks.ablation.runner import build_backbone
+    from benchmarks.backbone import backbone_of
+    from benchmarks.core.protocol import Protocol
     from benchmarks.data import make_synthetic_train_test, synthetic_class_split
 
     started = time.perf_counter()
@@ -102,10 +102,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     train_images, train_y = train.get_batch(torch.arange(len(train)))
     test_images, test_y = test.get_batch(torch.arange(len(test)))
 
-    pretrained = build_backbone(Protocol(model=MODEL_NAME, model_kwargs=dict(MODEL_KWARGS), pretrained=True,
+    pretrained = backbone_of(Protocol(model=MODEL_NAME, model_kwargs=dict(MODEL_KWARGS), pretrained=True,
                                          weights=args.weights))
     torch.manual_seed(0)
-    random = build_backbone(Protocol(model=MODEL_NAME, model_kwargs=dict(MODEL_KWARGS), pretrained=False))
+    random = backbone_of(Protocol(model=MODEL_NAME, model_kwargs=dict(MODEL_KWARGS), pretrained=False))
     results: Dict[str, Dict[str, float]] = {}
     for name, model in (("pretrained", pretrained), ("random", random), ("pixels", None)):
         results[name] = ridge_probe(features(model, train_images), train_y, features(model, test_images), test_y,
@@ -120,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.output:
         payload = {"results": results, "ratio": ratio, "chance": chance, "classes": args.classes,
                    "train_per_class": args.train_per_class, "test_per_class": args.test_per_class,
-                   "weights": _display_path(args.weights), "command": "python -m benchmarks.proxy.probe " + " ".join(argv or sys.argv[1:])}
+                   "weights": _display_path(args.weights), "command": "python -m benchmarks.proxy.backbone_probe " + " ".join(argv or sys.argv[1:])}
         Path(args.output).write_text(json.dumps(payload, indent=2) + "\n")
     return 0 if ratio >= args.min_ratio else 1
 

@@ -1,0 +1,1 @@
+"""Everything to measure on a GPU, in one command (docs/gpu.md)."""
