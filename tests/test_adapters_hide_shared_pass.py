@@ -1,4 +1,4 @@
-"""FlyGCL's HiDe-LoRA / HiDe-Adapter (``hide`` family, stand-ins of ``upstream_standins``): the router's
+"""FlyGCL's HiDe-LoRA / HiDe-Adapter (``hide`` family, stand-ins of ``flygcl_standins``): the router's
 features and the model's gate share one frozen ``backbone.forward_features`` pass. Counted per stream
 batch and per routed inference call against the un-retrofitted model, and compared with an explicit
 separate frozen pass: same router statistics, routes, predictions and gate outputs."""
@@ -15,8 +15,9 @@ from torch import Tensor, nn
 
 pytest.importorskip("timm")
 from fly_modules.adapters import retrofit  # noqa: E402
+from flygcl_standins import FlyGCLExpertModel  # noqa: E402
 from upstream_cases import ROUTER, batch, trainable  # noqa: E402
-from upstream_standins import TASK_OF_CLASS, FlyGCLExpertModel  # noqa: E402
+from upstream_standins import TASK_OF_CLASS  # noqa: E402
 
 from fly_modules import SessionSchedule  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The paper's own retrofit targets in FlyGCL (S-Prompts, the HiDe-Prompt / NoRGa port), on stand-ins
-that reproduce their signatures (``upstream_standins``): per-sample routing that reaches every sample
-intact, the loop's calls, and what the adapters refuse."""
+that reproduce their signatures (``upstream_standins``, ``flygcl_standins``): per-sample routing that reaches
+every sample intact, the loop's calls, and what the adapters refuse."""
 
 from __future__ import annotations
 
@@ -9,19 +9,18 @@ import torch
 
 pytest.importorskip("timm")
 from fly_modules.adapters import EnsembleLinear, SeamError, retrofit  # noqa: E402
-from upstream_cases import CASES, ROUTER, batch, trainable  # noqa: E402
-from upstream_standins import (  # noqa: E402
-    C,
+from flygcl_standins import (  # noqa: E402
     FlyGCLCodaPrompt,
     FlyGCLExpertModel,
     FlyGCLPrefixModel,
     FlyGCLSDLoRA,
     FlyGCLSPrompt,
-    Original,
     prefix_alignment_step,
     prefix_eval_forward,
     sprompt_eval_forward,
 )
+from upstream_cases import CASES, ROUTER, batch, trainable  # noqa: E402
+from upstream_standins import C, Original  # noqa: E402
 
 from benchmarks.upstream.observe import forced_route  # noqa: E402
 from fly_modules import InvalidParameterError, SampleBudgetSchedule  # noqa: E402

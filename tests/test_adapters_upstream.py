@@ -1,4 +1,5 @@
-"""Family adapters on the stand-ins of the upstream codebases (``upstream_standins``, ``upstream_cases``)."""
+"""Family adapters on the stand-ins of the upstream codebases (``upstream_standins``, ``flygcl_standins``,
+``upstream_cases``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from torch import Tensor, nn
 
 pytest.importorskip("timm")
 from fly_modules.adapters import AdapterFamily, SeamError, generic, retrofit  # noqa: E402
+from flygcl_standins import FlyGCLCodaPrompt  # noqa: E402
 from upstream_cases import CASES, ROUTER, Case, HiDeCase, adapt, batch, hook_counts, trainable  # noqa: E402
-from upstream_standins import C, D, E, FlyGCLCodaPrompt, Tiny  # noqa: E402
+from upstream_standins import C, D, E, Tiny  # noqa: E402
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule  # noqa: E402
 

@@ -43,6 +43,14 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     assert {(r["method"], r["variant"]) for r in rows} == {
         (m, v) for m in PAPER_METHODS for v in variants
     } | {("flyprompt", v) for v in ("full", *ORACLE_VARIANTS)}
+    check_rows_against_run_files(output, rows)
+    check_table_files(output, rows, printed)
+    calls = check_resume_recomputes_only_missing_runs(output, rows, monkeypatch)
+    check_other_settings_are_refused_or_reused(output, calls, capsys)
+
+
+def check_rows_against_run_files(output, rows):
+    """Each row of the table is its run file's numbers, in percent."""
     for row in rows:  # the table in percent, from the run files (fractions)
         run = json.loads((output / "runs" / "cifar100-like" / row["method"] / row["variant"] / "seed1.json").read_text())
         routing = run["diagnostics"]["routing"]
@@ -56,6 +64,10 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
             assert math.isfinite(row["A_auc_delta"])
         assert (row["member_ensemble_A_auc"] is None) == (row["variant"] in ("baseline", "router", "oracle"))
     assert [r["method"] for r in rows][::6][:6] == list(PAPER_METHODS) and rows[-1]["method"] == "flyprompt"
+
+
+def check_table_files(output, rows, printed):
+    """The figures, the CSV and the markdown table (printed too) hold what table.json holds."""
     assert (output / "deltas.png").stat().st_size > 0
     assert all(path.stat().st_mode & 0o777 == 0o644 for path in (output / "runs").glob("**/*.json"))
     assert (output / "curves.png").stat().st_size > 0
@@ -73,6 +85,9 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
     for method in PAPER_METHODS:  # the verdict under the table
         assert re.search(rf"^{METHOD_NAMES[method]} \(cifar100-like\): (oracle gap|no gap)", markdown, re.MULTILINE)
 
+
+def check_resume_recomputes_only_missing_runs(output, rows, monkeypatch):
+    """A rerun recomputes only the deleted runs; returns the list that records every training from here on."""
     # A killed sweep loses only its missing runs: delete two results, rerun, only those are recomputed.
     (output / "runs" / "cifar100-like" / "mvp" / "router" / "seed1.json").unlink()
     (output / "runs" / "cifar100-like" / "hide" / "both" / "seed1.json").unlink()
@@ -90,7 +105,11 @@ def test_cpu_default_end_to_end_and_resume(tmp_path, monkeypatch, capsys):
         return [{k: v for k, v in r.items() if k not in ("seconds_per_batch", "peak_memory_mb")} for r in table]
 
     assert metrics_only(json.loads((output / "table.json").read_text())) == metrics_only(rows)  # deterministic
+    return calls
 
+
+def check_other_settings_are_refused_or_reused(output, calls, capsys):
+    """Finished runs of another setting are refused (exit 2); another method's options do not count."""
     # Finished runs of another protocol or dataset are never mixed into the table.
     calls.clear()
     for changed in (["--lr", "0.5"], ["--synthetic-test-per-class", "5"]):

@@ -8,6 +8,14 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from fly_modules.adapters import generic, retrofit
+from flygcl_standins import (
+    FlyGCLExpertModel,
+    FlyGCLPrefixModel,
+    FlyGCLSPrompt,
+    prefix_eval_forward,
+    prefix_train_forward,
+    sprompt_eval_forward,
+)
 from torch import Tensor, nn
 from upstream_standins import (
     JLL2P,
@@ -15,11 +23,8 @@ from upstream_standins import (
     TASK_OF_CLASS,
     E,
     FlyGCLDualPrompt,
-    FlyGCLExpertModel,
     FlyGCLL2P,
     FlyGCLMVP,
-    FlyGCLPrefixModel,
-    FlyGCLSPrompt,
     HDModel,
     JLDualPrompt,
     MISADualPrompt,
@@ -28,9 +33,6 @@ from upstream_standins import (
     hide_train_forward,
     jhlee_forward,
     norga_train_forward,
-    prefix_eval_forward,
-    prefix_train_forward,
-    sprompt_eval_forward,
 )
 
 ROUTER = dict(expansion_dim=128, ridge=1e-4)

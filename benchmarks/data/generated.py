@@ -322,13 +322,7 @@ def make_synthetic_dataset(
         A :class:`SyntheticImageDataset`; ``(seed, class_ids, samples_per_class, split, image_size,
         noise_std, shuffle, difficulty)`` fully determine its bytes.
     """
-    if isinstance(class_ids, int) and not isinstance(class_ids, bool):
-        class_ids = torch.arange(class_ids)
-    ids = torch.as_tensor(class_ids, dtype=torch.long).reshape(-1)
-    if ids.numel() == 0:
-        raise ValueError("class_ids is empty; a dataset needs at least one class")
-    if int(ids.min()) < 0 or torch.unique(ids).numel() != ids.numel():
-        raise ValueError("class_ids must be distinct non-negative ints")
+    ids = _class_id_tensor(class_ids)
     samples_per_class = check_int(samples_per_class, "samples_per_class", caller="make_synthetic_dataset", minimum=1)
     image_size = _check_image_size(image_size)
     if image_size < 8:
@@ -337,23 +331,24 @@ def make_synthetic_dataset(
     if difficulty not in ("standard", "hard"):
         raise ValueError(f"difficulty must be 'standard' or 'hard', got {difficulty!r}")
 
-    # Per-class parameter draws (a loop over classes, each drawing all its samples at once).
-    if difficulty == "hard":
-        library = _hard_library(seed)
-        recipes = [_hard_class_recipe(seed, int(c), library) for c in ids]
-        variations = [_hard_sample_variation(seed, int(c), split, samples_per_class, library) for c in ids]
-    else:
-        recipes = [_class_recipe(seed, int(c)) for c in ids]
-        variations = [_sample_variation(seed, int(c), split, samples_per_class) for c in ids]
-    recipe = {k: torch.stack([r[k] for r in recipes]) for k in recipes[0]}
-    sample_class = torch.arange(ids.numel()).repeat_interleave(samples_per_class)
-    per_sample_recipe = {k: v[sample_class] for k, v in recipe.items()}
-    per_sample_recipe["texture"] = per_sample_recipe["texture"].reshape(-1)
-    variation = {k: torch.cat([v[k] for v in variations]) for k in variations[0]}
-
-    total = int(sample_class.numel())
+    per_sample_recipe, variation, sample_class = _draw_samples(ids, samples_per_class, seed, split, difficulty)
     noise_key = ("synthetic-noise",) if difficulty == "standard" else ("synthetic-hard-noise",)
     noise_generator = torch.Generator().manual_seed(_derived_seed(*noise_key, seed, split, ids.tolist()))
+    total = int(sample_class.numel())
+    images = _render_in_chunks(per_sample_recipe, variation, total, image_size, noise_std, noise_generator, chunk_size)
+
+    targets = sample_class
+    if shuffle:
+        order_generator = torch.Generator().manual_seed(_derived_seed("synthetic-order", seed, split))
+        order = torch.randperm(total, generator=order_generator)
+        images, targets = images[order], targets[order]
+    return SyntheticImageDataset(images, targets, ids.clone(), seed=seed, split=split)
+
+
+def _render_in_chunks(per_sample_recipe: Dict[str, Tensor], variation: Dict[str, Tensor], total: int,
+                      image_size: int, noise_std: float, noise_generator: torch.Generator, chunk_size: int) -> Tensor:
+    """The ``total`` samples rendered as uint8, ``chunk_size`` at a time (bounds memory), the noise drawn chunk
+    by chunk."""
     images = torch.empty(total, 3, image_size, image_size, dtype=torch.uint8)
     for start in range(0, total, chunk_size):
         part = slice(start, min(start + chunk_size, total))
@@ -366,13 +361,40 @@ def make_synthetic_dataset(
             noise,
         )
         images[part] = (chunk * 255).round_().to(torch.uint8)
+    return images
 
-    targets = sample_class
-    if shuffle:
-        order_generator = torch.Generator().manual_seed(_derived_seed("synthetic-order", seed, split))
-        order = torch.randperm(total, generator=order_generator)
-        images, targets = images[order], targets[order]
-    return SyntheticImageDataset(images, targets, ids.clone(), seed=seed, split=split)
+
+def _class_id_tensor(class_ids: Union[int, Sequence[int], Tensor]) -> Tensor:
+    """``class_ids`` as a flat long tensor (an int ``K``: ``0..K-1``), checked distinct and non-negative."""
+    if isinstance(class_ids, int) and not isinstance(class_ids, bool):
+        class_ids = torch.arange(class_ids)
+    ids = torch.as_tensor(class_ids, dtype=torch.long).reshape(-1)
+    if ids.numel() == 0:
+        raise ValueError("class_ids is empty; a dataset needs at least one class")
+    if int(ids.min()) < 0 or torch.unique(ids).numel() != ids.numel():
+        raise ValueError("class_ids must be distinct non-negative ints")
+    return ids
+
+
+def _draw_samples(ids: Tensor, samples_per_class: int, seed: int, split: str,
+                  difficulty: str) -> Tuple[Dict[str, Tensor], Dict[str, Tensor], Tensor]:
+    """Each sample's class recipe and its own variation, and its class's position in ``ids``, in class order.
+
+    The parameters are drawn per class (a loop over classes, each drawing all its samples at once).
+    """
+    if difficulty == "hard":
+        library = _hard_library(seed)
+        recipes = [_hard_class_recipe(seed, int(c), library) for c in ids]
+        variations = [_hard_sample_variation(seed, int(c), split, samples_per_class, library) for c in ids]
+    else:
+        recipes = [_class_recipe(seed, int(c)) for c in ids]
+        variations = [_sample_variation(seed, int(c), split, samples_per_class) for c in ids]
+    recipe = {k: torch.stack([r[k] for r in recipes]) for k in recipes[0]}
+    sample_class = torch.arange(ids.numel()).repeat_interleave(samples_per_class)
+    per_sample_recipe = {k: v[sample_class] for k, v in recipe.items()}
+    per_sample_recipe["texture"] = per_sample_recipe["texture"].reshape(-1)
+    variation = {k: torch.cat([v[k] for v in variations]) for k in variations[0]}
+    return per_sample_recipe, variation, sample_class
 
 
 def make_synthetic_train_test(

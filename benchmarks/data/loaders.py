@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -158,6 +158,22 @@ def load_cifar100(
 
 
 
+def _imagenet_r_pre_split(root: Path, make: Dict[str, Any]) -> Tuple[FolderImageDataset, FolderImageDataset]:
+    """``root/train`` and ``root/test`` as they are; they must hold the same class folders."""
+    train_classes, train_samples = _scan_image_folder(root / "train")
+    test_classes, test_samples = _scan_image_folder(root / "test")
+    if train_classes != test_classes:
+        missing = sorted(set(train_classes) ^ set(test_classes))[:5]
+        raise ValueError(
+            f"ImageNet-R train/ and test/ in '{root}' must hold the same class folders; they differ "
+            f"in {len(set(train_classes) ^ set(test_classes))} classes, e.g. {missing}"
+        )
+    return (
+        FolderImageDataset(train_samples, train_classes, **make),
+        FolderImageDataset(test_samples, test_classes, **make),
+    )
+
+
 def load_imagenet_r(
     root: Union[str, os.PathLike],
     *,
@@ -188,18 +204,7 @@ def load_imagenet_r(
         autoaugment_policy=AUTOAUGMENT_POLICY["imagenet-r"],
     )
     if (root / "train").is_dir() and (root / "test").is_dir():
-        train_classes, train_samples = _scan_image_folder(root / "train")
-        test_classes, test_samples = _scan_image_folder(root / "test")
-        if train_classes != test_classes:
-            missing = sorted(set(train_classes) ^ set(test_classes))[:5]
-            raise ValueError(
-                f"ImageNet-R train/ and test/ in '{root}' must hold the same class folders; they differ "
-                f"in {len(set(train_classes) ^ set(test_classes))} classes, e.g. {missing}"
-            )
-        return (
-            FolderImageDataset(train_samples, train_classes, **make),
-            FolderImageDataset(test_samples, test_classes, **make),
-        )
+        return _imagenet_r_pre_split(root, make)
     candidates = [root, root / "imagenet-r"]
     folder = next((c for c in candidates if _has_class_folders(c)), None)
     if folder is None and download:

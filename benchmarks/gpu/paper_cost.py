@@ -27,7 +27,7 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -109,6 +109,36 @@ def short_sweep(method: str, protocol: Any, train: Any, test: Any, device: torch
     return result
 
 
+class CostDocument:
+    """``paper_cost.json`` as the run fills it: rewritten after every step, so a run stopped from outside
+    still leaves what finished, and the budget left to the steps."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device, setting: Dict[str, Any], output: Path,
+                 started: float) -> None:
+        self.started, self.budget = started, args.budget
+        self.path = output / "paper_cost.json"
+        self.document: Dict[str, Any] = {
+            "scale": "tiny" if args.tiny else "gpu", "device": str(device), "torch": torch.__version__,
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "budget_seconds": args.budget, "protocol": setting["protocol"].to_dict(),
+            "stand_in": {"classes": 100, "train_per_class": setting["train_per_class"],
+                         "test_per_class": setting["test_per_class"]},
+            "probes": {}, "sweep": {}, "skipped": [], "errors": {},
+        }
+
+    def save(self) -> None:
+        self.document["seconds"] = time.perf_counter() - self.started
+        self.path.write_text(json.dumps(self.document, indent=1))
+
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.started)
+
+    def record_error(self, step: str, error: Exception) -> None:
+        """A step that failed: recorded, and the next one still runs."""
+        self.document["errors"][step] = "".join(traceback.format_exception_only(type(error), error)).strip()
+        self.save()
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     device = torch.device(args.device)
@@ -118,76 +148,72 @@ def run(args: argparse.Namespace) -> int:
     output.mkdir(parents=True, exist_ok=True)
     setting = scale(args.tiny)
     protocol = setting["protocol"]
-    document: Dict[str, Any] = {
-        "scale": "tiny" if args.tiny else "gpu", "device": str(device), "torch": torch.__version__,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "budget_seconds": args.budget, "protocol": protocol.to_dict(),
-        "stand_in": {"classes": 100, "train_per_class": setting["train_per_class"],
-                     "test_per_class": setting["test_per_class"]},
-        "probes": {}, "sweep": {}, "skipped": [], "errors": {},
-    }
-    path = output / "paper_cost.json"
-
-    def save() -> None:
-        document["seconds"] = time.perf_counter() - started
-        path.write_text(json.dumps(document, indent=1))
-
-    def left() -> float:
-        return args.budget - (time.perf_counter() - started)
-
+    cost = CostDocument(args, device, setting, output, started)
     train, test = cifar_stand_in(setting["train_per_class"], setting["test_per_class"], protocol.image_size)
-    save()
-    specs = specs_of(args.methods, [*ABLATION_VARIANTS, *ORACLE_VARIANTS], ["cifar100"], [1])
-    units: Dict[tuple, Dict[str, Any]] = {}
-    for method in args.methods:  # the probes first: they decide the table's estimate
-        if left() < args.reserve:
-            document["skipped"].append(f"probe {method}")
-            continue
-        try:
-            one = make_plan([s for s in specs if s.method == method], protocol, lambda name: (train, test),
-                            device=device, probe_batches=setting["probe_batches"],
-                            eval_samples=setting["probe_eval_images"])
-        except Exception as error:  # recorded, and the next method still runs
-            document["errors"][f"probe {method}"] = "".join(traceback.format_exception_only(type(error), error)).strip()
-            save()
-            continue
-        (unit,) = one["probes"]
-        units[("cifar100", method)] = unit
-        document["probes"][method] = unit
-        print(f"paper_cost: probe {method}: {1000 * unit['per_batch']:.1f} ms/batch, "
-              f"{1000 * unit['prompted_per_image']:.2f} ms per prompted pass of a test image", flush=True)
-        save()
+    cost.save()
+    units = probe_methods(args, cost, setting, device, train, test)  # the probes first: they decide the estimate
     priced = [method for method in args.methods if ("cifar100", method) in units]
     if priced:
-        table = paper_table_plan(units, protocol, priced)
-        document["paper_table"] = {"methods": priced, "complete": priced == list(METHODS),
-                                   "total_seconds": table["total_seconds"], "trainings": len(table["trainings"]),
-                                   "results": table["results"]}
-        (output / "paper_table_plan.md").write_text(format_plan(table) + "\n")
-        hours = table["total_seconds"]
-        print(f"paper_cost: the paper table ({len(priced)} of {len(METHODS)} methods) on this device: "
-              f"{hours['ours'] / 3600:.2f} h estimated; one training per variant: {hours['per_variant'] / 3600:.2f} h",
-              flush=True)
-        save()
+        price_paper_table(cost, units, protocol, priced, output)
     for method in args.methods:
-        if left() < args.reserve:
-            document["skipped"].append(f"sweep {method}")
+        if cost.left() < args.reserve:
+            cost.document["skipped"].append(f"sweep {method}")
             continue
         try:
             result = short_sweep(method, protocol, train, test, device)
         except Exception as error:
-            document["errors"][f"sweep {method}"] = "".join(traceback.format_exception_only(type(error), error)).strip()
-            save()
+            cost.record_error(f"sweep {method}", error)
             continue
-        document["sweep"][method] = result
+        cost.document["sweep"][method] = result
         print(f"paper_cost: sweep {method}: {1000 * result['train_per_batch']:.1f} ms/batch, evaluation "
               f"{result['eval_per_evaluation']:.2f} s (without reuse {result['reference_eval_per_evaluation']:.2f} s), "
               f"logs identical: {result['logs_identical']}", flush=True)
-        save()
-    save()
-    print(f"paper_cost: {document['seconds']:.0f} s; written {path}", flush=True)
+        cost.save()
+    cost.save()
+    document = cost.document
+    print(f"paper_cost: {document['seconds']:.0f} s; written {cost.path}", flush=True)
     failed = bool(document["errors"]) or not all(r["logs_identical"] for r in document["sweep"].values())
     return 1 if failed else 0
+
+
+def probe_methods(args: argparse.Namespace, cost: CostDocument, setting: Dict[str, Any], device: torch.device,
+                  train: Any, test: Any) -> Dict[tuple, Dict[str, Any]]:
+    """Each method's timed probe on the stand-in, while the budget allows; the priced units by (dataset, method)."""
+    specs = specs_of(args.methods, [*ABLATION_VARIANTS, *ORACLE_VARIANTS], ["cifar100"], [1])
+    units: Dict[tuple, Dict[str, Any]] = {}
+    for method in args.methods:
+        if cost.left() < args.reserve:
+            cost.document["skipped"].append(f"probe {method}")
+            continue
+        try:
+            one = make_plan([s for s in specs if s.method == method], setting["protocol"], lambda name: (train, test),
+                            device=device, probe_batches=setting["probe_batches"],
+                            eval_samples=setting["probe_eval_images"])
+        except Exception as error:  # recorded, and the next method still runs
+            cost.record_error(f"probe {method}", error)
+            continue
+        (unit,) = one["probes"]
+        units[("cifar100", method)] = unit
+        cost.document["probes"][method] = unit
+        print(f"paper_cost: probe {method}: {1000 * unit['per_batch']:.1f} ms/batch, "
+              f"{1000 * unit['prompted_per_image']:.2f} ms per prompted pass of a test image", flush=True)
+        cost.save()
+    return units
+
+
+def price_paper_table(cost: CostDocument, units: Dict[tuple, Dict[str, Any]], protocol: Any, priced: List[str],
+                      output: Path) -> None:
+    """The paper table's plan from the probed methods: its estimate in the document, the plan in markdown."""
+    table = paper_table_plan(units, protocol, priced)
+    cost.document["paper_table"] = {"methods": priced, "complete": priced == list(METHODS),
+                                    "total_seconds": table["total_seconds"], "trainings": len(table["trainings"]),
+                                    "results": table["results"]}
+    (output / "paper_table_plan.md").write_text(format_plan(table) + "\n")
+    hours = table["total_seconds"]
+    print(f"paper_cost: the paper table ({len(priced)} of {len(METHODS)} methods) on this device: "
+          f"{hours['ours'] / 3600:.2f} h estimated; one training per variant: {hours['per_variant'] / 3600:.2f} h",
+          flush=True)
+    cost.save()
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

@@ -138,7 +138,7 @@ class _Ahead:
 
 def _epoch_batches(images: torch.Tensor, targets: torch.Tensor, batch_size: int, generator: torch.Generator,
                    pin: bool) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch of augmented batches, drawing from ``generator`` in ``pretrain_proxy.main``'s order."""
+    """One epoch of augmented batches, drawing from ``generator`` in the order of ``pretrain_proxy.Pretraining``."""
     order = torch.randperm(len(targets), generator=generator)
     for start in range(0, len(order), batch_size):
         index = order[start:start + batch_size]
@@ -195,10 +195,7 @@ def pretrain(scale: ProxyScale, *, device: torch.device, output: Path, budget_se
 
 def _pretrain(scale: ProxyScale, *, device: torch.device, output: Path, budget_seconds: float,
               log: Callable[[str], None]) -> Dict[str, Any]:
-    import timm
     from safetensors.torch import save_file
-
-    from benchmarks.data import make_synthetic_train_test, synthetic_class_split
 
     started = time.perf_counter()
     data = _proxy_data()
@@ -206,106 +203,165 @@ def _pretrain(scale: ProxyScale, *, device: torch.device, output: Path, budget_s
     if num_upstream > data["class_offset"]:
         raise ValueError(f"pretrain: {num_upstream} upstream classes overlap the stream's, which start at "
                          f"{data['class_offset']}")
-    model_kwargs = model_kwargs_of(scale)
+    model = _backbone(scale, num_upstream).to(device)
+    images = _UpstreamImages(scale, num_upstream, data["difficulty"], device)
+    data_seconds = time.perf_counter() - started
+    log(f"pretrain: {images.train_size} training / {images.test_size} test images of {num_upstream} upstream classes "
+        f"({data_seconds:.1f} s)")
+    training = _Pretraining(scale, model, images, device)
+    determinism = _check_deterministic_step(model, images.test_images[:8], images.test_targets[:8],
+                                            training.autocast, log)
+    training.run(started, budget_seconds, log)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.cpu() for k, v in pretrain_proxy.backbone_state(model).items()}, str(output))
+    return {
+        "file": output.name, "sha256": pretrain_proxy.sha256_file(output), "bytes": output.stat().st_size,
+        **training.record(data, determinism),
+        "data_seconds": data_seconds, "train_seconds": training.train_seconds,
+        "wall_seconds": time.perf_counter() - started,
+        **training.throughput(),
+    }
+
+
+def _backbone(scale: ProxyScale, num_upstream: int) -> torch.nn.Module:
+    """The backbone with an upstream head, seeded; its weights (head left out) within MAX_WEIGHT_BYTES."""
+    import timm
+
     torch.manual_seed(scale.seed)
-    model = timm.create_model(pretrain_proxy.MODEL_NAME, pretrained=False, num_classes=num_upstream, **model_kwargs)
+    model = timm.create_model(pretrain_proxy.MODEL_NAME, pretrained=False, num_classes=num_upstream,
+                              **model_kwargs_of(scale))
     weight_bytes = sum(v.numel() * v.element_size() for v in pretrain_proxy.backbone_state(model).values())
     if weight_bytes > MAX_WEIGHT_BYTES:
         raise ValueError(f"pretrain: the backbone has {weight_bytes / 2**20:.1f} MiB of weights, expected at most "
                          f"{MAX_WEIGHT_BYTES / 2**20:.0f} MiB")
-    model = model.to(device)
+    return model
 
-    upstream, _ = synthetic_class_split(num_upstream, 0)
-    train, test = make_synthetic_train_test(
-        upstream, train_per_class=scale.train_per_class, test_per_class=scale.test_per_class,
-        seed=pretrain_proxy.DATA_SEED, image_size=model_kwargs["img_size"], noise_std=pretrain_proxy.NOISE_STD,
-        difficulty=data["difficulty"],
-    )
-    train_images, train_targets = train.get_batch(torch.arange(len(train)))
-    test_images, test_targets = (t.to(device) for t in test.get_batch(torch.arange(len(test))))
-    data_seconds = time.perf_counter() - started
-    log(f"pretrain: {len(train)} training / {len(test)} test images of {num_upstream} upstream classes "
-        f"({data_seconds:.1f} s)")
 
-    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": scale.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=scale.lr)
-    steps_per_epoch = math.ceil(len(train) / scale.batch_size)
-    total_steps, warmup_steps = steps_per_epoch * scale.epochs, max(1, round(scale.warmup_epochs * steps_per_epoch))
+class _UpstreamImages:
+    """The upstream classes' images as whole tensors: the training set on the CPU (augmented there), the test
+    set on ``device``."""
 
-    def lr_at(step: int) -> float:  # linear warm-up, then cosine to zero over the planned steps
-        if step < warmup_steps:
-            return scale.lr * (step + 1) / warmup_steps
-        return scale.lr * 0.5 * (1 + math.cos(math.pi * (step - warmup_steps) / max(total_steps - warmup_steps, 1)))
+    def __init__(self, scale: ProxyScale, num_upstream: int, difficulty: str, device: torch.device) -> None:
+        from benchmarks.data import make_synthetic_train_test, synthetic_class_split
 
-    on_cuda = device.type == "cuda"
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_cuda else contextlib.nullcontext
-    synchronize = torch.cuda.synchronize if on_cuda else (lambda: None)
-    generator = torch.Generator().manual_seed(scale.seed)
-    determinism = _check_deterministic_step(model, test_images[:8], test_targets[:8], autocast, log)
-    history: List[Dict[str, Any]] = []
-    step, train_seconds, stopped_early = 0, 0.0, False
-    model.train()
-    for epoch in range(scale.epochs):
-        elapsed = time.perf_counter() - started
-        if history and elapsed + history[-1]["seconds"] > budget_seconds:
-            stopped_early = True
-            log(f"pretrain: stopping after {epoch} of {scale.epochs} epochs ({elapsed:.0f} s of a "
-                f"{budget_seconds:.0f} s budget; one epoch takes {history[-1]['seconds']:.1f} s)")
-            break
-        synchronize()
-        epoch_started = time.perf_counter()
-        running = torch.zeros((), device=device)
-        for images, targets in _Ahead(_epoch_batches(train_images, train_targets, scale.batch_size, generator,
-                                                     pin=on_cuda)):
-            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-            with autocast():
-                loss = F.cross_entropy(model(images), targets, label_smoothing=scale.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
+        upstream, _ = synthetic_class_split(num_upstream, 0)
+        train, test = make_synthetic_train_test(
+            upstream, train_per_class=scale.train_per_class, test_per_class=scale.test_per_class,
+            seed=pretrain_proxy.DATA_SEED, image_size=model_kwargs_of(scale)["img_size"],
+            noise_std=pretrain_proxy.NOISE_STD, difficulty=difficulty,
+        )
+        self.train_images, self.train_targets = train.get_batch(torch.arange(len(train)))
+        self.test_images, self.test_targets = (t.to(device) for t in test.get_batch(torch.arange(len(test))))
+        self.train_size, self.test_size = len(train), len(test)
+
+
+class _WarmupCosine:
+    """Linear warm-up over the scale's warm-up epochs, then cosine to zero over the planned steps."""
+
+    def __init__(self, scale: ProxyScale, steps_per_epoch: int) -> None:
+        self.lr = scale.lr
+        self.total_steps = steps_per_epoch * scale.epochs
+        self.warmup_steps = max(1, round(scale.warmup_epochs * steps_per_epoch))
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        return self.lr * 0.5 * (1 + math.cos(math.pi * (step - self.warmup_steps)
+                                             / max(self.total_steps - self.warmup_steps, 1)))
+
+
+class _Pretraining:
+    """One pretraining run: the model, its optimizer and schedule, the generator of the shuffling and the
+    augmentation, and what the run has done so far (steps, seconds, the per-epoch history)."""
+
+    def __init__(self, scale: ProxyScale, model: torch.nn.Module, images: _UpstreamImages,
+                 device: torch.device) -> None:
+        self.scale, self.model, self.images, self.device = scale, model, images, device
+        self.optimizer = pretrain_proxy.make_optimizer(model, scale.lr, scale.weight_decay)
+        self.lr_at = _WarmupCosine(scale, math.ceil(images.train_size / scale.batch_size))
+        self.on_cuda = device.type == "cuda"
+        self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if self.on_cuda else contextlib.nullcontext
+        self.synchronize = torch.cuda.synchronize if self.on_cuda else (lambda: None)
+        self.generator = torch.Generator().manual_seed(scale.seed)
+        self.history: List[Dict[str, Any]] = []
+        self.step, self.train_seconds, self.stopped_early = 0, 0.0, False
+
+    def run(self, started: float, budget_seconds: float, log: Callable[[str], None]) -> None:
+        """Epochs while the last one's duration still fits in the budget, each followed by the test accuracy."""
+        scale = self.scale
+        self.model.train()
+        for epoch in range(scale.epochs):
+            elapsed = time.perf_counter() - started
+            if self.history and elapsed + self.history[-1]["seconds"] > budget_seconds:
+                self.stopped_early = True
+                log(f"pretrain: stopping after {epoch} of {scale.epochs} epochs ({elapsed:.0f} s of a "
+                    f"{budget_seconds:.0f} s budget; one epoch takes {self.history[-1]['seconds']:.1f} s)")
+                break
+            self.synchronize()
+            epoch_started = time.perf_counter()
+            running = self.run_epoch()
+            self.synchronize()
+            seconds = time.perf_counter() - epoch_started
+            self.train_seconds += seconds
+            accuracy = pretrain_proxy.evaluate(self.model, self.images.test_images, self.images.test_targets)
+            self.history.append({"epoch": epoch + 1, "train_loss": float(running) / self.images.train_size,
+                                 "upstream_test_accuracy": accuracy, "seconds": seconds,
+                                 "elapsed_seconds": time.perf_counter() - started})
+            log(f"pretrain: epoch {epoch + 1}/{scale.epochs}: loss {self.history[-1]['train_loss']:.3f}, upstream "
+                f"test accuracy {100 * accuracy:.2f}%, {self.images.train_size / seconds:.0f} images/s "
+                f"({self.history[-1]['elapsed_seconds']:.0f} s)")
+
+    def run_epoch(self) -> torch.Tensor:
+        """One epoch; the sum of the batches' losses, kept on the device (no host synchronisation per step)."""
+        images = self.images
+        running = torch.zeros((), device=self.device)
+        for batch, targets in _Ahead(_epoch_batches(images.train_images, images.train_targets, self.scale.batch_size,
+                                                    self.generator, pin=self.on_cuda)):
+            batch, targets = batch.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr_at(self.step)
+            with self.autocast():
+                loss = F.cross_entropy(self.model(batch), targets, label_smoothing=self.scale.label_smoothing)
+            self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            running += loss.detach() * len(targets)  # on the device: no host synchronisation per step
-            step += 1
-        synchronize()
-        seconds = time.perf_counter() - epoch_started
-        train_seconds += seconds
-        accuracy = pretrain_proxy.evaluate(model, test_images, test_targets)
-        history.append({"epoch": epoch + 1, "train_loss": float(running) / len(train), "upstream_test_accuracy":
-                        accuracy, "seconds": seconds, "elapsed_seconds": time.perf_counter() - started})
-        log(f"pretrain: epoch {epoch + 1}/{scale.epochs}: loss {history[-1]['train_loss']:.3f}, upstream test "
-            f"accuracy {100 * accuracy:.2f}%, {len(train) / seconds:.0f} images/s ({history[-1]['elapsed_seconds']:.0f} s)")
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            running += loss.detach() * len(targets)
+            self.step += 1
+        return running
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.cpu() for k, v in pretrain_proxy.backbone_state(model).items()}, str(output))
-    flops = training_flops_per_image(model_kwargs, num_upstream)
-    images_seen = len(history) * len(train)
-    return {
-        "file": output.name, "sha256": pretrain_proxy.sha256_file(output), "bytes": output.stat().st_size,
-        "model": pretrain_proxy.MODEL_NAME, "model_kwargs": model_kwargs, "num_classes": 0,
-        "parameters": sum(p.numel() for n, p in model.named_parameters() if not n.startswith("head.")),
-        "data": {"generator": "benchmarks.data.make_synthetic_train_test", "difficulty": data["difficulty"],
-                 "seed": pretrain_proxy.DATA_SEED, "noise_std": pretrain_proxy.NOISE_STD,
-                 "upstream_class_ids": [0, num_upstream - 1], "stream_class_offset": data["class_offset"],
-                 "train_per_class": scale.train_per_class, "test_per_class": scale.test_per_class},
-        "training": {**{k: v for k, v in asdict(scale).items() if not k.startswith("sweep")},
-                     "optimizer": "AdamW", "schedule": "linear warm-up, cosine", "precision":
-                     "bfloat16 autocast" if on_cuda else "float32", "deterministic_algorithms": determinism,
-                     "steps": step, "planned_steps": total_steps, "epochs_completed": len(history),
-                     "stopped_early": stopped_early},
-        "history": history,
-        "upstream_test_accuracy": history[-1]["upstream_test_accuracy"] if history else None,
-        "data_seconds": data_seconds, "train_seconds": train_seconds,
-        "wall_seconds": time.perf_counter() - started,
-        "images_per_second": images_seen / train_seconds if train_seconds else None,
-        "training_flops_per_image": flops,
-        "achieved_tflops": flops * images_seen / train_seconds / 1e12 if train_seconds else None,
-        "device": torch.cuda.get_device_name(device) if on_cuda else "cpu",
-        "torch": torch.__version__, "timm": timm.__version__,
-    }
+    def record(self, data: Dict[str, Any], determinism: str) -> Dict[str, Any]:
+        """The model, data and training settings of the run, and its history."""
+        scale, history, num_upstream = self.scale, self.history, upstream_classes(self.scale)
+        return {
+            "model": pretrain_proxy.MODEL_NAME, "model_kwargs": model_kwargs_of(scale), "num_classes": 0,
+            "parameters": sum(p.numel() for n, p in self.model.named_parameters() if not n.startswith("head.")),
+            "data": {"generator": "benchmarks.data.make_synthetic_train_test", "difficulty": data["difficulty"],
+                     "seed": pretrain_proxy.DATA_SEED, "noise_std": pretrain_proxy.NOISE_STD,
+                     "upstream_class_ids": [0, num_upstream - 1], "stream_class_offset": data["class_offset"],
+                     "train_per_class": scale.train_per_class, "test_per_class": scale.test_per_class},
+            "training": {**{k: v for k, v in asdict(scale).items() if not k.startswith("sweep")},
+                         "optimizer": "AdamW", "schedule": "linear warm-up, cosine", "precision":
+                         "bfloat16 autocast" if self.on_cuda else "float32", "deterministic_algorithms": determinism,
+                         "steps": self.step, "planned_steps": self.lr_at.total_steps,
+                         "epochs_completed": len(history), "stopped_early": self.stopped_early},
+            "history": history,
+            "upstream_test_accuracy": history[-1]["upstream_test_accuracy"] if history else None,
+        }
+
+    def throughput(self) -> Dict[str, Any]:
+        """Images per second and achieved TFLOP/s over the epochs that ran; the device and the versions."""
+        import timm
+
+        flops = training_flops_per_image(model_kwargs_of(self.scale), upstream_classes(self.scale))
+        images_seen, seconds = len(self.history) * self.images.train_size, self.train_seconds
+        return {
+            "images_per_second": images_seen / seconds if seconds else None,
+            "training_flops_per_image": flops,
+            "achieved_tflops": flops * images_seen / seconds / 1e12 if seconds else None,
+            "device": torch.cuda.get_device_name(self.device) if self.on_cuda else "cpu",
+            "torch": torch.__version__, "timm": timm.__version__,
+        }
 
 
 # ------------------------------------------------------------------------------------------ sweep

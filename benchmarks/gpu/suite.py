@@ -19,30 +19,33 @@ usage errors.
 from __future__ import annotations
 
 import argparse
-import collections
-import datetime
 import glob
-import json
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
-import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.flags import Parser, add_flag
+from benchmarks.gpu.children import (
+    REPO,
+    TAIL_CHARACTERS,
+    Interrupted,
+    child_status,
+    child_summary,
+    raise_interrupted,
+    run_child,
+)
+from benchmarks.gpu.records import load_json, now, parse_junit, parse_pytest_lines, scrape_targets, write_json
 from fly_modules._validation import Real
 
-REPO = Path(__file__).resolve().parents[2]
 STAGES = ("environment", "cuda_tests", "kernels", "proxy", "vs_reference")
 #: Seconds per stage on one H100 (they sum to TOTAL_BUDGET); the last stage also gets what the others left.
 STAGE_BUDGETS = {"environment": 10, "cuda_tests": 60, "kernels": 110, "proxy": 240, "vs_reference": 60}
@@ -50,7 +53,6 @@ TOTAL_BUDGET = 480
 KERNEL_ENSEMBLE_RESERVE = 35  # seconds of the kernels stage kept for benchmarks.speed.ensemble
 PROXY_SWEEP_RESERVE = 110  # seconds kept for the sweep (H100: 45 s DualPrompt, 54 s HiDe-Prompt on the proxy stream)
 MIN_STAGE_SECONDS = 10  # a stage with less time left is skipped
-TAIL_CHARACTERS = 6000
 #: Everything written to --output: kept to 8 files, what a short-lived remote GPU machine typically returns.
 OUTPUT_FILES = {
     "summary": "summary.json", "cuda_tests": "cuda_tests.json", "kernels": "kernels.json", "proxy": "proxy.json",
@@ -85,151 +87,6 @@ KERNEL_TARGETS = (
     Target("kernels", "router.solve_vs_lu32", ">=", 2.0),  # vs the float32 LU at every routing
     Target("kernels", "ensemble.speedup_batch{large_batch}", ">=", 10.0),  # vs the per-sample loop
 )
-TARGET_LINE = re.compile(r"^\[(PASS|FAIL)\] (\S+): (-?[0-9.eE+-]+)(\S*) \(target (>=|<=) (-?[0-9.eE+-]+)")
-PYTEST_LINE = re.compile(r"^(\S+\.py::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
-
-
-# ------------------------------------------------------------------------------------------ helpers
-def write_json(path: Path, document: Any) -> None:
-    """Atomically (a reader never sees half a file)."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(document, indent=2, default=str) + "\n")
-    os.replace(temporary, path)
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def scrape_targets(text: str) -> List[Dict[str, Any]]:
-    """The ``[PASS]/[FAIL] key: value (target op bound)`` lines of ``benchmarks.speed.timing.Report``."""
-    found = []
-    for line in text.splitlines():
-        match = TARGET_LINE.match(line.strip())
-        if match:
-            status, key, value, unit, op, bound = match.groups()
-            found.append({"key": key, "value": float(value), "unit": unit, "op": op, "bound": float(bound),
-                          "passed": status == "PASS"})
-    return found
-
-
-def parse_junit(path: Path) -> Optional[Dict[str, Any]]:
-    """Counts and per-test outcomes of a pytest ``--junitxml`` file; ``None`` if there is none."""
-    if not path.exists():
-        return None
-    root = ElementTree.parse(path).getroot()
-    tests = []
-    for case in root.iter("testcase"):
-        outcome, message = "passed", ""
-        for kind in ("failure", "error", "skipped"):
-            element = case.find(kind)
-            if element is not None:
-                outcome, message = kind, ((element.get("message") or "").splitlines() or [""])[0]
-                break
-        tests.append({"name": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                      "seconds": float(case.get("time") or 0.0), "message": message[:500]})
-    counts = collections.Counter(test["outcome"] for test in tests)
-    return {"counts": {kind: counts.get(kind, 0) for kind in ("passed", "failure", "error", "skipped")},
-            "tests": tests}
-
-
-def parse_pytest_lines(text: str) -> Dict[str, Any]:
-    """Per-test outcomes from ``pytest -v`` output (when the run was killed before its junit file)."""
-    tests = [{"name": m.group(1), "outcome": m.group(2).lower()} for m in map(PYTEST_LINE.match, text.splitlines())
-             if m]
-    counts = collections.Counter({"failed": "failure"}.get(t["outcome"], t["outcome"]) for t in tests)
-    return {"counts": {kind: counts.get(kind, 0) for kind in ("passed", "failure", "error", "skipped")},
-            "tests": tests, "from_output": True}
-
-
-class Interrupted(Exception):
-    """The suite received SIGTERM or SIGINT."""
-
-
-def _raise_interrupted(signum: int, _frame: Any) -> None:
-    raise Interrupted(signal.Signals(signum).name)
-
-
-def run_child(command: Sequence[str], *, limit: float, env: Optional[Dict[str, str]] = None,
-              on_poll: Optional[Callable[[], None]] = None) -> Dict[str, Any]:
-    """Run ``command`` in the repository, its output streamed through and its tail kept; killed (with its
-    process group) after ``limit`` seconds. ``on_poll`` is called about once a second while it runs."""
-    print(f"$ {' '.join(command)}   (limit {limit:.0f} s)", flush=True)
-    started = time.monotonic()
-    # A process group of its own (not a session: the machine's clean-up must still reach it).
-    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-    process = subprocess.Popen(list(command), cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1, **group)
-    lines: "collections.deque[str]" = collections.deque(maxlen=4000)
-
-    def pump() -> None:
-        for line in process.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            lines.append(line)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    timed_out = False
-    try:
-        while True:
-            try:
-                process.wait(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                if on_poll is not None:
-                    on_poll()
-                if time.monotonic() - started > limit:
-                    timed_out = True
-                    _stop(process)
-                    break
-    except BaseException:
-        _stop(process)
-        raise
-    reader.join(timeout=10)
-    text = "".join(lines)
-    seconds = time.monotonic() - started
-    if timed_out:
-        print(f"!! killed after {seconds:.0f} s (limit {limit:.0f} s)", flush=True)
-    return {"command": list(command), "returncode": process.returncode, "timed_out": timed_out, "seconds": seconds,
-            "limit_seconds": limit, "output": text}
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL, to the child's process group (children it started included)."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def child_summary(child: Dict[str, Any]) -> Dict[str, Any]:
-    """What a stage file keeps of a child: everything but the full output (its tail instead)."""
-    kept = {key: value for key, value in child.items() if key != "output"}
-    kept["output_tail"] = child["output"][-TAIL_CHARACTERS:]
-    return kept
-
-
-def child_status(children: Sequence[Dict[str, Any]]) -> Optional[str]:
-    """``timeout`` or ``error`` if a child ran out of time or exited non-zero, else ``None``."""
-    if any(child["timed_out"] for child in children):
-        return "timeout"
-    if any(child["returncode"] != 0 for child in children):
-        return "error"
-    return None
-
-
-def _load_json(path: Path) -> Optional[Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 # -------------------------------------------------------------------------------------------- suite
@@ -337,7 +194,7 @@ class Suite:
     def stage_environment(self, record: Dict[str, Any], limit: float) -> None:
         child = run_child(self.child_stage("environment"), limit=limit)
         record["children"] = [child_summary(child)]
-        environment = _load_json(self.workdir / "environment" / "result.json")
+        environment = load_json(self.workdir / "environment" / "result.json")
         self.summary["environment"] = environment
         record["status"] = child_status([child]) or ("passed" if environment else "error")
         if environment:
@@ -380,7 +237,7 @@ class Suite:
         children = [run_child(router_command, limit=max(limit - KERNEL_ENSEMBLE_RESERVE, MIN_STAGE_SECONDS))]
         children.append(run_child(ensemble_command, limit=max(limit - (time.monotonic() - started), 1.0)))
         record["children"] = [child_summary(child) for child in children]
-        figures = {"router": _load_json(folder / "router.json"), "ensemble": _load_json(folder / "ensemble.json")}
+        figures = {"router": load_json(folder / "router.json"), "ensemble": load_json(folder / "ensemble.json")}
         record["result"] = figures
         values = {t["key"]: t["value"] for document in figures.values() if document for t in document["targets"]}
         large_batch = (figures["ensemble"] or {}).get("settings", {}).get("large_batch", "256")
@@ -400,7 +257,7 @@ class Suite:
         result_path = self.workdir / "proxy" / "result.json"
 
         def refresh() -> None:  # the child's partial result, as soon as it exists
-            partial = _load_json(result_path)
+            partial = load_json(result_path)
             if partial is not None and partial != record.get("result"):
                 record["result"] = partial
                 self.write_stage("proxy", record)
@@ -409,7 +266,7 @@ class Suite:
         child = run_child(self.child_stage("proxy", "--budget-seconds", f"{max(limit - 10, 1):.0f}"), limit=limit,
                           env=DETERMINISTIC_ENV, on_poll=refresh)
         record["children"] = [child_summary(child)]
-        record["result"] = _load_json(result_path)
+        record["result"] = load_json(result_path)
         result = record["result"] or {}
         pretraining, sweep = result.get("pretraining") or {}, result.get("sweep") or {}
         unfinished = [m for m, v in sweep.get("methods", {}).items() if v.get("status") != "finished"]
@@ -452,7 +309,7 @@ class Suite:
             output = folder / f"{method}.json"
             children.append(run_child(self.python("-m", "benchmarks.speed.vs_reference", "--reference-repo", self.args.reference_repo,
                                                   "--methods", method, "--json", str(output), *flags), limit=left))
-            figures[method] = _load_json(output)
+            figures[method] = load_json(output)
         record["children"] = [child_summary(child) for child in children]
         record["result"] = figures
         targets = [dict(t, stage="vs_reference", method=child["command"][child["command"].index("--methods") + 1],
@@ -613,8 +470,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
     if args.reference_repo is not None:
         args.reference_repo = os.path.abspath(args.reference_repo)
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-    signal.signal(signal.SIGINT, _raise_interrupted)
+    signal.signal(signal.SIGTERM, raise_interrupted)
+    signal.signal(signal.SIGINT, raise_interrupted)
     suite = Suite(args)
     print(f"gpu_suite: stages {', '.join(args.stages)}; budget {args.budget:.0f} s; results in {suite.output}; "
           f"scratch in {suite.workdir}", flush=True)

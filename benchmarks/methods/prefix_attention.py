@@ -55,6 +55,31 @@ def prefix_attention(
     B, N, _ = x.shape
     num_heads, head_dim = _head_dims(attn)
     out_gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
+    q, k, v = _queries_keys_values(attn, x, qkv_delta, num_heads, head_dim)
+    k, v, num_prefix = _with_prefix(k, v, prefix_key, prefix_value)
+    scale = float(getattr(attn, "scale", head_dim**-0.5))
+    drop = attn.attn_drop.p if (attn.training and hasattr(attn, "attn_drop")) else 0.0
+    if gate is None:
+        kwargs = {} if math.isclose(scale, head_dim**-0.5, rel_tol=1e-12) else {"scale": scale}
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, **kwargs)
+    else:
+        out = _gated_prefix_attention(q, k, v, scale, gate, num_prefix, drop)
+    out = out.transpose(1, 2).reshape(B, N, num_heads * head_dim)
+    norm = getattr(attn, "norm", None)
+    if norm is not None:
+        out = norm(out)
+    if out_gate is not None:
+        out = out * out_gate
+    out = attn.proj(out)
+    proj_drop = getattr(attn, "proj_drop", None)
+    return proj_drop(out) if proj_drop is not None else out
+
+
+def _queries_keys_values(attn: nn.Module, x: Tensor, qkv_delta: Optional[Tensor], num_heads: int,
+                         head_dim: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The heads' queries, keys and values ``(B, H, N, head_dim)`` of the fused ``qkv`` (plus ``qkv_delta``),
+    through ``q_norm`` / ``k_norm`` where the attention has them."""
+    B, N, _ = x.shape
     qkv = attn.qkv(x)
     if qkv_delta is not None:
         qkv = qkv + qkv_delta
@@ -65,41 +90,37 @@ def prefix_attention(
         q = q_norm(q)
     if k_norm is not None:
         k = k_norm(k)
-    num_prefix = 0
-    if prefix_key is not None:
-        if prefix_value is None or prefix_value.shape != prefix_key.shape:
-            raise ValueError(
-                "prefix_key and prefix_value must both be given with the same shape, found "
-                f"{tuple(prefix_key.shape)} and {None if prefix_value is None else tuple(prefix_value.shape)}"
-            )
-        num_prefix = prefix_key.shape[2]
-        k = torch.cat([prefix_key.to(k.dtype), k], dim=2)
-        v = torch.cat([prefix_value.to(v.dtype), v], dim=2)
-    scale = float(getattr(attn, "scale", head_dim**-0.5))
-    drop = attn.attn_drop.p if (attn.training and hasattr(attn, "attn_drop")) else 0.0
-    if gate is None:
-        kwargs = {} if math.isclose(scale, head_dim**-0.5, rel_tol=1e-12) else {"scale": scale}
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, **kwargs)
-    else:
-        scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, N, P + N)
-        if num_prefix > 0:
-            a, b = gate.to(scores.dtype).reshape(2).unbind(0)
-            prefix_scores = scores[..., :num_prefix]
-            prefix_scores = prefix_scores + torch.sigmoid(a * prefix_scores) * b
-            scores = torch.cat([prefix_scores, scores[..., num_prefix:]], dim=-1)
-        probs = scores.softmax(dim=-1)
-        if drop > 0.0:
-            probs = F.dropout(probs, p=drop)
-        out = probs @ v
-    out = out.transpose(1, 2).reshape(B, N, num_heads * head_dim)
-    norm = getattr(attn, "norm", None)
-    if norm is not None:
-        out = norm(out)
-    if out_gate is not None:
-        out = out * out_gate
-    out = attn.proj(out)
-    proj_drop = getattr(attn, "proj_drop", None)
-    return proj_drop(out) if proj_drop is not None else out
+    return q, k, v
+
+
+def _with_prefix(k: Tensor, v: Tensor, prefix_key: Optional[Tensor],
+                 prefix_value: Optional[Tensor]) -> Tuple[Tensor, Tensor, int]:
+    """Keys and values with the prefix prepended, and the prefix's length (0 without one)."""
+    if prefix_key is None:
+        return k, v, 0
+    if prefix_value is None or prefix_value.shape != prefix_key.shape:
+        raise ValueError(
+            "prefix_key and prefix_value must both be given with the same shape, found "
+            f"{tuple(prefix_key.shape)} and {None if prefix_value is None else tuple(prefix_value.shape)}"
+        )
+    k = torch.cat([prefix_key.to(k.dtype), k], dim=2)
+    v = torch.cat([prefix_value.to(v.dtype), v], dim=2)
+    return k, v, prefix_key.shape[2]
+
+
+def _gated_prefix_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, gate: Tensor, num_prefix: int,
+                            drop: float) -> Tensor:
+    """Attention whose scaled prefix scores ``s`` become ``s + sigmoid(a * s) * b`` (NoRGa's gate ``(a, b)``)."""
+    scores = (q * scale) @ k.transpose(-2, -1)  # (B, H, N, P + N)
+    if num_prefix > 0:
+        a, b = gate.to(scores.dtype).reshape(2).unbind(0)
+        prefix_scores = scores[..., :num_prefix]
+        prefix_scores = prefix_scores + torch.sigmoid(a * prefix_scores) * b
+        scores = torch.cat([prefix_scores, scores[..., num_prefix:]], dim=-1)
+    probs = scores.softmax(dim=-1)
+    if drop > 0.0:
+        probs = F.dropout(probs, p=drop)
+    return probs @ v
 
 
 def _identity(x: Tensor) -> Tensor:

@@ -27,7 +27,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -105,86 +105,136 @@ def backbone_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if not k.startswith("head.")}
 
 
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices but not on the position embedding, biases and norms."""
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+
+
+class WarmupCosine:
+    """The learning rate of a step: linear warm-up over ``warmup_steps``, then cosine to zero at ``total_steps``."""
+
+    def __init__(self, lr: float, warmup_steps: int, total_steps: int) -> None:
+        self.lr, self.warmup_steps, self.total_steps = lr, warmup_steps, total_steps
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
+        return self.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class UpstreamImages:
+    """The upstream classes' training and test images as whole tensors, and the downstream classes' ids."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from benchmarks.data import make_synthetic_train_test, synthetic_class_split
+
+        upstream, self.downstream = synthetic_class_split(args.upstream_classes, NUM_DOWNSTREAM)
+        train, test = make_synthetic_train_test(
+            upstream, train_per_class=args.train_per_class, test_per_class=args.test_per_class, seed=DATA_SEED,
+            image_size=MODEL_KWARGS["img_size"], noise_std=NOISE_STD, difficulty="hard",
+        )
+        self.train_images, self.train_targets = train.get_batch(torch.arange(len(train)))
+        self.test_images, self.test_targets = test.get_batch(torch.arange(len(test)))
+        self.train_size, self.test_size = len(train), len(test)
+
+
+class Pretraining:
+    """The model, its optimizer and schedule, the generator of the shuffling and augmentation, the step
+    counter and the progress bar (``None`` with ``--no-progress`` or without tqdm)."""
+
+    def __init__(self, args: argparse.Namespace, model: torch.nn.Module, data: UpstreamImages) -> None:
+        self.args, self.model, self.data = args, model, data
+        self.optimizer = make_optimizer(model, args.lr, args.weight_decay)
+        self.total_steps = math.ceil(data.train_size / args.batch_size) * args.epochs
+        self.lr_at = WarmupCosine(args.lr, args.warmup_steps, self.total_steps)
+        self.generator = torch.Generator().manual_seed(args.seed)
+        self.bar = None if args.no_progress else progress_bar(self.total_steps)
+        self.step = 0
+
+    def train_step(self, index: torch.Tensor) -> float:
+        """One optimizer step on the augmented images of ``index``; the batch's loss."""
+        images = augment(self.data.train_images[index], self.generator)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.step)
+        loss = F.cross_entropy(self.model(images), self.data.train_targets[index],
+                               label_smoothing=self.args.label_smoothing)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.step += 1
+        return loss.item()
+
+    def run_epoch(self, epoch: int) -> float:
+        """One shuffled pass over the training images; the mean training loss."""
+        order = torch.randperm(self.data.train_size, generator=self.generator)
+        running, seen = 0.0, 0
+        for start in range(0, len(order), self.args.batch_size):
+            index = order[start:start + self.args.batch_size]
+            running += self.train_step(index) * len(index)
+            seen += len(index)
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix(epoch=epoch, loss=f"{running / seen:.3f}")
+        return running / seen
+
+    def run(self, started: float) -> List[Dict[str, Any]]:
+        """Every epoch, each followed by the upstream test accuracy; the per-epoch history."""
+        history = []
+        self.model.train()
+        for epoch in range(self.args.epochs):
+            loss = self.run_epoch(epoch)
+            accuracy = evaluate(self.model, self.data.test_images, self.data.test_targets)
+            history.append({"epoch": epoch + 1, "train_loss": loss, "upstream_test_accuracy": accuracy,
+                            "elapsed_seconds": time.perf_counter() - started})
+            message = (f"epoch {epoch + 1}/{self.args.epochs}: train loss {loss:.3f}, upstream test accuracy "
+                       f"{100 * accuracy:.2f}% ({time.perf_counter() - started:.0f} s)")
+            (self.bar.write if self.bar is not None else print)(message)
+        if self.bar is not None:
+            self.bar.close()
+        return history
+
+
+def progress_bar(total_steps: int) -> Any:
+    """A tqdm bar over the steps, or ``None`` without tqdm."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total_steps, desc="pretrain", mininterval=30)
+
+
+def use_quick_sizes(args: argparse.Namespace) -> None:
+    """With --quick: a few steps on a few classes."""
+    if args.quick:
+        args.upstream_classes, args.train_per_class, args.test_per_class = 8, 8, 2
+        args.epochs, args.batch_size, args.warmup_steps = 1, 16, 1
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     import timm
     from safetensors.torch import save_file
 
-    from benchmarks.data import make_synthetic_train_test, synthetic_class_split
-
-    if args.quick:
-        args.upstream_classes, args.train_per_class, args.test_per_class = 8, 8, 2
-        args.epochs, args.batch_size, args.warmup_steps = 1, 16, 1
+    use_quick_sizes(args)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     started, cpu_started = time.perf_counter(), time.process_time()
-
-    upstream, downstream = synthetic_class_split(args.upstream_classes, NUM_DOWNSTREAM)
-    train, test = make_synthetic_train_test(
-        upstream, train_per_class=args.train_per_class, test_per_class=args.test_per_class, seed=DATA_SEED,
-        image_size=MODEL_KWARGS["img_size"], noise_std=NOISE_STD, difficulty="hard",
-    )
-    train_images, train_targets = train.get_batch(torch.arange(len(train)))
-    test_images, test_targets = test.get_batch(torch.arange(len(test)))
+    data = UpstreamImages(args)
     data_seconds = time.perf_counter() - started
-    print(f"data: {len(train)} train / {len(test)} test images of {args.upstream_classes} upstream classes "
+    print(f"data: {data.train_size} train / {data.test_size} test images of {args.upstream_classes} upstream classes "
           f"({data_seconds:.0f} s)", flush=True)
 
     torch.manual_seed(args.seed)
     model = timm.create_model(MODEL_NAME, pretrained=False, num_classes=args.upstream_classes, **MODEL_KWARGS)
-    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim > 1 and "pos_embed" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr)
-    steps_per_epoch = math.ceil(len(train) / args.batch_size)
-    total_steps = steps_per_epoch * args.epochs
-
-    def lr_at(step: int) -> float:
-        if step < args.warmup_steps:
-            return args.lr * (step + 1) / args.warmup_steps
-        progress = (step - args.warmup_steps) / max(total_steps - args.warmup_steps, 1)
-        return args.lr * 0.5 * (1 + math.cos(math.pi * progress))
-
-    generator = torch.Generator().manual_seed(args.seed)
-    bar = None
-    if not args.no_progress:
-        try:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=total_steps, desc="pretrain", mininterval=30)
-        except ImportError:
-            bar = None
-    step, history = 0, []
-    model.train()
-    for epoch in range(args.epochs):
-        order = torch.randperm(len(train), generator=generator)
-        running, seen = 0.0, 0
-        for start in range(0, len(order), args.batch_size):
-            index = order[start:start + args.batch_size]
-            images = augment(train_images[index], generator)
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-            loss = F.cross_entropy(model(images), train_targets[index], label_smoothing=args.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            step += 1
-            running += loss.item() * len(index)
-            seen += len(index)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(epoch=epoch, loss=f"{running / seen:.3f}")
-        accuracy = evaluate(model, test_images, test_targets)
-        history.append({"epoch": epoch + 1, "train_loss": running / seen, "upstream_test_accuracy": accuracy,
-                        "elapsed_seconds": time.perf_counter() - started})
-        message = (f"epoch {epoch + 1}/{args.epochs}: train loss {running / seen:.3f}, upstream test accuracy "
-                   f"{100 * accuracy:.2f}% ({time.perf_counter() - started:.0f} s)")
-        (bar.write if bar is not None else print)(message)
-    if bar is not None:
-        bar.close()
-    train_accuracy = evaluate(model, train_images[:len(test)], train_targets[:len(test)])
+    training = Pretraining(args, model, data)
+    history = training.run(started)
+    train_accuracy = evaluate(model, data.train_images[:data.test_size], data.train_targets[:data.test_size])
     wall_seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu_started
 
@@ -193,12 +243,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # No safetensors metadata: its header order is not stable across processes (the sidecar has it all).
     save_file(backbone_state(model), str(output))
     digest = sha256_file(output)
-    command = "python -m benchmarks.proxy.pretrain" + "".join(f" {shlex.quote(a)}" for a in argv)
     sidecar = {
-        "file": output.name,
-        "sha256": digest,
-        "bytes": output.stat().st_size,
-        "command": command,
+        "file": output.name, "sha256": digest, "bytes": output.stat().st_size,
+        "command": "python -m benchmarks.proxy.pretrain" + "".join(f" {shlex.quote(a)}" for a in argv),
+        **run_settings(args, data, training.total_steps),
+        "history": history,
+        "upstream_test_accuracy": history[-1]["upstream_test_accuracy"] if history else None,
+        "upstream_train_accuracy_subset": train_accuracy,
+        "wall_seconds": wall_seconds, "cpu_seconds": cpu_seconds,
+        "torch": torch.__version__, "timm": timm.__version__, "quick": args.quick,
+    }
+    output.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
+    print(f"saved {output} ({output.stat().st_size / 2**20:.2f} MiB), upstream test accuracy "
+          f"{100 * sidecar['upstream_test_accuracy']:.2f}%, wall {wall_seconds:.0f} s, CPU {cpu_seconds:.0f} s")
+    print(f"sha256 {digest}")
+    return 0
+
+
+def run_settings(args: argparse.Namespace, data: UpstreamImages, total_steps: int) -> Dict[str, Any]:
+    """The sidecar's model, data and training settings."""
+    return {
         "model": MODEL_NAME,
         "model_kwargs": MODEL_KWARGS,
         "num_classes": 0,
@@ -207,7 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "difficulty": "hard", "seed": DATA_SEED, "noise_std": NOISE_STD,
             "image_size": MODEL_KWARGS["img_size"],
             "upstream_class_ids": [0, args.upstream_classes - 1],
-            "downstream_class_ids": [int(downstream[0]), int(downstream[-1])],
+            "downstream_class_ids": [int(data.downstream[0]), int(data.downstream[-1])],
             "train_per_class": args.train_per_class, "test_per_class": args.test_per_class,
         },
         "training": {
@@ -216,20 +280,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "label_smoothing": args.label_smoothing, "augmentation": "random crop (pad 4) + horizontal flip",
             "seed": args.seed, "threads": args.threads, "steps": total_steps,
         },
-        "history": history,
-        "upstream_test_accuracy": history[-1]["upstream_test_accuracy"] if history else None,
-        "upstream_train_accuracy_subset": train_accuracy,
-        "wall_seconds": wall_seconds,
-        "cpu_seconds": cpu_seconds,
-        "torch": torch.__version__,
-        "timm": timm.__version__,
-        "quick": args.quick,
     }
-    output.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
-    print(f"saved {output} ({output.stat().st_size / 2**20:.2f} MiB), upstream test accuracy "
-          f"{100 * sidecar['upstream_test_accuracy']:.2f}%, wall {wall_seconds:.0f} s, CPU {cpu_seconds:.0f} s")
-    print(f"sha256 {digest}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 The routing study's runs time the four alternative routers inside the training, on the expanded
 features the run already computed; the analytic router (``ridge``) is not timed there, since a
 method feeds it itself. Here all five learn and route the same batches of clustered, ViT-like CLS
-features (``benchmarks.speed.router.clustered_features``) in interleaved rounds
+features (``benchmarks.speed.router_baselines.clustered_features``) in interleaved rounds
 (``benchmarks.speed.timing.time_side_by_side``), each cost counted as a user of that router alone pays
 it: the random expansion ``relu(h R)`` is in every row. The ridge's system is solved at most once per
 evaluation, not per batch, so its solve is a row of its own; its statistics are folded in blocks of
@@ -27,7 +27,7 @@ from fly_modules._validation import Integer
 
 from ..flags import Parser, add_flag, add_shared_flag
 from ..studies.router_set import RIDGE, ROUTERS, RouterSet
-from .router import clustered_features
+from .router_baselines import clustered_features
 from .timing import add_run_options, median, print_header, start_run, time_side_by_side
 
 __all__ = ["RouterCosts", "build_routers", "multiply_adds", "time_routers", "main"]

@@ -33,196 +33,48 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import gc
 import json
-import math
 import os
 import platform
 import subprocess
 import sys
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-from fly_modules.adapters import Retrofit, retrofit
-from torch import Tensor, nn
 
 from benchmarks.core import reference_checkout as ref
 from benchmarks.core.reference_checkout import EvalBatches
 from benchmarks.flags import Parser, add_common_flag, add_flag, add_shared_flag
 from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
-from fly_modules import SampleBudgetSchedule
-from fly_modules._blocked import default_fold_rows
+from benchmarks.speed.vs_reference_agreement import compare_inference, compare_training
+from benchmarks.speed.vs_reference_variants import (
+    CLOCKS,
+    Variant,
+    block_batches,
+    build_variants,
+    evaluate,
+    make_batch,
+    stream_batch,
+    stream_block,
+    synchronizer,
+)
 from fly_modules._ridge import PANEL_ROWS, panels
 from fly_modules._validation import Integer, Real
+
+# The parts, one module each: the variants and their batches, and the agreement checks; tests read
+# block_batches here.
+__all__ = ["block_batches", "fold_flops", "main"]
 
 # % of the baseline's training step, router + ensemble together: ViT-B/16 on a GPU, the tiny ViT on a CPU
 # (whose step is so cheap that the router's float64 update weighs more; see fold_arithmetic).
 TARGET_TRAIN_OVERHEAD = {"cuda": 5.0, "cpu": 15.0}
 TARGET_EVAL_SPEEDUP = 3.0     # our evaluation throughput / the official code's
 VARIANTS = ("baseline", "official", "ours")
-# --clock: wall time, or this process's CPU time (with one thread on a CPU shared with other jobs, the
-# time the scheduler gives to others is not counted).
-CLOCKS: Dict[str, Callable[[], float]] = {"wall": time.perf_counter, "process": time.process_time}
-
-
-# ================================================================================== variants
-@dataclass
-class Variant:
-    """One model with its official trainer; ``handle`` is set for ours, ``collect`` for the official.
-
-    ``solve_seconds`` and ``part_seconds`` collect the durations of the router solves and of the calls
-    that are the router's and the ensemble's share of a stream batch (see ``build_variants``).
-    """
-
-    name: str
-    model: nn.Module
-    trainer: Any
-    handle: Optional[Retrofit] = None
-    collect: bool = False
-    solve_seconds: List[float] = field(default_factory=list)
-    part_seconds: List[float] = field(default_factory=list)
-    hook_seconds: List[float] = field(default_factory=list)  # ours: the retrofit's forward (pre-)hooks
-    fold_seconds: List[float] = field(default_factory=list)  # ours: the router's folds (end_batch, end of block)
-    finish: Optional[Callable[[], None]] = None  # ours: folds the router's pending rows at the end of a block
-
-
-def stream_batch(variant: Variant, images: Tensor, labels: Tensor, online_iter: int) -> None:
-    """One stream batch as the official ``online_step`` runs it (less its ``gc.collect()``)."""
-    trainer = variant.trainer
-    for _ in range(online_iter):
-        trainer.online_train([images.clone(), labels.clone()])
-    if variant.collect:
-        trainer._collect_rp_features(images.clone(), labels.clone())
-    if variant.handle is not None:
-        variant.handle.end_batch(images.shape[0])  # router statistics + our expert schedule
-    else:
-        trainer._maybe_advance_internal_step(images.shape[0])
-
-
-def stream_block(variant: Variant, batches: Sequence[Tuple[Tensor, Tensor]], online_iter: int) -> None:
-    """Consecutive stream batches, then (ours) the router's pending rows folded into ``G``: when the clock
-    stops, every row the block added is in the statistics, so its blocked update is counted in full."""
-    for images, labels in batches:
-        stream_batch(variant, images, labels, online_iter)
-    if variant.finish is not None:
-        variant.finish()
-
-
-def block_batches(handle: Retrofit, train_batch: int) -> int:
-    """Stream batches per timed block: enough rows for one fold of the router's buffer, so that each
-    block holds the amortised update of its rows (fewer would leave the fold to some rounds only)."""
-    router = handle.router
-    rows = router.fold_rows or default_fold_rows(router.expansion_dim, router.device)
-    return max(1, math.ceil(rows / train_batch))
-
-
-def evaluate(variant: Variant, test_set: EvalBatches) -> None:
-    if variant.handle is not None:
-        variant.handle.set_logit_mask(variant.trainer.mask)
-    variant.trainer.online_evaluate(test_set)
-
-
-def time_each_call(function: Callable[..., Any], sink: List[float], sync: Callable[[], None],
-                   clock: Callable[[], float]) -> Callable[..., Any]:
-    """``function`` wrapped so that each call appends its duration (device work included) to ``sink``."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        sync()
-        start = clock()
-        result = function(*args, **kwargs)
-        sync()
-        sink.append(clock() - start)
-        return result
-
-    return call
-
-
-def record_seconds(target: Any, name: str, sink: List[float], sync: Callable[[], None],
-                   clock: Callable[[], float]) -> None:
-    """Wrap ``target.name`` (instance attribute) so that each call appends its duration to ``sink``."""
-    setattr(target, name, time_each_call(getattr(target, name), sink, sync, clock))
-
-
-def build_variants(checkout: ref.Checkout, method: str, args: argparse.Namespace) -> Dict[str, Variant]:
-    baseline, official = ref.build_models(
-        checkout, method, args.vit, num_classes=args.num_classes, num_experts=args.num_experts,
-        expansion_dim=args.expansion_dim, ridge=args.ridge, seed=args.seed, device=args.device,
-    )
-    ours = copy.deepcopy(baseline)
-    budget = args.warmup_batches * args.train_batch  # samples per expert (step) during the warm-up
-
-    def trainer(model: nn.Module) -> Any:
-        return ref.make_trainer(
-            checkout, method, model, device=args.device, amp=args.amp, lr=args.lr, num_classes=args.num_classes,
-            num_experts=args.num_experts, samples_per_step=budget,
-        )
-
-    variants = {
-        "baseline": Variant("baseline", baseline, trainer(baseline)),
-        "official": Variant("official", official, trainer(official), collect=True),
-        "ours": Variant("ours", ours, trainer(ours)),
-    }
-    options = dict(router_features=args.mvp_router_features) if method == "mvp" else {}
-    handle = retrofit(
-        ours, method=method, router=True, ensemble=True, optimizer=variants["ours"].trainer.optimizer,
-        schedule=SampleBudgetSchedule(budget, args.num_experts), expansion_dim=args.expansion_dim,
-        ridge=args.ridge, **options,
-    )
-    use_expansion(handle, official.rp_head.W_rand)
-    variants["ours"].handle = handle
-    timing = dict(sync=synchronizer(args.device), clock=CLOCKS[args.clock])
-    record_seconds(official.rp_head, "update", variants["official"].solve_seconds, **timing)
-    record_seconds(handle.router, "solve", variants["ours"].solve_seconds, **timing)
-    # The router's and the ensemble's own calls per stream batch; hook costs inside the model's
-    # forward (ours) are not among them, the end-to-end difference includes everything.
-    record_seconds(variants["official"].trainer, "_collect_rp_features", variants["official"].part_seconds, **timing)
-    record_seconds(official, "update_ema_fc", variants["official"].part_seconds, **timing)
-    record_seconds(handle, "end_batch", variants["ours"].part_seconds, **timing)
-    record_seconds(handle, "update_ensemble", variants["ours"].part_seconds, **timing)
-    record_seconds(handle.router, "flush", variants["ours"].fold_seconds, **timing)
-    variants["ours"].finish = handle.router.flush  # the timed flush: its folds count among the folds too
-    record_seconds(variants["ours"], "finish", variants["ours"].part_seconds, **timing)
-    time_forward_hooks(handle, variants["ours"].hook_seconds, **timing)
-    return variants
-
-
-def time_forward_hooks(handle: Retrofit, sink: List[float], sync: Callable[[], None],
-                       clock: Callable[[], float]) -> None:
-    """Wrap every forward (pre-)hook the retrofit installed so that each call appends its duration to
-    ``sink``. (The optimizer step hook runs ``update_ensemble``, which is timed by itself.)"""
-    for hook_handle, what in handle.install._hooks:
-        hooks = hook_handle.hooks_dict_ref()
-        if not what.startswith("forward") or hooks is None or hook_handle.id not in hooks:
-            continue
-        hooks[hook_handle.id] = time_each_call(hooks[hook_handle.id], sink, sync, clock)
-
-
-def use_expansion(handle: Retrofit, official_matrix: Tensor) -> None:
-    """Give our router the official random matrix (``W_rand`` is ``R^T``), through its state_dict, so
-    that statistics and routing scores can be compared; it changes no cost."""
-    state = handle.router.state_dict()
-    state["expansion.weight"] = official_matrix.t()
-    handle.router.load_state_dict(state)
-
-
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
-
-
-# ===================================================================================== data
-def make_batch(generator: torch.Generator, size: int, args: argparse.Namespace) -> Tuple[Tensor, Tensor]:
-    side = ref.VIT_PRESETS[args.vit]["img_size"]
-    images = torch.randn(size, 3, side, side, generator=generator)
-    labels = torch.randint(0, args.num_classes, (size,), generator=generator)
-    return images.to(args.device), labels.to(args.device)
 
 
 # =================================================================================== timing
@@ -432,104 +284,6 @@ def percent(value: float, base: float) -> str:
     return f"{100.0 * (value / base - 1.0):+.1f}%"
 
 
-# ================================================================================ agreement
-def compare_training(method: str, variants: Dict[str, Variant], args: argparse.Namespace) -> Dict[str, float]:
-    """Official and ours trained the same weights on the same batches: do they end in the same state?"""
-    official, ours, handle = variants["official"].model, variants["ours"].model, variants["ours"].handle
-    ours_state = ours.state_dict()
-    weights = max_abs_difference(
-        (tensor, ours_state[name]) for name, tensor in official.named_parameters()
-        if tensor.requires_grad and name in ours_state
-    )
-    ema_weight, ema_bias = ref.ema_bank_weights(official)
-    ema = max(max_abs(ema_weight - handle.ensemble.ema_weight), max_abs(ema_bias - handle.ensemble.ema_bias))
-    print("training equivalence (same initial weights, same batches, trained side by side):")
-    print(f"  trainable weights (prompts, keys, online head): max |official - ours| = {weights:.2e}")
-    print(f"  EMA heads (every bank, both decays):            max |official - ours| = {ema:.2e}")
-    result = {"weights": weights, "ema": ema}
-    if method == "mvp" and args.mvp_router_features == "query":
-        print("  router statistics: not comparable (official statistics come from the final-norm class token, "
-              "ours from MVP's query with --mvp-router-features query)")
-        return result
-    gram_official = official.rp_head.G.double()
-    gram_ours = handle.router.gram_matrix().to(gram_official.device)
-    cross_official = official.rp_head.Q.double()
-    cross_ours = handle.router.cross.to(cross_official.device)
-    result["gram"] = max_abs(gram_official - gram_ours) / max(max_abs(gram_official), 1e-30)
-    result["cross"] = max_abs(cross_official - cross_ours) / max(max_abs(cross_official), 1e-30)
-    print(f"  router statistics (same random matrix): max |dG| / max |G| = {result['gram']:.2e}, "
-          f"max |dQ| / max |Q| = {result['cross']:.2e} (official accumulates float32, ours float64)")
-    return result
-
-
-@torch.no_grad()
-def compare_inference(method: str, variants: Dict[str, Variant], test_set: EvalBatches,
-                      args: argparse.Namespace) -> Dict[str, float]:
-    """Routing and predictions with identical state: a fresh retrofit of the trained model given the
-    official router statistics and EMA heads, against the official model, batch by batch."""
-    official, trainer = variants["official"].model, variants["official"].trainer
-    twin = copy.deepcopy(variants["baseline"].model)
-    twin.load_state_dict({k: v for k, v in official.state_dict().items()
-                          if not k.startswith(("rp_head.", "experts_fc."))})
-    # Route on the features the official code routes on: MVP's query for MVP (its statistics come from
-    # the final-norm class token, a mismatch we reproduce here by loading them as they are).
-    options = dict(router_features="query") if method == "mvp" else {}
-    handle = retrofit(twin, method=method, router=True, ensemble=True, expansion_dim=args.expansion_dim,
-                      ridge=args.ridge, **options)
-    state = handle.router.state_dict()
-    state.update({"expansion.weight": official.rp_head.W_rand.t(), "gram": official.rp_head.G,
-                  "cross": official.rp_head.Q, "counts": variants["ours"].handle.router.counts})
-    handle.router.load_state_dict(state)
-    ema_weight, ema_bias = ref.ema_bank_weights(official)
-    handle.ensemble.ema_weight.copy_(ema_weight)
-    handle.ensemble.ema_bias.copy_(ema_bias)
-    handle.set_logit_mask(trainer.mask)
-    official.rp_head.update()
-    official.eval()
-    twin.eval()
-    seen_steps = min(official.task_count + 1, official.task_num)
-    routed, slots, predictions, samples = 0, 0, 0, 0
-    score_error, probability_error = 0.0, 0.0
-    for images, _ in test_set:
-        query = ref.mvp_query(official, images) if method == "mvp" else ref.clean_query(official, images)
-        official_scores = official.rp_head(query)[:, :seen_steps].double()
-        ours_scores = handle.router(query)[:, :seen_steps].to(official_scores)
-        score_error = max(score_error, max_abs(official_scores - ours_scores) / max(max_abs(official_scores), 1e-30))
-        routed += int((official_scores.argmax(1) == handle.router.route(query).to(images.device)).sum())
-        members = [logits + trainer.mask for logits in official.forward_with_ema(images)]
-        official_probabilities = trainer._ensemble_logits(members)
-        official_slots = official.last_expert_ids
-        ours_probabilities = twin(images).exp()
-        if method == "dualprompt":
-            slots += int((official_slots == twin.e_prompt.last_selected_indices[:, 0]).sum())
-        probability_error = max(probability_error, max_abs(official_probabilities - ours_probabilities))
-        predictions += int((official_probabilities.argmax(1) == ours_probabilities.argmax(1)).sum())
-        samples += images.shape[0]
-    handle.remove()
-    result = {"routed": routed / samples, "predictions": predictions / samples, "scores": score_error,
-              "probabilities": probability_error}
-    print(f"inference with identical state ({samples} test samples; a fresh retrofit of the trained model given "
-          f"the official router statistics, random matrix and EMA heads; routing on "
-          f"{'MVP query' if method == 'mvp' else 'final-norm class token'} features):")
-    print(f"  router scores: max |official - ours| / max |official| = {score_error:.2e} "
-          f"(official: float32 statistics, float32 LU; ours: float64, Cholesky refined to float64)")
-    print(f"  routed step agrees on {100 * result['routed']:.2f}% of the samples")
-    if method == "dualprompt":
-        result["slots"] = slots / samples
-        print(f"  selected E-prompt slot agrees on {100 * result['slots']:.2f}%")
-    print(f"  prediction agrees on {100 * result['predictions']:.2f}%; max |p_official - p_ours| = "
-          f"{probability_error:.2e} (softmax-max ensemble of the online head and the two EMA heads)")
-    return result
-
-
-def max_abs(tensor: Tensor) -> float:
-    return float(tensor.detach().double().abs().max()) if tensor.numel() else 0.0
-
-
-def max_abs_difference(pairs: Iterator[Tuple[Tensor, Tensor]]) -> float:
-    return max((max_abs(a.detach() - b.detach().to(a)) for a, b in pairs), default=0.0)
-
-
 # ================================================================================== profile
 def profile(variants: Dict[str, Variant], test_set: EvalBatches, args: argparse.Namespace) -> None:
     """Operator profile (torch.profiler) of one stream batch and one evaluation of official and ours."""
@@ -556,6 +310,17 @@ def reference_commit(path: str) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown (git not available)"
     return found.stdout.strip() if found.returncode == 0 else "unknown (not a git checkout)"
+
+
+def use_quick_sizes(args: argparse.Namespace) -> None:
+    """With --quick: a micro ViT and small sizes for a smoke test (seconds)."""
+    if not args.quick:
+        return
+    args.threads = args.threads or 1
+    args.vit, args.expansion_dim, args.num_classes = "micro", 256, 10
+    args.train_batch, args.eval_batch, args.eval_batches = 8, 16, 2
+    args.online_iter, args.rounds, args.warmup_rounds, args.num_experts = 2, 1, 0, 2
+    args.block_batches = args.block_batches or 2
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -601,17 +366,56 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--json", help="also write every figure to this JSON file")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.threads = args.threads or 1
-        args.vit, args.expansion_dim, args.num_classes = "micro", 256, 10
-        args.train_batch, args.eval_batch, args.eval_batches = 8, 16, 2
-        args.online_iter, args.rounds, args.warmup_rounds, args.num_experts = 2, 1, 0, 2
-        args.block_batches = args.block_batches or 2
+    use_quick_sizes(args)
     small_cpu = args.device == "cpu" and args.vit == "base"
     args.train_batch = args.train_batch or (8 if small_cpu else 64)
     args.eval_batch = args.eval_batch or (16 if small_cpu else 128)
     args.eval_batches = args.eval_batches or (1 if small_cpu else 40 if args.device == "cuda" else 10)
     return args
+
+
+def print_settings(args: argparse.Namespace, checkout: ref.Checkout, device_name: str, timm_version: str) -> None:
+    """The run's header: the checkout, the device, the model and every size."""
+    print_header("fly-modules vs the official FlyPrompt code (FlyGCL), same model, side by side", {
+        "reference checkout": f"{checkout.path} (commit {reference_commit(str(checkout.path))})",
+        "device": f"{args.device} ({device_name})", "timm": timm_version,
+        "ViT (random weights)": f"{args.vit}: " + ", ".join(f"{k}={v}" for k, v in ref.VIT_PRESETS[args.vit].items()),
+        "methods": ", ".join(args.methods), "classes / experts (steps)": f"{args.num_classes} / {args.num_experts}",
+        "router M / ridge": f"{args.expansion_dim} / {args.ridge:g}",
+        "train batch / online iterations": f"{args.train_batch} / {args.online_iter}",
+        "eval batch x batches": f"{args.eval_batch} x {args.eval_batches}",
+        "precision": "fp16 autocast (official --use_amp)" if args.amp else "fp32",
+        "clock": "wall time" if args.clock == "wall" else "process CPU time (time.process_time)",
+        "rounds (+ warm-up)": f"{args.rounds} (+ {args.warmup_rounds}), warm-up stream: "
+                              f"{args.warmup_batches} batch(es) per expert",
+        "MVP router features (ours)": args.mvp_router_features,
+        "mode": "quick (smoke test)" if args.quick else "full",
+    })
+
+
+def run_method(method: str, checkout: ref.Checkout, args: argparse.Namespace, report: Report) -> Dict[str, Any]:
+    """One method's three variants built, timed side by side and compared; its figures."""
+    print(f"\n== {method} ==", flush=True)
+    variants = build_variants(checkout, method, args)
+    args.block_batches = args.block_batches or block_batches(variants["ours"].handle, args.train_batch)
+    generator = torch.Generator().manual_seed(args.seed + 3)
+    test_set = EvalBatches([make_batch(generator, args.eval_batch, args) for _ in range(args.eval_batches)])
+    timings = run_rounds(variants, test_set, args)
+    result = {
+        "timing": report_timings(method, timings, test_set, args, report),
+        "training_equivalence": compare_training(method, variants, args),
+    }
+    if args.train_only:
+        print("inference with identical state: not checked (--train-only)")
+    else:
+        result["inference_agreement"] = compare_inference(method, variants, test_set, args)
+    if args.profile:
+        profile(variants, test_set, args)
+    del variants, test_set
+    gc.collect()
+    if args.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -634,21 +438,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import timm
 
     device_name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else "CPU"
-    print_header("fly-modules vs the official FlyPrompt code (FlyGCL), same model, side by side", {
-        "reference checkout": f"{checkout.path} (commit {reference_commit(str(checkout.path))})",
-        "device": f"{args.device} ({device_name})", "timm": timm.__version__,
-        "ViT (random weights)": f"{args.vit}: " + ", ".join(f"{k}={v}" for k, v in ref.VIT_PRESETS[args.vit].items()),
-        "methods": ", ".join(args.methods), "classes / experts (steps)": f"{args.num_classes} / {args.num_experts}",
-        "router M / ridge": f"{args.expansion_dim} / {args.ridge:g}",
-        "train batch / online iterations": f"{args.train_batch} / {args.online_iter}",
-        "eval batch x batches": f"{args.eval_batch} x {args.eval_batches}",
-        "precision": "fp16 autocast (official --use_amp)" if args.amp else "fp32",
-        "clock": "wall time" if args.clock == "wall" else "process CPU time (time.process_time)",
-        "rounds (+ warm-up)": f"{args.rounds} (+ {args.warmup_rounds}), warm-up stream: "
-                              f"{args.warmup_batches} batch(es) per expert",
-        "MVP router features (ours)": args.mvp_router_features,
-        "mode": "quick (smoke test)" if args.quick else "full",
-    })
+    print_settings(args, checkout, device_name, timm.__version__)
     report = Report()
     gemm_size = 512 if args.quick else 2048
     args.gemm_rates = gemm_rates(args.device, CLOCKS[args.clock], size=gemm_size)
@@ -659,26 +449,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "reference_commit": reference_commit(str(checkout.path)), "gemm_gflops": args.gemm_rates,
     }}
     for method in args.methods:
-        print(f"\n== {method} ==", flush=True)
-        variants = build_variants(checkout, method, args)
-        args.block_batches = args.block_batches or block_batches(variants["ours"].handle, args.train_batch)
-        generator = torch.Generator().manual_seed(args.seed + 3)
-        test_set = EvalBatches([make_batch(generator, args.eval_batch, args) for _ in range(args.eval_batches)])
-        timings = run_rounds(variants, test_set, args)
-        results[method] = {
-            "timing": report_timings(method, timings, test_set, args, report),
-            "training_equivalence": compare_training(method, variants, args),
-        }
-        if args.train_only:
-            print("inference with identical state: not checked (--train-only)")
-        else:
-            results[method]["inference_agreement"] = compare_inference(method, variants, test_set, args)
-        if args.profile:
-            profile(variants, test_set, args)
-        del variants, test_set
-        gc.collect()
-        if args.device.type == "cuda":
-            torch.cuda.empty_cache()
+        results[method] = run_method(method, checkout, args, report)
     failed = report.summary()
     results["environment"]["load_average_end"] = os.getloadavg()
     if args.json:
