@@ -19,6 +19,7 @@ from ._family import Plan as Plan
 from ._handle import Observation as Observation
 from ._handle import Retrofit as Retrofit
 from ._head import EnsembleLinear as EnsembleLinear
+from ._layout import Layout as Layout
 from ._options import RetrofitOptions as RetrofitOptions
 from ._options import Schedule
 from ._registry import install, list_families
@@ -31,7 +32,7 @@ from .contract import SeamContract as SeamContract
 from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sdlora, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "AdapterFamily", "EnsembleLinear", "Observation", "Plan", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
+    "AdapterFamily", "EnsembleLinear", "Layout", "Observation", "Plan", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
     "register_family", "retrofit",
 ]
 

@@ -92,9 +92,6 @@ class Observation:
     trained: Optional[Tensor] = None
     banks: Union[int, Tensor, None] = None
 
-    def clear(self) -> None:
-        self.routed = self.used = self.trained = self.banks = None
-
 
 def live_retrofit(model: nn.Module) -> Optional["Retrofit"]:
     """The retrofit installed on ``model`` now (``None``: none, or only a deep copy's, or removed)."""

@@ -18,8 +18,9 @@ from fly_modules._validation import InvalidParameterError, check_choice
 
 from ._family import AdapterFamily, Plan
 from ._head import ensemble_scores
+from ._layout import Layout
 from ._registry import register_family
-from ._seams import SeamError, backbone_of, find_head, missing_seam, step_counter
+from ._seams import SeamError, missing_seam, step_counter
 
 __all__ = ["MVP", "retrofit"]
 
@@ -72,9 +73,9 @@ class MVP(AdapterFamily):
         start_expert: Optional[Callable[[int], None]] = None,
     ) -> Plan:
         model = self.model
-        self.router_features = check_choice(router_features or "cls", "router_features", _ROUTER_FEATURES,
-                                            caller="fly_modules.adapters.mvp")
-        self.backbone = backbone = backbone_of(model, "the frozen ViT MVP prompts", family="mvp")
+        router_features = check_choice(router_features or "cls", "router_features", _ROUTER_FEATURES,
+                                       caller=self.caller)
+        backbone = self.backbone_of("the frozen ViT MVP prompts")
         for name in ("patch_embed", "blocks", "norm"):
             if not hasattr(backbone, name):
                 raise self.missing_seam(f"backbone.{name}", "part of the ViT MVP's query pass runs through")
@@ -82,30 +83,43 @@ class MVP(AdapterFamily):
             raise self.missing_seam("e_prompts", "MVP's E-prompt pool")
         if not callable(getattr(model, "forward_features", None)):
             raise self.missing_seam("forward_features", "MVP's prompted pass returning (feature, mask)")
-        self.key_name = _first_attribute(model, ("key", "learnable_key"), "MVP's prompt keys")
+        key_name = _first_attribute(model, ("key", "learnable_key"), "MVP's prompt keys")
         _first_attribute(model, ("mask", "learnable_mask"), "MVP's learnable class mask")  # a seam check only
-        pool = int(getattr(model, self.key_name).shape[0])
+        pool = int(getattr(model, key_name).shape[0])
         if num_experts is not None and int(num_experts) != pool:
             raise InvalidParameterError(
-                f"fly_modules.adapters.mvp: the routed expert is the prompt index, so num_experts must equal the "
+                f"{self.caller}: the routed expert is the prompt index, so num_experts must equal the "
                 f"pool size {pool}, got {num_experts}"
             )
         if self.options.router and int(getattr(model, "selection_size", 1)) != 1:
-            raise InvalidParameterError("fly_modules.adapters.mvp: routing replaces a top-1 selection; "
-                                        "selection_size must be 1")
-        head = find_head(backbone, family="mvp")
+            raise InvalidParameterError(f"{self.caller}: routing replaces a top-1 selection; selection_size must be 1")
         blocks = backbone.blocks
-        self.query_index = len(blocks) - 1 if getattr(model, "use_last_layer", True) else len(blocks) - 2
-        if self.query_index < 0:
-            raise SeamError("fly_modules.adapters.mvp: the backbone has too few blocks for MVP's query pass")
-        self.call = _Forward()
-        return Plan(head=head, num_experts=pool, banks_of_expert=lambda expert: [], start_expert=start_expert,
-                    counter=step_counter(model))
+        query_index = len(blocks) - 1 if getattr(model, "use_last_layer", True) else len(blocks) - 2
+        if query_index < 0:
+            raise SeamError(f"{self.caller}: the backbone has too few blocks for MVP's query pass")
+        layout = _QueryPass(self, backbone, router_features, key_name, query_index)
+        return Plan(head=self.find_head(backbone), num_experts=pool, layout=layout, banks_of_expert=_no_banks,
+                    start_expert=start_expert, counter=step_counter(model))
+
+
+def _no_banks(expert: int) -> Sequence[int]:
+    return []  # one bank per prompt: no bank is re-cloned when an expert starts
+
+
+class _QueryPass(Layout):
+    """MVP's query pass: its class token becomes the routed prompt's key, so MVP's own key match selects the
+    routed prompt; the ensemble answers in place of the model's output, times MVP's class mask."""
+
+    def __init__(self, family: MVP, backbone: nn.Module, router_features: str, key_name: str,
+                 query_index: int) -> None:
+        super().__init__(family)
+        self.backbone, self.router_features, self.key_name = backbone, router_features, key_name
+        self.query_index, self.call = query_index, _Forward()
+        self.original_features: Callable[..., Any] = family.model.forward_features
 
     def install_hooks(self) -> None:
         self.handle.query_source = f"the query pass inside {type(self.model).__name__}.forward_features (training mode)"
         self.install.forward_hook(self.backbone.blocks[self.query_index], self.on_query_block)
-        self.original_features = self.model.forward_features
         self.install.set_attribute(self.model, "forward_features", self.forward_features)
 
     # ---------------------------------------------------------------------------------- the query pass

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from ._family import AdapterFamily, Plan
+from ._layout import Layout
 from ._registry import register_family
-from ._seams import SeamError, backbone_of, count_experts, find_head, step_counter
+from ._seams import SeamError, step_counter
 
 __all__ = ["SDLoRA", "retrofit", "ROUTER_REFUSAL"]
 
@@ -40,15 +41,19 @@ class SDLoRA(AdapterFamily):
                   start_expert: Optional[Callable[[int], None]] = None) -> Plan:
         model = self.model
         if self.options.router:
-            raise SeamError(f"fly_modules.adapters.sdlora: router=True refused for {type(model).__name__}: "
+            raise SeamError(f"{self.caller}: router=True refused for {type(model).__name__}: "
                             f"{ROUTER_REFUSAL}; retrofit it with router=False (the ensemble works)")
         counter = step_counter(model)
         if counter is None or counter.attribute != "task_count":
             raise self.missing_seam("process_task_count()", _WHAT)
-        backbone = backbone_of(model, "the ViT carrying the LoRA directions and the classifier", family="sdlora")
-        num_experts = count_experts(num_experts, getattr(model, "task_num", None), "tasks", family="sdlora")
-        return Plan(head=find_head(backbone, family="sdlora"), num_experts=num_experts, counter=counter,
+        backbone = self.backbone_of("the ViT carrying the LoRA directions and the classifier")
+        num_experts = self.count_experts(num_experts, getattr(model, "task_num", None), "tasks")
+        return Plan(head=self.find_head(backbone), num_experts=num_experts, layout=_TaskCount(self), counter=counter,
                     start_expert=start_expert)
+
+
+class _TaskCount(Layout):
+    """Every sample of a call uses the task ``task_count``."""
 
     def install_hooks(self) -> None:
         self.install.forward_pre_hook(self.model, self.observe, with_kwargs=True)

@@ -1,0 +1,313 @@
+"""What a family's recognise finds and wires: a :class:`Layout` is where one upstream layout keeps its
+experts, and the hook points its hooks are written with.
+
+The protocol every layout follows (PoolFamily's prompt pools, HiDe's three layouts, one layout per
+single-layout family alike):
+
+* :meth:`Layout.matches` tells whether a model (or module) has this layout; a family with several layouts
+  takes the first that matches;
+* :meth:`Layout.check` adds the layout's own seam checks to the family's plan, before anything is installed;
+* :meth:`Layout.install_hooks` installs the hooks (called only when the router or the ensemble is on);
+* :meth:`Layout.swap_head` puts the ensemble in the classifier's place (called only when the ensemble is on;
+  default: the plan's head becomes an :class:`~fly_modules.adapters.EnsembleLinear`).
+
+The hook points, all writing to the handle's per-batch state (``handle.batch``) and observation
+(``handle.observed``):
+
+* a query source: :meth:`~Layout.read_query` (a module's output), :meth:`~Layout.query_class_token`
+  (the prompt-free class token), or :meth:`~Layout.query_seen` from a wrapper of the layout's own;
+* a route target: :meth:`~Layout.route_keyword` (a module's keyword argument), or a routed call of the
+  layout's own that asks :meth:`~Layout.route` and runs once per expert group (``_groups``);
+* the banks a forward used: :meth:`~Layout.read_banks`, :meth:`~Layout.banks_seen`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from ._handle import BatchState, Retrofit
+from ._head import EnsembleLinear, ensemble_scores
+from ._options import RetrofitOptions
+from ._query import ClassToken, first_tensor
+from ._restore import Installation, shared
+
+if TYPE_CHECKING:  # the family imports this module
+    from ._family import AdapterFamily, Plan
+
+__all__ = ["Layout"]
+
+QueryFromCall = Callable[[nn.Module, Tuple[Any, ...], Dict[str, Any]], Optional[Tensor]]
+BankFromCall = Callable[[nn.Module, Tuple[Any, ...], Dict[str, Any], Any], Optional[Tensor]]
+RouteValue = Callable[[Tensor, nn.Module, Tuple[Any, ...], Dict[str, Any]], Any]
+UsedFromOutput = Callable[[Any], Optional[Tensor]]
+
+
+class Layout:
+    """Where one layout keeps its experts, and its hooks. Built by the family's ``recognise`` (which keeps
+    on it what it found: modules, slots, original methods) and carried by the :class:`Plan`; a subclass
+    writes :meth:`install_hooks`, and :meth:`matches`, :meth:`check` or :meth:`swap_head` where the
+    defaults do not fit.
+
+    Attributes:
+        family: the :class:`~fly_modules.adapters.AdapterFamily` retrofitting the model (its ``model``,
+            ``options``, name and, once installed, ``handle``).
+    """
+
+    def __init__(self, family: "AdapterFamily") -> None:
+        self.family = family
+
+    # ------------------------------------------------------------------------------------ the protocol
+    @classmethod
+    def matches(cls, owner: Any) -> bool:
+        """Whether ``owner`` (the model, or the module the family looks at) has this layout."""
+        return True
+
+    def check(self, plan: "Plan") -> "Plan":
+        """``plan`` with this layout's seam checks done (and the corrections it needs); nothing installed."""
+        return plan
+
+    def install_hooks(self) -> None:
+        """Install the hooks (called only when the router or the ensemble is on)."""
+        raise NotImplementedError(f"{type(self).__name__} must define install_hooks(self)")
+
+    def swap_head(self) -> None:
+        """Put the ensemble in the classifier's place (called only when the ensemble is on)."""
+        self.replace_head(*self.family.plan.head)
+
+    # ----------------------------------------------------------------------------------- the family's
+    @property
+    def model(self) -> nn.Module:
+        return self.family.model
+
+    @property
+    def options(self) -> RetrofitOptions:
+        return self.family.options
+
+    @property
+    def handle(self) -> Retrofit:
+        return self.family.handle
+
+    @property
+    def caller(self) -> str:
+        """``fly_modules.adapters.<method>``, which starts every message of the family."""
+        return self.family.caller
+
+    # ---------------------------------------------------------------------------------- batch state
+    @property
+    def install(self) -> Installation:
+        """Where hooks and attribute swaps go (undone by ``handle.remove()``)."""
+        return self.handle.install
+
+    @property
+    def active(self) -> bool:
+        return not self.handle.removed
+
+    @property
+    def batch(self) -> BatchState:
+        """The handle's per-batch state, which the hooks fill and the head and ``end_batch`` read."""
+        return self.handle.batch
+
+    def query_seen(self, features: Tensor) -> None:
+        """Query features of a forward: router statistics in training, routing at inference."""
+        if self.handle.router is None:
+            return
+        if self.handle.training:
+            self.handle.record_query(features)
+        else:
+            self.batch.eval_query = features.detach()
+
+    def batch_seen(self, size: int) -> None:
+        """A training forward of ``size`` samples (the default batch size of ``end_batch``)."""
+        if self.handle.training:
+            self.handle.record_batch_size(size)
+
+    def banks_seen(self, banks: Optional[Tensor]) -> None:
+        """Ensemble banks of a forward: moved after the optimizer step (training), ensembled (inference)."""
+        if banks is None or self.handle.ensemble is None:
+            return
+        if self.handle.training:
+            self.handle.record_trained_banks(banks.reshape(-1).long())
+        else:
+            self.batch.eval_banks = banks.detach().reshape(-1).long()
+
+    def pop_query(self, size: Optional[int]) -> Tensor:
+        """Router features of the current inference forward (``size``: the routed call's samples, checked)."""
+        query, self.batch.eval_query = self.batch.eval_query, None
+        if query is None:
+            raise RuntimeError(
+                f"{self.caller}: the router is on but no query features were recorded before "
+                f"the routing module ran at inference ({self.handle.query_source} did not run first in this "
+                "forward); run it before the model (or pass the query through the route module's call)"
+            )
+        if size is not None and query.shape[0] != size:
+            raise RuntimeError(
+                f"{self.caller}: the recorded query features hold {query.shape[0]} samples but "
+                f"the routed call has {size}; run the query module on the same batch right before the model"
+            )
+        return query
+
+    def pop_banks(self, size: int) -> Union[int, Tensor]:
+        """Banks of the current inference forward; the active bank when none were recorded."""
+        banks, self.batch.eval_banks = self.batch.eval_banks, None
+        if banks is None or banks.shape[0] != size:
+            banks = int(self.handle.ensemble.active_expert)
+        self.handle.observed.banks = banks
+        return banks
+
+    def route(self, features: Tensor) -> Optional[Tensor]:
+        """Routed expert ids at inference, ``None`` when the router is off, not fitted or removed."""
+        if self.handle.training or not self.handle.routing_active():
+            return None
+        return self.handle.route(features).to(features.device)
+
+    # ------------------------------------------------------------------------------ the head swap
+    def replace_head(
+        self, parent: nn.Module, name: str, scorer: Optional[Callable[[Tensor], Tensor]] = None,
+        is_training: Optional[Callable[[], bool]] = None,
+    ) -> EnsembleLinear:
+        """Replace ``parent.name`` by an :class:`EnsembleLinear` (undone by ``remove()``).
+
+        The default scorer ensembles the banks the forward recorded with ``handle.logit_mask``;
+        ``is_training`` (default: the model's mode) tells when the online head answers instead.
+        """
+        ensemble = self.handle.ensemble
+        if scorer is None:
+            def scorer(x: Tensor) -> Tensor:
+                return ensemble_scores(ensemble, x, self.pop_banks(x.shape[0]), self.handle.logit_mask)
+        wrapper = EnsembleLinear(ensemble.online, shared(scorer), shared(is_training) or (lambda: self.handle.training))
+        self.install.set_attribute(parent, name, wrapper)
+        return wrapper
+
+    # ---------------------------------------------------------------------------- query sources
+    def query_class_token(self, backbone: nn.Module) -> None:
+        """Router features: the prompt-free class token of ``backbone``, run by the retrofit on the model's
+        input when the loop did not run it (the query of S-Prompts and CODA-Prompt)."""
+        token = ClassToken(backbone)
+        self.handle.query_source = "the prompt-free class token of model.backbone.forward_features (run by the retrofit)"
+        self.run_query_when_missing(token)  # registered first: its pre-hook runs before a routing one
+        self.read_query(token, lambda features: features)
+
+    def read_query(self, module: nn.Module, query_from_output: Callable[[Any], Tensor]) -> None:
+        """Router features: ``query_from_output`` of each forward of ``module``."""
+        def record(mod: nn.Module, args: Any, output: Any) -> None:
+            if self.active:
+                self.query_seen(query_from_output(output))
+
+        self.install.forward_hook(module, record)
+
+    def run_query_when_missing(self, query_module: nn.Module) -> None:
+        """Run ``query_module`` on the model's input, under ``no_grad``, when a forward of the model needs a
+        query nobody recorded: the first training forward of a stream batch, or a routed inference call
+        whose loop did not run it first. A loop that runs it itself pays nothing."""
+        handle = self.handle
+
+        def before(mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
+            if not self.active or handle.router is None:
+                return
+            missing = handle.batch.query is None if handle.training else (
+                handle.routing_active() and self.batch.eval_query is None
+            )
+            images = first_tensor(args, kwargs)
+            if missing and images is not None:
+                with torch.no_grad():
+                    query_module(images)
+
+        self.install.forward_pre_hook(self.model, before, with_kwargs=True)
+
+    # ------------------------------------------------------------------------------- route targets
+    def route_keyword(
+        self, module: nn.Module, keyword: str, *, value: Optional[RouteValue] = None,
+        query_from_call: Optional[QueryFromCall] = None, banks_follow_routing: bool = False,
+        used_from_output: Optional[UsedFromOutput] = None,
+    ) -> None:
+        """Inject the routed experts at inference as ``module(..., keyword=value(experts, ...))`` (default
+        value: the ``(B,)`` expert ids); ``module.forward`` must name the keyword.
+
+        ``query_from_call`` reads the router features from the call itself (else a query source ran
+        first); ``banks_follow_routing``: the ensemble banks are the routed experts; ``used_from_output``
+        maps the module's output to the experts it actually used, checked against the routed ones
+        (:meth:`Retrofit.note_routed`).
+        """
+        callee = f"{type(module).__name__}.forward"
+        self.family.require_keyword(module.forward, keyword, callee=callee)
+        injection = _KeywordRoute(self, keyword, value, query_from_call, banks_follow_routing)
+        self.install.forward_pre_hook(module, injection.before, with_kwargs=True)
+        if used_from_output is not None:
+            def after(mod: nn.Module, args: Any, output: Any) -> None:
+                injected, self.batch.injected = self.batch.injected, None
+                if injected is not None and self.active and self.handle.wants_observation:
+                    self.handle.note_routed(injected, used_from_output(output), callee)
+
+            self.install.forward_hook(module, after)
+
+    # ------------------------------------------------------------------------------------ the banks
+    def count_batches(self, module: nn.Module) -> None:
+        """Record the size of ``module``'s training calls (first tensor argument) for ``end_batch``."""
+        def before(mod: nn.Module, args: Tuple[Any, ...]) -> None:
+            if self.active and args and isinstance(args[0], Tensor) and args[0].ndim > 0:
+                self.batch_seen(args[0].shape[0])
+
+        self.install.forward_pre_hook(module, before)
+
+    def read_banks(self, module: nn.Module, bank_from_call: BankFromCall) -> None:
+        """The banks of each call of ``module``: ``bank_from_call(module, args, kwargs, output)`` (and the
+        size of its training calls)."""
+        def after(mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], output: Any) -> None:
+            if self.active:
+                first = args[0] if args and isinstance(args[0], Tensor) else None
+                if first is not None and first.ndim > 0:
+                    self.batch_seen(first.shape[0])
+                self.banks_seen(bank_from_call(mod, args, kwargs, output))
+
+        self.install.forward_hook(module, after, with_kwargs=True)
+
+
+class _KeywordRoute:
+    """The pre-hook of :meth:`Layout.route_keyword`: reads the query (from the call, if asked) and
+    injects the routed experts as a keyword at inference."""
+
+    def __init__(self, layout: Layout, keyword: str, value: Optional[RouteValue],
+                 query_from_call: Optional[QueryFromCall], banks_follow_routing: bool) -> None:
+        self.layout, self.keyword, self.value = layout, keyword, value
+        self.query_from_call, self.banks_follow_routing = query_from_call, banks_follow_routing
+
+    def query(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tensor]:
+        """The routed call's router features; ``None`` when this call is not routed (training, or not fitted)."""
+        layout, handle = self.layout, self.layout.handle
+        if self.query_from_call is not None:
+            query = self.query_from_call(module, args, kwargs)
+            if query is None:
+                raise RuntimeError(
+                    f"{layout.caller}: no query features in the call of "
+                    f"{type(module).__name__}; pass query_module=... to read them elsewhere"
+                )
+            if handle.training:
+                handle.record_query(query)
+                return None
+            return query
+        if handle.training:
+            return None
+        if not handle.routing_active():
+            layout.batch.eval_query = None
+            return None
+        first = args[0] if args and isinstance(args[0], Tensor) else None
+        return layout.pop_query(None if first is None else first.shape[0])
+
+    def before(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        layout = self.layout
+        layout.batch.injected = None
+        if not layout.active or layout.handle.router is None:
+            return None
+        query = self.query(module, args, kwargs)
+        experts = None if query is None else layout.route(query)
+        if experts is None:
+            return None
+        if self.banks_follow_routing:
+            layout.batch.eval_banks = experts
+        layout.batch.injected = experts
+        layout.handle.observed.routed = experts
+        value = experts if self.value is None else self.value(experts, module, args, kwargs)
+        return args, {**kwargs, self.keyword: value}
