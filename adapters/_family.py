@@ -111,6 +111,7 @@ class AdapterFamily:
         model, options: what :meth:`retrofit` was given.
         family: the method name the user asked for (in every message).
         plan: what :meth:`recognise` found.
+        installation: where the layout's hooks and swaps go (the handle's ``remove()`` undoes them).
         handle: the :class:`~fly_modules.adapters.Retrofit` returned to the user.
     """
 
@@ -121,6 +122,7 @@ class AdapterFamily:
         self.model, self.options = model, options
         self.family = method or (self.names[0] if self.names else type(self).__name__)
         self.plan: Optional[Plan] = None
+        self.installation = Installation()  # the hooks and swaps, handed to the handle, undone by its remove()
         self.handle: Retrofit = None  # type: ignore[assignment]  (set by retrofit)
 
     def recognise(self, **family_options: Any) -> Plan:
@@ -136,10 +138,6 @@ class AdapterFamily:
         plan = family.recognise(**family_options)
         family.plan = plan = plan.layout.check(plan)
         family.handle = handle = family.create_handle(plan)
-        for correct in plan.corrections:
-            correct(handle.install)
-            handle.corrections.append(correct)
-        handle.inference = plan.inference
         if not options.router and not options.ensemble:
             return handle  # the baseline variant: only the schedule is driven, the model is untouched
         plan.layout.install_hooks()
@@ -165,7 +163,9 @@ class AdapterFamily:
             ensemble=self.options.build_ensemble(classifier, num_experts if plan.num_banks is None else plan.num_banks),
             schedule=self.options.schedule, start_method_expert=plan.method_start(),
             banks_of_expert=banks_of_expert, current_expert=current, num_experts=num_experts, step_counter=plan.counter,
+            installation=self.installation, corrections=plan.corrections, inference=plan.inference,
         )
+        handle.record.caller = self.caller
         if handle.ensemble is not None:
             banks = list(banks_of_expert(current))
             if banks:

@@ -11,27 +11,31 @@ single-layout family alike):
 * :meth:`Layout.swap_head` puts the ensemble in the classifier's place (called only when the ensemble is on;
   default: the plan's head becomes an :class:`~fly_modules.adapters.EnsembleLinear`).
 
-The hook points, all writing to the handle's per-batch state (``handle.batch``) and observation
-(``handle.observed``):
+The hook points, all writing to the retrofit's one :class:`~fly_modules.adapters._record.Record`
+(:attr:`Layout.record`):
 
 * a query source: :meth:`~Layout.read_query` (a module's output), :meth:`~Layout.query_class_token`
-  (the prompt-free class token), or :meth:`~Layout.query_seen` from a wrapper of the layout's own;
+  (the prompt-free class token), or ``record.seen(query=...)`` from a wrapper of the layout's own;
 * a route target: :meth:`~Layout.route_keyword` (a module's keyword argument), or a routed call of the
-  layout's own that asks :meth:`~Layout.route` and runs once per expert group (``_groups``);
-* the banks a forward used: :meth:`~Layout.read_banks`, :meth:`~Layout.banks_seen`.
+  layout's own that asks ``record.route(features)`` and runs once per expert group (``_groups``);
+* the banks a forward used: :meth:`~Layout.read_banks`, or ``record.seen(size, banks=..., trained=...)``.
+
+Hooks and wrappers check nothing about removal: once ``handle.remove()`` ran (a deep copy of the model keeps
+them), the installation makes a hook do nothing and a replaced method run the original.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from ._handle import BatchState, Retrofit
+from ._handle import Retrofit
 from ._head import EnsembleLinear, ensemble_scores
 from ._options import RetrofitOptions
 from ._query import ClassToken, first_tensor
+from ._record import Record
 from ._restore import Installation, shared
 
 if TYPE_CHECKING:  # the family imports this module
@@ -95,73 +99,16 @@ class Layout:
         """``fly_modules.adapters.<method>``, which starts every message of the family."""
         return self.family.caller
 
-    # ---------------------------------------------------------------------------------- batch state
     @property
     def install(self) -> Installation:
-        """Where hooks and attribute swaps go (undone by ``handle.remove()``)."""
-        return self.handle.install
+        """Where hooks and attribute swaps go (undone by ``handle.remove()``; once removed, a hook does
+        nothing and a replaced method runs the original)."""
+        return self.family.installation
 
     @property
-    def active(self) -> bool:
-        return not self.handle.removed
-
-    @property
-    def batch(self) -> BatchState:
-        """The handle's per-batch state, which the hooks fill and the head and ``end_batch`` read."""
-        return self.handle.batch
-
-    def query_seen(self, features: Tensor) -> None:
-        """Query features of a forward: router statistics in training, routing at inference."""
-        if self.handle.router is None:
-            return
-        if self.handle.training:
-            self.handle.record_query(features)
-        else:
-            self.batch.eval_query = features.detach()
-
-    def batch_seen(self, size: int) -> None:
-        """A training forward of ``size`` samples (the default batch size of ``end_batch``)."""
-        if self.handle.training:
-            self.handle.record_batch_size(size)
-
-    def banks_seen(self, banks: Optional[Tensor]) -> None:
-        """Ensemble banks of a forward: moved after the optimizer step (training), ensembled (inference)."""
-        if banks is None or self.handle.ensemble is None:
-            return
-        if self.handle.training:
-            self.handle.record_trained_banks(banks.reshape(-1).long())
-        else:
-            self.batch.eval_banks = banks.detach().reshape(-1).long()
-
-    def pop_query(self, size: Optional[int]) -> Tensor:
-        """Router features of the current inference forward (``size``: the routed call's samples, checked)."""
-        query, self.batch.eval_query = self.batch.eval_query, None
-        if query is None:
-            raise RuntimeError(
-                f"{self.caller}: the router is on but no query features were recorded before "
-                f"the routing module ran at inference ({self.handle.query_source} did not run first in this "
-                "forward); run it before the model (or pass the query through the route module's call)"
-            )
-        if size is not None and query.shape[0] != size:
-            raise RuntimeError(
-                f"{self.caller}: the recorded query features hold {query.shape[0]} samples but "
-                f"the routed call has {size}; run the query module on the same batch right before the model"
-            )
-        return query
-
-    def pop_banks(self, size: int) -> Union[int, Tensor]:
-        """Banks of the current inference forward; the active bank when none were recorded."""
-        banks, self.batch.eval_banks = self.batch.eval_banks, None
-        if banks is None or banks.shape[0] != size:
-            banks = int(self.handle.ensemble.active_expert)
-        self.handle.observed.banks = banks
-        return banks
-
-    def route(self, features: Tensor) -> Optional[Tensor]:
-        """Routed expert ids at inference, ``None`` when the router is off, not fitted or removed."""
-        if self.handle.training or not self.handle.routing_active():
-            return None
-        return self.handle.route(features).to(features.device)
+    def record(self) -> Record:
+        """What the hooks write: the stream batch, the forward in progress, what the model used."""
+        return self.handle.record
 
     # ------------------------------------------------------------------------------ the head swap
     def replace_head(
@@ -173,42 +120,45 @@ class Layout:
         The default scorer ensembles the banks the forward recorded with ``handle.logit_mask``;
         ``is_training`` (default: the model's mode) tells when the online head answers instead.
         """
-        ensemble = self.handle.ensemble
+        handle, ensemble = self.handle, self.handle.ensemble
         if scorer is None:
             def scorer(x: Tensor) -> Tensor:
-                return ensemble_scores(ensemble, x, self.pop_banks(x.shape[0]), self.handle.logit_mask)
-        wrapper = EnsembleLinear(ensemble.online, shared(scorer), shared(is_training) or (lambda: self.handle.training))
-        self.install.set_attribute(parent, name, wrapper)
-        return wrapper
+                return ensemble_scores(ensemble, x, handle.record.pop_banks(x.shape[0]), handle.logit_mask)
+        training = is_training or (lambda: handle.record.training)
+        self.install.set_attribute(parent, name, EnsembleLinear(ensemble.online, shared(scorer), shared(training)))
 
     # ---------------------------------------------------------------------------- query sources
     def query_class_token(self, backbone: nn.Module) -> None:
         """Router features: the prompt-free class token of ``backbone``, run by the retrofit on the model's
         input when the loop did not run it (the query of S-Prompts and CODA-Prompt)."""
         token = ClassToken(backbone)
-        self.handle.query_source = "the prompt-free class token of model.backbone.forward_features (run by the retrofit)"
         self.run_query_when_missing(token)  # registered first: its pre-hook runs before a routing one
         self.read_query(token, lambda features: features)
+        self.record.query_source = "the prompt-free class token of model.backbone.forward_features (run by the " \
+            "retrofit)"
 
-    def read_query(self, module: nn.Module, query_from_output: Callable[[Any], Tensor]) -> None:
-        """Router features: ``query_from_output`` of each forward of ``module``."""
-        def record(mod: nn.Module, args: Any, output: Any) -> None:
-            if self.active:
-                self.query_seen(query_from_output(output))
+    def read_query(self, module: nn.Module, query_from_output: Callable[[Any], Tensor], what: str = "") -> None:
+        """Router features: ``query_from_output`` of each forward of ``module`` (``what``: the option that
+        named it, for messages)."""
+        record = self.record
 
-        self.install.forward_hook(module, record)
+        def seen(mod: nn.Module, args: Any, output: Any) -> None:
+            record.seen(query=query_from_output(output))
+
+        self.install.forward_hook(module, seen)
+        record.query_source = f"the forward of {type(module).__name__}" + (f" ({what})" if what else "")
 
     def run_query_when_missing(self, query_module: nn.Module) -> None:
         """Run ``query_module`` on the model's input, under ``no_grad``, when a forward of the model needs a
         query nobody recorded: the first training forward of a stream batch, or a routed inference call
         whose loop did not run it first. A loop that runs it itself pays nothing."""
-        handle = self.handle
+        record = self.record
 
         def before(mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> None:
-            if not self.active or handle.router is None:
+            if record.handle.router is None:
                 return
-            missing = handle.batch.query is None if handle.training else (
-                handle.routing_active() and self.batch.eval_query is None
+            missing = record.query is None if record.training else (
+                record.routing_active() and record.eval_query is None
             )
             images = first_tensor(args, kwargs)
             if missing and images is not None:
@@ -229,38 +179,41 @@ class Layout:
         ``query_from_call`` reads the router features from the call itself (else a query source ran
         first); ``banks_follow_routing``: the ensemble banks are the routed experts; ``used_from_output``
         maps the module's output to the experts it actually used, checked against the routed ones
-        (:meth:`Retrofit.note_routed`).
+        (:meth:`Record.used_by_routed`).
         """
         callee = f"{type(module).__name__}.forward"
         self.family.require_keyword(module.forward, keyword, callee=callee)
-        injection = _KeywordRoute(self, keyword, value, query_from_call, banks_follow_routing)
+        injection = _KeywordRoute(self.record, keyword, value, query_from_call, banks_follow_routing)
         self.install.forward_pre_hook(module, injection.before, with_kwargs=True)
         if used_from_output is not None:
+            record = self.record
+
             def after(mod: nn.Module, args: Any, output: Any) -> None:
-                injected, self.batch.injected = self.batch.injected, None
-                if injected is not None and self.active and self.handle.wants_observation:
-                    self.handle.note_routed(injected, used_from_output(output), callee)
+                injected, record.injected = record.injected, None
+                if injected is not None and record.wants_observation:
+                    record.used_by_routed(injected, used_from_output(output), callee)
 
             self.install.forward_hook(module, after)
 
     # ------------------------------------------------------------------------------------ the banks
     def count_batches(self, module: nn.Module) -> None:
         """Record the size of ``module``'s training calls (first tensor argument) for ``end_batch``."""
+        record = self.record
+
         def before(mod: nn.Module, args: Tuple[Any, ...]) -> None:
-            if self.active and args and isinstance(args[0], Tensor) and args[0].ndim > 0:
-                self.batch_seen(args[0].shape[0])
+            if args and isinstance(args[0], Tensor) and args[0].ndim > 0 and record.training:
+                record.seen(args[0].shape[0])
 
         self.install.forward_pre_hook(module, before)
 
     def read_banks(self, module: nn.Module, bank_from_call: BankFromCall) -> None:
         """The banks of each call of ``module``: ``bank_from_call(module, args, kwargs, output)`` (and the
         size of its training calls)."""
+        record = self.record
+
         def after(mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], output: Any) -> None:
-            if self.active:
-                first = args[0] if args and isinstance(args[0], Tensor) else None
-                if first is not None and first.ndim > 0:
-                    self.batch_seen(first.shape[0])
-                self.banks_seen(bank_from_call(mod, args, kwargs, output))
+            first = args[0] if args and isinstance(args[0], Tensor) and args[0].ndim > 0 else None
+            record.seen(None if first is None else first.shape[0], banks=bank_from_call(mod, args, kwargs, output))
 
         self.install.forward_hook(module, after, with_kwargs=True)
 
@@ -269,45 +222,44 @@ class _KeywordRoute:
     """The pre-hook of :meth:`Layout.route_keyword`: reads the query (from the call, if asked) and
     injects the routed experts as a keyword at inference."""
 
-    def __init__(self, layout: Layout, keyword: str, value: Optional[RouteValue],
+    def __init__(self, record: Record, keyword: str, value: Optional[RouteValue],
                  query_from_call: Optional[QueryFromCall], banks_follow_routing: bool) -> None:
-        self.layout, self.keyword, self.value = layout, keyword, value
+        self.record, self.keyword, self.value = record, keyword, value
         self.query_from_call, self.banks_follow_routing = query_from_call, banks_follow_routing
 
     def query(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tensor]:
         """The routed call's router features; ``None`` when this call is not routed (training, or not fitted)."""
-        layout, handle = self.layout, self.layout.handle
+        record = self.record
         if self.query_from_call is not None:
             query = self.query_from_call(module, args, kwargs)
             if query is None:
                 raise RuntimeError(
-                    f"{layout.caller}: no query features in the call of "
+                    f"{record.caller}: no query features in the call of "
                     f"{type(module).__name__}; pass query_module=... to read them elsewhere"
                 )
-            if handle.training:
-                handle.record_query(query)
+            if record.training:
+                record.seen(query=query)
                 return None
             return query
-        if handle.training:
+        if record.training:
             return None
-        if not handle.routing_active():
-            layout.batch.eval_query = None
+        if not record.routing_active():
+            record.eval_query = None
             return None
         first = args[0] if args and isinstance(args[0], Tensor) else None
-        return layout.pop_query(None if first is None else first.shape[0])
+        return record.pop_query(None if first is None else first.shape[0])
 
     def before(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        layout = self.layout
-        layout.batch.injected = None
-        if not layout.active or layout.handle.router is None:
+        record = self.record
+        record.injected = None
+        if record.handle.router is None:
             return None
         query = self.query(module, args, kwargs)
-        experts = None if query is None else layout.route(query)
+        experts = None if query is None else record.route(query)
         if experts is None:
             return None
         if self.banks_follow_routing:
-            layout.batch.eval_banks = experts
-        layout.batch.injected = experts
-        layout.handle.observed.routed = experts
+            record.eval_banks = experts
+        record.injected = experts
         value = experts if self.value is None else self.value(experts, module, args, kwargs)
         return args, {**kwargs, self.keyword: value}

@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 QueryFromOutput = Optional[Callable[[Any], Tensor]]
+#: what a Si-Blurry-lineage pool records of its latest call (FlyGCL), put back for the whole batch after a routed call
+_SELECTIONS = ("last_selected_indices", "last_topk")
 
 
 @dataclasses.dataclass
@@ -170,21 +172,19 @@ class PromptMaskPool(Layout):
 
     def observe(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
         """The banks of a call (and, in training, the expert it trained)."""
-        handle = self.family.handle
         used = self.used_expert(output)
-        if used is not None and handle.training and self.slots.ties_training:
-            handle.note_trained(used)
+        if used is not None and self.record.training and self.slots.ties_training:
+            self.record.seen(trained=used)
         slot = self.first_slot(output)
         return None if slot is None else self.slots.bank_of_slot[slot]
 
     def install_hooks(self) -> None:
-        handle, slots = self.handle, self.slots
+        slots = self.slots
         if self.options.router:
             if slots.query_module is not None:
-                handle.query_source = f"the forward of {type(slots.query_module).__name__} (query_module)"
-                self.read_query(slots.query_module, slots.query_from_output or default_query)
+                self.read_query(slots.query_module, slots.query_from_output or default_query, "query_module")
             else:
-                handle.query_source = f"the cls_features of the {type(self.prompt).__name__} calls"
+                self.record.query_source = f"the cls_features of the {type(self.prompt).__name__} calls"
             self.route_keyword(
                 self.prompt, "prompt_mask", value=self.prompt_mask,
                 query_from_call=None if slots.query_module is not None else router_query_of_call,
@@ -284,37 +284,34 @@ class KeyPool(Layout):
         return plan
 
     def install_hooks(self) -> None:
-        handle, query_module = self.handle, self.slots.query_module
+        query_module = self.slots.query_module
         if self.options.router and query_module is not None:
-            handle.query_source = f"the forward of {type(query_module).__name__} (query_module)"
-            self.read_query(query_module, self.slots.query_from_output or default_query)
+            self.read_query(query_module, self.slots.query_from_output or default_query, "query_module")
         elif self.options.router:
-            handle.query_source = f"the query argument of the {self.callee} calls"
+            self.record.query_source = f"the query argument of the {self.callee} calls"
         parameters = list(inspect.signature(self.original).parameters)
         self.query_name = parameters[0] if parameters else "query"
         self.install.set_attribute(self.pool, "forward", self.forward)
 
     # --------------------------------------------------------------------------------- the wrapper
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        handle = self.handle
-        if not self.active:
-            return self.original(*args, **kwargs)
+        record = self.record
         if args:
             query, args = args[0], args[1:]
         else:
             query = kwargs.pop(self.query_name)
-        if handle.training:
+        if record.training:
             return self.train_forward(query, args, kwargs)
         router = self.options.router
         if router and self.slots.query_module is not None:
-            features = self.pop_query(query.shape[0]) if handle.routing_active() else None
-            self.batch.eval_query = None
+            features = record.pop_query(query.shape[0]) if record.routing_active() else None
+            record.eval_query = None
         else:
             features = query if router else None
-        experts = None if features is None else self.route(features)
+        experts = None if features is None else record.route(features)
         if experts is None:
             output, slots, _ = self.call(query, args, kwargs)
-            self.banks_seen(self.slots.bank_of_slot[slots])
+            record.seen(banks=self.slots.bank_of_slot[slots])
             return output
         return self.routed_forward(query, experts, kwargs)
 
@@ -335,39 +332,37 @@ class KeyPool(Layout):
 
     def train_forward(self, query: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         expert_of_slot = self.slots.expert_of_slot
-        self.batch_seen(query.shape[0])
-        if self.slots.query_module is None:
-            self.query_seen(query)
         output, slots, start = self.call(query, args, kwargs)
+        trained = None
         if self.slots.ties_training:
             trained = torch.full_like(slots, int(expert_of_slot[start])) if start is not None else expert_of_slot[slots]
-            self.handle.note_trained(trained)
-        self.banks_seen(self.slots.bank_of_slot[slots])
+        self.record.seen(query.shape[0], query=query if self.slots.query_module is None else None,
+                         banks=self.slots.bank_of_slot[slots], trained=trained)
         return output
 
     def routed_forward(self, query: Tensor, experts: Tensor, kwargs: Dict[str, Any]) -> Any:
-        handle = self.handle
+        record = self.record
         rest = {k: v for k, v in kwargs.items() if k not in ("s", "e")}
-        parts, rows, slot_parts, records = [], [], [], {}
+        parts, rows, slot_parts = [], [], []
+        selections: List[List[Tensor]] = [[] for _ in _SELECTIONS]
         for expert, index in expert_groups(experts):
             start, end = self.spans[expert]
             output, slots, _ = self.call(query[index], (), {**rest, "s": start, "e": end})
             parts.append(output)
             rows.append(index)
             slot_parts.append(slots)
-            for name in ("last_selected_indices", "last_topk"):
+            for name, values in zip(_SELECTIONS, selections):
                 value = getattr(self.pool, name, None)
                 if isinstance(value, Tensor):
-                    records.setdefault(name, []).append(value)
+                    values.append(value)
         merged = merge_groups(parts, rows)
-        for name, values in records.items():
-            if len(values) == len(rows):
+        for name, values in zip(_SELECTIONS, selections):
+            if len(values) == len(rows):  # the pool's record of its latest call, for the whole batch
                 setattr(self.pool, name, merge_groups(values, rows))
         if self.options.ensemble:
-            self.banks_seen(self.slots.bank_of_slot[merge_groups(slot_parts, rows)])
-        handle.observed.routed = experts
-        if handle.wants_observation:
-            handle.note_routed(experts, self.used_experts(merged, experts), self.callee)
+            record.seen(banks=self.slots.bank_of_slot[merge_groups(slot_parts, rows)])
+        if record.wants_observation:
+            record.used_by_routed(experts, self.used_experts(merged, experts), self.callee)
         return merged
 
     def used_experts(self, output: Any, experts: Tensor) -> Optional[Tensor]:

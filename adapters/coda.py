@@ -97,28 +97,23 @@ class _Windows(Layout):
         saved = model.task_count
         model.task_count = int(expert)  # the attribute the model's forward reads its window from
         try:
-            self.batch.eval_banks = torch.full((inputs.shape[0],), int(expert), dtype=torch.long, device=inputs.device)
+            self.record.seen(banks=torch.full((inputs.shape[0],), int(expert), dtype=torch.long, device=inputs.device))
             return self.original(inputs, *args, **kwargs)
         finally:
             model.task_count = saved
 
     def forward(self, inputs: Tensor, *args: Any, **kwargs: Any) -> Any:
-        handle = self.handle
-        if not self.active:
-            return self.original(inputs, *args, **kwargs)
-        if handle.training:
-            self.batch_seen(inputs.shape[0])
+        record = self.record
+        if record.training:
             current = torch.full((inputs.shape[0],), int(self.model.task_count), dtype=torch.long, device=inputs.device)
-            handle.note_trained(current)
-            self.banks_seen(current)
+            record.seen(inputs.shape[0], banks=current, trained=current)
             return self.original(inputs, *args, **kwargs)
         experts = None
-        if self.options.router and handle.routing_active():
-            experts = self.route(self.pop_query(inputs.shape[0]))
-        self.batch.eval_query = None
+        if self.options.router and record.routing_active():
+            experts = record.route(record.pop_query(inputs.shape[0]))
+        record.eval_query = None
         if experts is None:
             return self.windowed(inputs, int(self.model.task_count), *args, **kwargs)
-        handle.observed.routed = experts
         parts, rows = [], []
         for expert, index in expert_groups(experts):
             parts.append(self.windowed(inputs[index], expert, *args, **kwargs))

@@ -101,10 +101,9 @@ class _Seams(Layout):
 
     def install_hooks(self) -> None:
         if self.options.router:
-            self.handle.query_source = f"the forward of {type(self.query_module).__name__} (query_module)"
             self.route_keyword(self.route_module, self.route_kwarg, value=self.route_value,
                                banks_follow_routing=self.bank_from_output is None)
-            self.read_query(self.query_module, self.query_from_output)
+            self.read_query(self.query_module, self.query_from_output, "query_module")
         if not self.options.ensemble:
             return
         bank_from_output = self.bank_from_output

@@ -20,7 +20,7 @@ Minhchuyentoancbn/MoE_PromptCL) and FlyGCL's port. The routed task replaces the 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -133,19 +133,16 @@ class _Official(Layout):
 
     def observe(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
         """The task a call used: trained (training) or its ensemble bank (inference)."""
-        handle = self.handle
-        used = self.used_task(output)
-        if used is not None and handle.training:
-            handle.note_trained(used)
-        return None if handle.training else used
+        used, training = self.used_task(output), self.record.training
+        if used is not None and training:
+            self.record.seen(trained=used)
+        return None if training else used
 
     def install_hooks(self) -> None:
         if self.options.router:
-            self.handle.query_source = \
-                f"the forward of {type(self.query_module).__name__} (original_model / query_module)"
             if self.run_query_module:
                 self.run_query_when_missing(self.query_module)
-            self.read_query(self.query_module, self.query_from_output)
+            self.read_query(self.query_module, self.query_from_output, "original_model / query_module")
             self.route_keyword(self.prompt, "prompt_idx", value=lambda experts, *call: experts.unsqueeze(1),
                                used_from_output=self.used_task)
         self.read_banks(self.prompt, self.observe)
@@ -163,14 +160,27 @@ def _task_tensor(task_id: Any, batch: int, device: torch.device) -> Optional[Ten
     return None
 
 
-class _PrefixModel(Layout):
-    """Wraps ``forward_gate`` (its ``h`` is the query) and ``forward_prompt`` (the task is routed at
-    inference; the banks follow the task used) as instance attributes, undone by ``remove()``.
+@dataclasses.dataclass
+class _PromptCall:
+    """The prefix and expert models' part of the record: the running ``forward_prompt`` call.
 
     Attributes:
         in_prompt: a ``forward_prompt`` call is running (the ensembled head answers only inside one).
         prefix_task: the ``(B,)`` task the running call built its prefixes from (what the branch hands
             to ``backbone.forward_features``), ``None`` until seen.
+        kept: the expert models' shared prompt-free pass, kept for its second reader (:class:`SharedPass`).
+    """
+
+    in_prompt: bool = False
+    prefix_task: Optional[Tensor] = None
+    kept: Optional[Tuple[Any, ...]] = None
+
+
+class _PrefixModel(Layout):
+    """Wraps ``forward_gate`` (its ``h`` is the query) and ``forward_prompt`` (the task is routed at
+    inference; the banks follow the task used) as instance attributes, undone by ``remove()``.
+
+    Its part of the record is a :class:`_PromptCall` (:attr:`call`).
     """
 
     def __init__(self, family: HiDe, run_query_module: bool) -> None:
@@ -179,8 +189,6 @@ class _PrefixModel(Layout):
         model = self.model
         self.gate, self.prompt = model.forward_gate, model.forward_prompt
         self.callee = f"{type(model).__name__}.forward_prompt"
-        self.in_prompt = False
-        self.prefix_task: Optional[Tensor] = None
         self.features: Optional[Callable[..., Any]] = None
 
     @classmethod
@@ -198,10 +206,16 @@ class _PrefixModel(Layout):
         num_experts = self.family.count_experts(num_experts, getattr(model, "task_num", None), "tasks")
         return Plan(head=(model, "prompt_head"), num_experts=num_experts, layout=self)
 
+    @property
+    def call(self) -> _PromptCall:
+        """This layout's part of the record: the running ``forward_prompt`` call."""
+        return self.record.own
+
     def install_hooks(self) -> None:
         model = self.model
+        self.record.own = _PromptCall()
         if self.options.router:
-            self.handle.query_source = f"the gate features h of {type(model).__name__}.forward_gate"
+            self.record.query_source = f"the gate features h of {type(model).__name__}.forward_gate"
             self.install.set_attribute(model, "forward_gate", self.forward_gate)
         features = getattr(getattr(model, "backbone", None), "forward_features", None)
         if callable(features) and {"use_prefix", "task_id"} <= named_parameters(features):
@@ -212,63 +226,56 @@ class _PrefixModel(Layout):
     def swap_head(self) -> None:
         # The ensemble answers inside forward_prompt at inference only: FlyGCL's classifier alignment
         # trains prompt_head directly with the model in eval mode, which must reach the online head.
-        handle = self.handle
-        self.replace_head(self.model, "prompt_head",
-                                 is_training=lambda: handle.training or not self.in_prompt)
+        record = self.record
+        self.replace_head(self.model, "prompt_head", is_training=lambda: record.training or not record.own.in_prompt)
 
     def forward_gate(self, *args: Any, **kwargs: Any) -> Any:
         output = self.gate(*args, **kwargs)
-        if self.active and isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Tensor):
-            self.query_seen(output[1])
+        if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Tensor):
+            self.record.seen(query=output[1])
         return output
 
     def forward_features(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
         use_prefix = kwargs.get("use_prefix", args[0] if args else False)
-        if self.active and use_prefix:
-            self.prefix_task = _task_tensor(kwargs.get("task_id", args[1] if len(args) > 1 else None),
+        if use_prefix:
+            self.call.prefix_task = _task_tensor(kwargs.get("task_id", args[1] if len(args) > 1 else None),
                                             x.shape[0], x.device)
         return self.features(x, *args, **kwargs)
 
     def routed(self, x: Tensor) -> Optional[Tensor]:
         """The routed tasks of an inference call (``None``: not routed)."""
-        handle = self.handle
-        if not self.options.router or handle.training or not handle.routing_active():
-            self.batch.eval_query = None
+        record = self.record
+        if not self.options.router or record.training or not record.routing_active():
+            record.eval_query = None
             return None
-        if self.batch.eval_query is None and self.run_query_module:
+        if record.eval_query is None and self.run_query_module:
             with torch.no_grad():
-                self.batch.eval_query = self.gate(x)[1].detach()  # the loop did not run the gate first
-        return self.route(self.pop_query(x.shape[0]))
+                record.eval_query = self.gate(x)[1].detach()  # the loop did not run the gate first
+        return record.route(record.pop_query(x.shape[0]))
 
     def forward_prompt(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
-        handle = self.handle
-        if not self.active:
-            return self.prompt(x, *args, **kwargs)
+        record, call = self.record, self.call
         experts = self.routed(x)
         if experts is not None:
             if args:
                 args = (experts, *args[1:])
             else:
                 kwargs["task_id"] = experts
-            handle.observed.routed = experts
         task_id = args[0] if args else kwargs.get("task_id")
-        if not handle.training:  # the ensemble head answers inside the call: its banks must be set before it
-            self.banks_seen(_task_tensor(task_id, x.shape[0], x.device))
-        self.prefix_task, self.in_prompt = None, True
+        if not record.training:  # the ensemble head answers inside the call: its banks must be set before it
+            record.seen(banks=_task_tensor(task_id, x.shape[0], x.device))
+        call.prefix_task, call.in_prompt = None, True
         try:
             output = self.prompt(x, *args, **kwargs)
         finally:
-            self.in_prompt = False
-        used, self.prefix_task = self.prefix_task, None
+            call.in_prompt = False
+        used, call.prefix_task = call.prefix_task, None
         if used is None:
             used = _task_tensor(task_id, x.shape[0], x.device)
-        if handle.training:
-            self.batch_seen(x.shape[0])
-            if used is not None:
-                handle.note_trained(used)
-            self.banks_seen(used)  # moved after the optimizer step
-        elif experts is not None and handle.wants_observation:
-            handle.note_routed(experts, used, self.callee)
+        if record.training:
+            record.seen(x.shape[0], banks=used, trained=used)  # the banks move after the optimizer step
+        elif experts is not None and record.wants_observation:
+            record.used_by_routed(experts, used, self.callee)
         return output
 
 
@@ -307,10 +314,11 @@ class _ExpertModel(_PrefixModel):
         return super().plan(num_experts)
 
     def install_hooks(self) -> None:
+        self.record.own = _PromptCall()
         if self.options.router:
-            self.handle.query_source = "the prompt-free class token of model.backbone.forward_features (the pass " \
+            self.record.query_source = "the prompt-free class token of model.backbone.forward_features (the pass " \
                 "of forward_gate, or one run by the retrofit)"
-            self.shared = SharedPass(self.backbone)
+            self.shared = SharedPass(self.backbone, self.call)
             self.install.set_attribute(self.backbone, "forward_features", self.forward_features)
             self.install.add_undo(self.shared.clear)
         self.install.forward_pre_hook(self.experts, self.experts_called, with_kwargs=True)
@@ -319,17 +327,17 @@ class _ExpertModel(_PrefixModel):
     def experts_called(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """``experts(backbone, inputs, expert_ids)``: the tasks the running call really uses."""
         ids = kwargs.get("expert_ids", args[2] if len(args) > 2 else None)
-        if self.active and self.in_prompt and isinstance(ids, Tensor):
-            self.prefix_task = ids.detach().reshape(-1).long()
+        if self.call.in_prompt and isinstance(ids, Tensor):
+            self.call.prefix_task = ids.detach().reshape(-1).long()
 
     def forward_features(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
         """The backbone's prompt-free pass (the gate's): the retrofit's when it ran it for this very call;
         kept for a ``forward_prompt`` that follows and needs the router features (routed inference, or a
         stream batch's first training forward in a loop that runs the gate first)."""
-        handle = self.handle
-        if not self.active or args or kwargs or not isinstance(x, Tensor):
+        record = self.record
+        if args or kwargs or not isinstance(x, Tensor):
             return self.shared.features(x, *args, **kwargs)
-        return self.shared.run(x, keep=handle.batch.query is None if handle.training else handle.routing_active())
+        return self.shared.run(x, keep=record.query is None if record.training else record.routing_active())
 
     def query(self, x: Tensor, *, keep: bool) -> Tensor:
         """The router features of ``x``, from the shared pass (kept for the gate's call when ``keep``)."""
@@ -337,15 +345,15 @@ class _ExpertModel(_PrefixModel):
             return class_token(self.shared.run(x, keep=keep)).detach().clone()
 
     def routed(self, x: Tensor) -> Optional[Tensor]:
-        handle = self.handle
-        if not self.options.router or handle.training or not handle.routing_active():
+        record = self.record
+        if not self.options.router or record.training or not record.routing_active():
             return None
-        return self.route(self.query(x, keep=False))
+        return record.route(self.query(x, keep=False))
 
     def forward_prompt(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
-        handle = self.handle
-        if self.active and self.options.router and handle.training and handle.batch.query is None:
-            self.query_seen(self.query(x, keep=True))  # the stream batch's first training forward
+        record = self.record
+        if self.options.router and record.training and record.query is None:
+            record.seen(query=self.query(x, keep=True))  # the stream batch's first training forward
         return super().forward_prompt(x, *args, **kwargs)
 
 

@@ -114,11 +114,17 @@ class _QueryPass(Layout):
                  query_index: int) -> None:
         super().__init__(family)
         self.backbone, self.router_features, self.key_name = backbone, router_features, key_name
-        self.query_index, self.call = query_index, _Forward()
+        self.query_index = query_index
         self.original_features: Callable[..., Any] = family.model.forward_features
 
+    @property
+    def call(self) -> _Forward:
+        """This layout's part of the record: what one ``forward_features`` call hands to the next hook."""
+        return self.record.own
+
     def install_hooks(self) -> None:
-        self.handle.query_source = f"the query pass inside {type(self.model).__name__}.forward_features (training mode)"
+        self.record.own = _Forward()
+        self.record.query_source = f"the query pass inside {type(self.model).__name__}.forward_features (training mode)"
         self.install.forward_hook(self.backbone.blocks[self.query_index], self.on_query_block)
         self.install.set_attribute(self.model, "forward_features", self.forward_features)
 
@@ -142,58 +148,54 @@ class _QueryPass(Layout):
         return self.backbone.norm(tokens[:, :1])[:, 0]
 
     def on_query_block(self, block: nn.Module, args: Any, output: Tensor) -> Optional[Tensor]:
-        call, handle, ensemble = self.call, self.handle, self.options.ensemble
-        if not call.armed or not self.active:
+        call, record, ensemble = self.call, self.record, self.options.ensemble
+        if not call.armed:
             return None
         call.armed = False
         query = output[:, 0]
         # The router keeps the first training query of a stream batch: later online iterations skip the extra block.
-        recorded = handle.training and handle.batch.query is not None
+        recorded = record.training and record.query is not None
         features = self.router_input(output) if self.options.router and not recorded else None
-        if handle.training:
+        if record.training:
             if features is not None:
-                self.query_seen(features)
+                record.seen(query=features)
             if ensemble and not isinstance(getattr(self.model, "count", None), Tensor):
                 call.selection = self.own_selection(query.detach())
             return None
-        experts = self.route(features) if features is not None else None
+        experts = record.route(features) if features is not None else None
         if experts is None:
             call.selection = self.own_selection(query.detach()) if ensemble else None
             return None
         call.selection = experts
-        handle.observed.routed = experts
         crafted = output.clone()
         crafted[:, 0] = getattr(self.model, self.key_name).detach()[experts].to(output.dtype)
         return crafted
 
     def forward_features(self, *args: Any, **kwargs: Any) -> Any:
-        call, handle, ensemble = self.call, self.handle, self.options.ensemble
-        if not self.active:
-            return self.original_features(*args, **kwargs)
+        call, record, ensemble = self.call, self.record, self.options.ensemble
         count = getattr(self.model, "count", None)
-        before = count.detach().clone() if handle.training and ensemble and isinstance(count, Tensor) else None
+        before = count.detach().clone() if record.training and ensemble and isinstance(count, Tensor) else None
         call.armed, call.selection = True, None
         try:
             output = self.original_features(*args, **kwargs)
         finally:
             call.armed = False
-        if handle.training:
+        if record.training:
             images = args[0] if args else next(iter(kwargs.values()), None)
-            if isinstance(images, Tensor):
-                self.batch_seen(images.shape[0])
+            grown = None
             if ensemble:
                 grown = (self.model.count - before > 0).nonzero().squeeze(1) if before is not None else call.selection
-                self.banks_seen(grown)
+            record.seen(images.shape[0] if isinstance(images, Tensor) else None, banks=grown)
         elif ensemble:
             call.mvp_mask = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-            self.batch.eval_banks = None if call.selection is None else call.selection.reshape(-1).long()
+            record.eval_banks = None if call.selection is None else call.selection.reshape(-1).long()
         return output
 
     # -------------------------------------------------------------------------------------- the head
     def swap_head(self) -> None:
         """The head keeps its input at inference; the model's output is replaced by the ensemble of the
         members, multiplied by MVP's class mask (a per-sample transform the head alone cannot see)."""
-        self.replace_head(*self.plan.head, scorer=self.keep_input)
+        self.replace_head(*self.family.plan.head, scorer=self.keep_input)
         self.install.forward_hook(self.model, self.ensemble_output)
 
     def keep_input(self, x: Tensor) -> Tensor:
@@ -202,13 +204,13 @@ class _QueryPass(Layout):
 
     def ensemble_output(self, module: nn.Module, args: Any, output: Tensor) -> Optional[Tensor]:
         call, handle = self.call, self.handle
-        if not self.active or handle.training:
+        if handle.record.training:
             return None
         features, call.head_input = call.head_input, None
         mvp_mask, call.mvp_mask = call.mvp_mask, None
         if features is None:
             return None
-        banks = self.pop_banks(features.shape[0])
+        banks = handle.record.pop_banks(features.shape[0])
         transform = None
         if getattr(self.model, "use_mask", False) and isinstance(mvp_mask, Tensor):
             scale = mvp_mask.reshape(features.shape[0], -1).unsqueeze(1)

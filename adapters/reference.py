@@ -77,32 +77,28 @@ class Reference(AdapterFamily):
         )
 
 
-
 class _Contract(Layout):
     """The declared seams: a hook reading each training forward's output, a pre-hook routing inference, and
     ``predict`` replaced by the ensemble of each sample's bank."""
 
     def install_hooks(self) -> None:
-        self.handle.query_source = f"the forward of {type(self.model).__name__} (its frozen query pass)"
-        self.install.forward_hook(self.model, self.record, with_kwargs=True)
+        self.install.forward_hook(self.model, self.training_forward, with_kwargs=True)
         if self.handle.router is not None:
             self.install.forward_pre_hook(self.model, self.route_at_inference, with_kwargs=True)
+        self.record.query_source = f"the forward of {type(self.model).__name__} (its frozen query pass)"
 
-    def record(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        handle = self.handle
-        if module.training and not handle.removed:
-            handle.record_query(output.query.router)
-            handle.record_trained_banks(module.bank_of(output.selection))
+    def training_forward(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if module.training:
+            self.record.seen(query=output.query.router, banks=module.bank_of(output.selection))
 
     def route_at_inference(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
-        handle = self.handle
-        if module.training or kwargs.get("expert") is not None or not handle.routing_active():
+        record = self.record
+        if module.training or kwargs.get("expert") is not None or not record.routing_active():
             return None
         query = kwargs.get("query")
         if query is None:
             query = module.compute_query(args[0] if args else kwargs["x"])
-        experts = handle.route(query.router)
-        handle.observed.routed = experts
+        experts = record.route(query.router)
         return args, {**kwargs, "query": query, "expert": experts}
 
     def swap_head(self) -> None:
@@ -113,7 +109,7 @@ class _Contract(Layout):
         def predict(model: nn.Module, x: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
             output = model(x)  # through the hooks: routed by the pre-hook when the router is on
             banks = model.bank_of(output.selection)
-            handle.observed.banks = banks
+            handle.record.ensembled = banks
             members = model.transform_logits(ensemble.member_logits(output.features, banks), output.selection)
             if logit_mask is not None:
                 members = members + (logit_mask.unsqueeze(1) if logit_mask.ndim == 2 else logit_mask)

@@ -62,13 +62,9 @@ class _TaskCount(Layout):
         """Every sample of a call uses the task ``task_count``: its bank trains, or answers at inference
         (set before the call: the classifier runs inside it)."""
         images = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("inputs")
-        if not self.active or not isinstance(images, Tensor):
-            return
-        task = torch.full((images.shape[0],), int(module.task_count), dtype=torch.long, device=images.device)
-        if self.handle.training:
-            self.batch_seen(images.shape[0])
-            self.handle.note_trained(task)
-        self.banks_seen(task)
+        if isinstance(images, Tensor):
+            task = torch.full((images.shape[0],), int(module.task_count), dtype=torch.long, device=images.device)
+            self.record.seen(images.shape[0], banks=task, trained=task)
 
 
 retrofit = register_family(SDLoRA)

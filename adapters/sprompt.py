@@ -83,13 +83,13 @@ class _ExpertIds(Layout):
         used = _expert_ids(args, kwargs)
         if used is None:
             return None
-        handle = self.handle
-        if handle.training:
-            handle.note_trained(used)
+        record = self.record
+        if record.training:
+            record.seen(trained=used)
         else:
-            injected = self.batch.injected  # set by the routing pre-hook of this forward
-            if injected is not None and handle.wants_observation:
-                handle.note_routed(injected, used, f"{type(module).__name__}.forward")
+            injected = record.injected  # set by the routing pre-hook of this forward
+            if injected is not None and record.wants_observation:
+                record.used_by_routed(injected, used, f"{type(module).__name__}.forward")
         return used
 
 

@@ -218,7 +218,7 @@ def test_forcing_routes_the_given_experts_inside_the_block_only():
     assert seen == [None] and not handle.routing_active()  # the router holds no sample yet
     with handle.forcing(torch.tensor([1, 0, 1])):
         model(x)
-    assert seen[1].tolist() == [1, 0, 1] and handle.observed.routed.tolist() == [1, 0, 1]
+    assert seen[1].tolist() == [1, 0, 1] and handle.record.routed.tolist() == [1, 0, 1]
     with pytest.raises(ValueError, match="inside"), handle.forcing(1):
         assert handle.routing_active()
         raise ValueError("inside")
