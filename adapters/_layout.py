@@ -26,7 +26,7 @@ them), the installation makes a hook do nothing and a replaced method run the or
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -37,9 +37,6 @@ from ._options import RetrofitOptions
 from ._query import ClassToken, first_tensor
 from ._record import Record
 from ._restore import Installation, shared
-
-if TYPE_CHECKING:  # the family imports this module
-    from ._family import AdapterFamily, Plan
 
 __all__ = ["Layout"]
 
@@ -57,10 +54,10 @@ class Layout:
 
     Attributes:
         family: the :class:`~fly_modules.adapters.AdapterFamily` retrofitting the model (its ``model``,
-            ``options``, name and, once installed, ``handle``).
+            ``options``, name and, once installed, ``handle``; the family imports this module, not the reverse).
     """
 
-    def __init__(self, family: "AdapterFamily") -> None:
+    def __init__(self, family: Any) -> None:
         self.family = family
 
     # ------------------------------------------------------------------------------------ the protocol
@@ -69,7 +66,7 @@ class Layout:
         """Whether ``owner`` (the model, or the module the family looks at) has this layout."""
         return True
 
-    def check(self, plan: "Plan") -> "Plan":
+    def check(self, plan: Any) -> Any:
         """``plan`` with this layout's seam checks done (and the corrections it needs); nothing installed."""
         return plan
 
@@ -114,7 +111,7 @@ class Layout:
     def replace_head(
         self, parent: nn.Module, name: str, scorer: Optional[Callable[[Tensor], Tensor]] = None,
         is_training: Optional[Callable[[], bool]] = None,
-    ) -> EnsembleLinear:
+    ) -> None:
         """Replace ``parent.name`` by an :class:`EnsembleLinear` (undone by ``remove()``).
 
         The default scorer ensembles the banks the forward recorded with ``handle.logit_mask``;
@@ -125,7 +122,9 @@ class Layout:
             def scorer(x: Tensor) -> Tensor:
                 return ensemble_scores(ensemble, x, handle.record.pop_banks(x.shape[0]), handle.logit_mask)
         training = is_training or (lambda: handle.record.training)
-        self.install.set_attribute(parent, name, EnsembleLinear(ensemble.online, shared(scorer), shared(training)))
+        # A deep copy keeps the head; once the retrofit is removed its scorer answers None: the online head answers.
+        head = EnsembleLinear(ensemble.online, self.install.guarded(scorer, None), shared(training))
+        self.install.set_attribute(parent, name, head)
 
     # ---------------------------------------------------------------------------- query sources
     def query_class_token(self, backbone: nn.Module) -> None:

@@ -10,13 +10,10 @@ and a layout's own per-call state (:attr:`Record.own`). ``verify()`` snapshots i
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Set, Union
+from typing import Any, Iterator, List, Optional, Set, Union
 
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:  # the handle builds its record
-    from ._handle import Retrofit
 
 __all__ = ["Record"]
 
@@ -45,9 +42,11 @@ class Record:
         caller: ``fly_modules.adapters.<method>``, the method the user asked for, which starts every message.
         own: a layout's own per-call state (MVP's query pass, the prefix models' running call), snapshotted
             with the record.
+        handle: the :class:`~fly_modules.adapters.Retrofit` whose record this is (its router, ensemble,
+            model and removal; the handle imports this module, not the reverse).
     """
 
-    def __init__(self, handle: "Retrofit") -> None:
+    def __init__(self, handle: Any) -> None:
         self.handle = handle
         self.query: Optional[Tensor] = None
         self.size: Optional[int] = None

@@ -159,6 +159,12 @@ class Installation:
         if isinstance(obj, nn.Module):
             self._modules[id(obj)] = obj
 
+    def guarded(self, value: Callable[..., Any], original: Optional[Callable[..., Any]]) -> Callable[..., Any]:
+        """``value`` as a function that runs ``original`` instead (``None``: answers ``None``) once this
+        installation is removed (what every hook and replaced method goes through; a module that outlives
+        the removal in a deep copy of the model, such as an ensembled head, calls its scorer through it)."""
+        return _guarded(value, self, original)
+
     def add_undo(self, action: Callable[[], None]) -> None:
         self._undo.append(action)
 

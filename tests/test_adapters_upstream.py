@@ -356,6 +356,25 @@ def test_a_retrofitted_model_deep_copies_sharing_the_retrofits_functions(name):
     assert pairs and all(mine is theirs for mine, theirs in pairs)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_deep_copy_runs_the_original_model_once_the_retrofit_is_removed(name):
+    """A deep copy made while retrofitted keeps the hooks, wrappers and ensembled head; after remove() they
+    step aside (the installation decides, in one place) and the copy computes what the model computes."""
+    case = CASES[name]
+    model, original = case.build()
+    handle = adapt(case, model, original)
+    x, _ = batch(n=4)
+    model.eval()
+    with torch.no_grad():
+        case.forward(model, original, x)  # the attributes a forward leaves on the model exist in the copy too
+    copied = copy.deepcopy(model)
+    handle.remove()
+    with torch.no_grad():
+        expected, _ = case.forward(model, original, x)
+        logits, _ = case.forward(copied, original, x)
+    assert torch.equal(logits, expected)
+
+
 def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
     model = Tiny()
     head = model.head
