@@ -18,11 +18,12 @@ from fly_modules._validation import shared_default
 
 from ._family import AdapterFamily as AdapterFamily
 from ._family import Plan as Plan
-from ._handle import Observation as Observation
 from ._handle import Retrofit as Retrofit
 from ._head import EnsembleLinear as EnsembleLinear
+from ._layout import Layout as Layout
 from ._options import RetrofitOptions as RetrofitOptions
 from ._options import Schedule
+from ._record import Record as Record
 from ._registry import install, list_families
 from ._registry import register_family as register_family
 from ._seams import SeamError as SeamError
@@ -33,7 +34,7 @@ from .contract import SeamContract as SeamContract
 from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sdlora, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "AdapterFamily", "EnsembleLinear", "Observation", "Plan", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
+    "AdapterFamily", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
     "register_family", "retrofit",
 ]
 
@@ -69,7 +70,7 @@ def retrofit(
 
     Returns:
         the :class:`Retrofit` handle (``end_batch``, ``start_session``, ``start_expert``,
-        ``set_logit_mask``, ``verify``, ``state_dict``, ``remove``).
+        ``set_logit_mask``, ``verify``, ``state_dict``, ``remove``; ``record``: what its hooks recorded).
     """
     common = {name: value for name, value in locals().items() if name in RetrofitOptions.names()}
     return install(method, model, RetrofitOptions(**common), family_options)

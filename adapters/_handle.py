@@ -1,19 +1,18 @@
 """The handle every retrofit returns: the added modules, the per-batch call, checkpoints, verify, undo.
 
 It owns the added :class:`~fly_modules.AnalyticRouter` and :class:`~fly_modules.TemporalEnsembleHead`,
-the :class:`~fly_modules.adapters._restore.Installation` of hooks and the :class:`BatchState` the hooks
-fill. Families feed it through the ``record_*`` / ``note_*`` calls; the user's loop adds
-:meth:`Retrofit.end_batch` (and :meth:`Retrofit.start_session` when experts follow sessions).
+the :class:`~fly_modules.adapters._restore.Installation` of hooks and the
+:class:`~fly_modules.adapters._record.Record` the hooks fill (the families write the record, never the
+handle); the user's loop adds :meth:`Retrofit.end_batch` (and :meth:`Retrofit.start_session` when experts
+follow sessions).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import dataclasses
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn
@@ -23,10 +22,11 @@ from fly_modules._validation import InvalidParameterError, check_int
 
 from . import _verify
 from ._options import Schedule
+from ._record import Record
 from ._restore import MARKER, Installation
 from ._verify import VerifyReport
 
-__all__ = ["BatchState", "Observation", "Retrofit", "StepCounter", "live_retrofit"]
+__all__ = ["Retrofit", "StepCounter", "live_retrofit"]
 
 _STATE_FORMAT = 1
 
@@ -48,52 +48,6 @@ class StepCounter:
     def restore(self, value: int) -> None:
         """Set the attribute directly (a resumed model; the codebase's advance already ran before)."""
         setattr(self.model, self.attribute, int(value))
-
-
-@dataclasses.dataclass
-class BatchState:
-    """What the hooks recorded: for the stream batch in progress (training, until ``end_batch``) and for
-    the inference forward in progress. One object: ``verify()`` snapshots it whole, ``state_dict`` saves
-    the training part.
-
-    Attributes:
-        query: router features of the batch's first training forward (later online iterations see the
-            same images).
-        size: samples of the batch's first training forward (the default ``batch_size`` of ``end_batch``).
-        trained_banks: ensemble banks the latest training forward used (moved after the optimizer step).
-        ensemble_steps: EMA steps taken since the last ``end_batch``.
-        eval_query: router features of the inference forward (taken by the routing hook).
-        eval_banks: ``(B,)`` banks the inference forward used (taken by the ensembled head).
-        injected: experts the routing hook injected into the inference forward.
-    """
-
-    query: Optional[Tensor] = None
-    size: Optional[int] = None
-    trained_banks: Optional[Tensor] = None
-    ensemble_steps: int = 0
-    eval_query: Optional[Tensor] = None
-    eval_banks: Optional[Tensor] = None
-    injected: Optional[Tensor] = None
-
-
-@dataclasses.dataclass
-class Observation:
-    """What the hooks saw the model use, for ``verify()`` and the one-time check that routing takes effect.
-
-    Attributes:
-        routed: ``(B,)`` experts the routing gave the latest inference forward.
-        used: experts the model's output shows that forward used (``None``: not observable).
-        trained: experts whose prompts the latest training forward used.
-        banks: ensemble banks the latest ensembled inference used (an int: one bank for all).
-    """
-
-    routed: Optional[Tensor] = None
-    used: Optional[Tensor] = None
-    trained: Optional[Tensor] = None
-    banks: Union[int, Tensor, None] = None
-
-    def clear(self) -> None:
-        self.routed = self.used = self.trained = self.banks = None
 
 
 def live_retrofit(model: nn.Module) -> Optional["Retrofit"]:
@@ -127,11 +81,8 @@ class Retrofit:
         logit_mask: mask added to the ensemble members before aggregation (:meth:`set_logit_mask`).
         process_group: ``torch.distributed`` group of a data-parallel run: the ensemble then moves the
             banks that any rank trained (the router gathers through its own ``process_group``).
-        batch: what the hooks recorded for the batch and the forward in progress (:class:`BatchState`).
-        observed: what the hooks saw the model use (:class:`Observation`).
-        inference: ``inference(batch)``, how ``verify()`` evaluates when the model's inference is not its
-            forward (the ``reference`` family: ``model.predict``); ``None``: the forward.
-        query_source: what produces the router's query, for error messages.
+        record: what the hooks recorded for the stream batch and the forward in progress, and what they
+            saw the model use (:class:`~fly_modules.adapters._record.Record`; the families write it).
     """
 
     def __init__(
@@ -147,6 +98,9 @@ class Retrofit:
         current_expert: int = 0,
         num_experts: Optional[int] = None,
         step_counter: Optional[StepCounter] = None,
+        installation: Optional[Installation] = None,
+        corrections: Sequence[Callable[[Installation], None]] = (),
+        inference: Optional[Callable[[Any], Any]] = None,
     ) -> None:
         # Two live retrofits of one model would wrap each other's seams, and removing them in the
         # order they were made would leave a wrapper behind: refuse the second one.
@@ -169,59 +123,31 @@ class Retrofit:
         self.num_experts = num_experts
         self.logit_mask: Optional[Tensor] = None
         self.process_group: Optional[Any] = None
-        self.install = Installation()
-        #: ``correct(installation)`` for each upstream fix the retrofit installed (``correct_assembly``):
-        #: verify() compares the retrofit with the model carrying these fixes only.
-        self.corrections: List[Callable[[Installation], None]] = []
-        self.inference: Optional[Callable[[Any], Any]] = None
+        self.record = Record(self)
+        self._install = Installation() if installation is None else installation
+        # ``correct(installation)`` for each upstream fix the retrofit installed (``correct_assembly``):
+        # verify() compares the retrofit with the model carrying these fixes only.
+        self._corrections = list(corrections)
+        # how verify() evaluates when the model's inference is not its forward (reference: model.predict)
+        self._inference = inference
         self._start_method_expert = start_method_expert
         self._banks_of_expert = banks_of_expert
         self._step_counter = step_counter
         self._optimizer_hook: Any = None
         self._following = False
-        self.query_source = "the query module"
-        self.batch = BatchState()
-        self._warned_no_ema = False
-        self.observed = Observation()
-        self._forced_expert: Union[int, Tensor, None] = None
-        self._confirmed_experts: set = set()
-        self._verifying = False
         model.__dict__[MARKER] = weakref.ref(self)
-        self.install.add_undo(lambda: model.__dict__.pop(MARKER, None))
+        self._install.add_undo(lambda: model.__dict__.pop(MARKER, None))
+        for correct in self._corrections:
+            correct(self._install)
 
     @property
     def removed(self) -> bool:
-        return self.install.removed
-
-    @contextlib.contextmanager
-    def forcing(self, experts: Union[int, Tensor, None]) -> Iterator[None]:
-        """Inside the block, routed inference answers ``experts`` (an int for every sample, or one per sample
-        as a ``(B,)`` tensor) instead of asking the router, fitted or not."""
-        before, self._forced_expert = self._forced_expert, experts
-        try:
-            yield
-        finally:
-            self._forced_expert = before
-
-    @contextlib.contextmanager
-    def verifying(self) -> Iterator[None]:
-        """Inside the block, hooks observe every routed call and the optimizer is not followed (``verify()``)."""
-        before, self._verifying = self._verifying, True
-        try:
-            yield
-        finally:
-            self._verifying = before
+        return self._install.removed
 
     @property
-    def follows_any_optimizer(self) -> bool:
-        """Whether the EMA copies follow the first optimizer that steps the classifier (``optimizer='auto'``
-        or a re-created optimizer)."""
-        return self._following
-
-    @property
-    def training(self) -> bool:
-        """The retrofitted model's mode (hooks on helper modules such as a frozen query model use it)."""
-        return bool(self.model.training)
+    def install(self) -> Installation:
+        """The hooks and attribute swaps of this retrofit (what :meth:`remove` undoes), for inspection."""
+        return self._install
 
     # ----------------------------------------------------------------------------------- evaluation
     def set_logit_mask(self, mask: Optional[Tensor]) -> None:
@@ -240,72 +166,28 @@ class Retrofit:
             )
         self.logit_mask = mask
 
-    # -------------------------------------------------------------------------- fed by the families
-    def record_query(self, features: Tensor) -> None:
-        """Keep the first query of the batch (later online iterations see the same images)."""
-        if self.batch.query is None:
-            self.batch.query = features.detach()
-        self.record_batch_size(features.shape[0])
-
-    def record_batch_size(self, size: int) -> None:
-        """Samples of the batch's first training forward (the default ``batch_size`` of ``end_batch``)."""
-        if self.batch.size is None:
-            self.batch.size = int(size)
-
+    # ------------------------------------------------------------------- a loop that feeds the handle itself
     def record_trained_banks(self, banks: Tensor) -> None:
-        """The ensemble banks the latest training forward used (moved after the optimizer step)."""
-        self.batch.trained_banks = banks.detach()
-
-    def discard_batch(self) -> None:
-        """Forget what the hooks recorded since the last ``end_batch`` (e.g. extra epochs over a batch)."""
-        self.batch.query, self.batch.size, self.batch.trained_banks = None, None, None
-        self.batch.ensemble_steps = 0
+        """The ensemble banks the latest training forward used (moved after the optimizer step); for a loop
+        that feeds the handle itself (``reference.build_handle``), where no hook records them."""
+        self.record.trained_banks = banks.detach()
 
     def routing_active(self) -> bool:
         """Whether inference is routed now: the router is on and fitted (or an expert is forced)."""
-        if self.router is None or self.removed:
-            return False
-        return self._forced_expert is not None or self.router.num_samples > 0
+        return self.record.routing_active()
 
     def route(self, features: Tensor) -> Tensor:
-        forced = self._forced_expert
-        if isinstance(forced, Tensor):  # one expert per sample (verify's batch-independence check)
-            if forced.shape != (features.shape[0],):
-                raise RuntimeError(
-                    f"Retrofit: {forced.numel()} forced experts for a routed call of {features.shape[0]} samples"
-                )
-            return forced.to(device=features.device, dtype=torch.long)
-        if forced is not None:
-            return torch.full((features.shape[0],), forced, dtype=torch.long, device=features.device)
-        return self.router.route(features.to(self.router.device))
+        """The router's ``(B,)`` experts of ``features`` (for a loop that routes its own calls)."""
+        return self.record.experts_for(features)
 
-    @property
-    def wants_observation(self) -> bool:
-        """Whether hooks should compute what the model used: until every expert was seen taking effect
-        once, and during verify()."""
-        return self._verifying or len(self._confirmed_experts) < (self.num_experts or 1)
+    def forcing(self, experts: Union[int, Tensor, None]) -> ContextManager[None]:
+        """Inside the block, routed inference answers ``experts`` (an int for every sample, or one per sample
+        as a ``(B,)`` tensor) instead of asking the router, fitted or not (per-expert evaluations)."""
+        return self.record.forcing(experts)
 
-    def note_routed(self, routed: Tensor, used: Optional[Tensor], where: str) -> None:
-        """The experts a routed inference call injected and those the model's output shows it used.
-
-        Routed calls whose use is observable are compared (a host synchronisation each) until every
-        expert was seen taking effect once: a model that ignores the routed value raises instead of
-        evaluating unrouted.
-        """
-        self.observed.routed, self.observed.used = routed.detach(), None if used is None else used.detach()
-        if used is None or not self.wants_observation:
-            return
-        if not torch.equal(used.reshape(-1).to(routed.device).long(), routed.reshape(-1).long()):
-            raise RuntimeError(
-                f"fly_modules.adapters.{self.family}: {where} ignored the routed value: the router chose experts "
-                f"{routed.reshape(-1).tolist()[:8]} but the model used {used.reshape(-1).tolist()[:8]}; the seam does "
-                f"not route this codebase (run handle.verify(batch) for details)"
-            )
-        self._confirmed_experts.update(routed.reshape(-1).unique().tolist())
-
-    def note_trained(self, experts: Tensor) -> None:
-        """The experts whose prompts a training forward used (verify compares them with the current one)."""
-        self.observed.trained = experts.detach()
+    def discard_batch(self) -> None:
+        """Forget what the hooks recorded since the last ``end_batch`` (e.g. extra epochs over a batch)."""
+        self.record.discard_batch()
 
     # ------------------------------------------------------------------------------- training calls
     def attach_optimizer(self, optimizer: Union[torch.optim.Optimizer, str, None]) -> None:
@@ -319,7 +201,7 @@ class Retrofit:
         if self.ensemble is None or optimizer is None:
             return
         if not self._following:
-            self.install.global_step_post_hook(self._follow_optimizer)
+            self._install.global_step_post_hook(self._follow_optimizer)
             self._following = True
         if optimizer == "auto":
             return
@@ -331,30 +213,30 @@ class Retrofit:
                 self.update_ensemble()
 
         self.optimizer = optimizer
-        self._optimizer_hook = self.install.step_post_hook(optimizer, after_step)
+        self._optimizer_hook = self._install.step_post_hook(optimizer, after_step)
 
     def _follow_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self.removed or self._verifying or optimizer is self.optimizer or self.ensemble is None:
+        if self.removed or self.record.verifying or optimizer is self.optimizer or self.ensemble is None:
             return
         weight = self.ensemble.online.weight
         if any(p is weight for group in optimizer.param_groups for p in group["params"]):
             self.attach_optimizer(optimizer)  # the loop re-created its optimizer
             self.update_ensemble()
 
-    def optimizer_hook_attached(self) -> bool:
-        return self._optimizer_hook is not None and self.install.has_hook(self._optimizer_hook)
+    def _optimizer_hook_attached(self) -> bool:
+        return self._optimizer_hook is not None and self._install.has_hook(self._optimizer_hook)
 
     def update_ensemble(self) -> None:
         """One EMA step (what the optimizer hook runs; call it yourself if you passed no optimizer)."""
         if self.ensemble is None:
             return
-        banks = self.batch.trained_banks
+        banks = self.record.trained_banks
         if banks is not None and self.process_group is not None:
             from fly_modules.distributed import gather_rows
 
             banks = gather_rows(banks.reshape(-1), self.process_group)  # the union over the ranks
         self.ensemble.update(None if banks is None else banks)
-        self.batch.ensemble_steps += 1
+        self.record.ensemble_steps += 1
 
     def end_batch(self, batch_size: Optional[int] = None, *, query: Optional[Tensor] = None) -> List[int]:
         """Call once per stream batch, after its online iterations.
@@ -372,20 +254,20 @@ class Retrofit:
         not run in training), and when the method's own step counter left the current expert.
         """
         self._check_step_counter()
-        features = query if query is not None else self.batch.query
+        features = query if query is not None else self.record.query
         if self.router is not None and features is None and not self.removed:
-            seen = "a training forward ran" if self.batch.size is not None else "no training forward was seen"
+            seen = "a training forward ran" if self.record.size is not None else "no training forward was seen"
             raise RuntimeError(
                 f"Retrofit.end_batch: the router is on but no query features were recorded since the last end_batch "
-                f"({seen}; the router reads them from {self.query_source}). Run it in your training forward with "
+                f"({seen}; the router reads them from {self.record.query_source}). Run it in your training forward with "
                 f"the model in training mode, or pass end_batch(query=features), or retrofit with router=False"
             )
-        recorded = self.batch.size
+        recorded = self.record.size
         if batch_size is None:
             batch_size = features.shape[0] if features is not None else (recorded or 0)
-        if self.ensemble is not None and recorded is not None and self.batch.ensemble_steps == 0 \
-                and not self._warned_no_ema:
-            self._warned_no_ema = True
+        if self.ensemble is not None and recorded is not None and self.record.ensemble_steps == 0 \
+                and not self.record.warned_no_ema:
+            self.record.warned_no_ema = True
             warnings.warn(
                 "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch: pass "
                 "optimizer=... to retrofit, call handle.attach_optimizer(new_optimizer) when your loop re-creates "
@@ -396,7 +278,7 @@ class Retrofit:
             # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
             with torch.no_grad():
                 self.router.update(features.detach().to(self.router.device), self.current_expert)
-        self.batch.query, self.batch.size, self.batch.ensemble_steps = None, None, 0
+        self.record.query, self.record.size, self.record.ensemble_steps = None, None, 0
         started: List[int] = []
         if isinstance(self.schedule, SampleBudgetSchedule):
             started = self.schedule.step(int(batch_size))
@@ -455,7 +337,7 @@ class Retrofit:
             state["schedule"] = dict(self.schedule.state_dict())
         if self._step_counter is not None:
             state["method_step"] = self._step_counter.read()
-        pending = {"query": self.batch.query, "size": self.batch.size, "trained_banks": self.batch.trained_banks}
+        pending = {"query": self.record.query, "size": self.record.size, "trained_banks": self.record.trained_banks}
         state["pending"] = {k: v for k, v in pending.items() if v is not None}
         if self.logit_mask is not None:
             state["logit_mask"] = self.logit_mask
@@ -497,9 +379,9 @@ class Retrofit:
             self._step_counter.restore(state["method_step"])
         self.current_expert = current
         pending = state.get("pending", {})
-        self.batch.query = pending.get("query")
-        self.batch.size = None if pending.get("size") is None else int(pending["size"])
-        self.batch.trained_banks = pending.get("trained_banks")
+        self.record.query = pending.get("query")
+        self.record.size = None if pending.get("size") is None else int(pending["size"])
+        self.record.trained_banks = pending.get("trained_banks")
         self.logit_mask = state.get("logit_mask")
 
     # --------------------------------------------------------------------------------------- verify
@@ -540,7 +422,7 @@ class Retrofit:
     # ----------------------------------------------------------------------------------------- undo
     def remove(self) -> None:
         """Undo the retrofit: remove every hook and restore every replaced attribute (idempotent)."""
-        self.install.remove()
+        self._install.remove()
 
     def __enter__(self) -> "Retrofit":
         return self

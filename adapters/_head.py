@@ -44,7 +44,8 @@ class EnsembleLinear(nn.Linear):
 
     Args:
         online: the original ``nn.Linear``.
-        scorer: ``scorer(x)`` computes the inference output; ``None`` returns the online logits.
+        scorer: ``scorer(x)`` computes the inference output; ``None`` (or a scorer answering ``None``: a
+            removed retrofit) returns the online logits.
         is_training: tells training from inference (default: this module's ``training`` flag). The
             adapters pass the retrofitted model's flag: some codebases put the module that holds the
             classifier in eval mode inside every forward (MVP calls ``backbone.eval()``).
@@ -70,9 +71,8 @@ class EnsembleLinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         training = self.training if self.is_training is None else self.is_training()
-        if training or self.scorer is None:
-            return self.online(x)
-        return self.scorer(x)
+        scores = None if training or self.scorer is None else self.scorer(x)
+        return self.online(x) if scores is None else scores
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, online={type(self.online).__name__}"

@@ -8,16 +8,16 @@
   called as ``pool(query[, s, e])``, routed by calling it once per routed expert in the batch with that
   expert's slot range, after probing that the range really changes the prompt returned (:class:`KeyPool`).
 
-A :class:`PoolFamily` (L2P, DualPrompt) finds its pool and builds the :class:`Plan` (head, experts, banks)
-in :meth:`PoolFamily.pool_plan`, handing the pool its :class:`Slots`; the pool adds its seam checks to the
-plan (``check``) and installs its hooks (``install``).
+Both pools are :class:`~fly_modules.adapters.Layout` s. A :class:`PoolFamily` (L2P, DualPrompt) finds its pool
+and builds the :class:`Plan` (head, experts, banks) in :meth:`PoolFamily.pool_plan`, the pool its layout with
+its :class:`Slots`; the pool adds its seam checks to the plan (``check``) and installs its hooks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,15 +28,18 @@ from fly_modules._validation import InvalidParameterError
 from ._assembly import check_assembly
 from ._family import AdapterFamily, Plan
 from ._groups import expert_groups, merge_groups
+from ._layout import Layout
 from ._query import default_query
 from ._restore import Snapshot
-from ._seams import GENERIC_CALL, SeamError, missing_seam, named_parameters, require_keyword
+from ._seams import GENERIC_CALL, SeamError, missing_seam, named_parameters
 
 __all__ = [
     "KeyPool", "PoolFamily", "PromptMaskPool", "Slots", "is_key_pool", "prompt_mask_pool", "routable", "slice_layout",
 ]
 
 QueryFromOutput = Optional[Callable[[Any], Tensor]]
+#: what a Si-Blurry-lineage pool records of its latest call (FlyGCL), put back for the whole batch after a routed call
+_SELECTIONS = ("last_selected_indices", "last_topk")
 
 
 @dataclasses.dataclass
@@ -127,19 +130,24 @@ def slice_layout(pool: int, num_experts: int, slots_per_expert: Optional[int], t
     return size, expert_of_slot.clamp(max=num_experts - 1 if remainder_to_last else num_experts)
 
 
-class PromptMaskPool:
+class PromptMaskPool(Layout):
     """The JH-LEE wiring shared by L2P and DualPrompt: route by ``prompt_mask`` inside the routed
     expert's slots, bank = ``bank_of_slot[prompt_idx[:, 0]]``."""
 
     def __init__(self, family: AdapterFamily, prompt: nn.Module, slots: Slots) -> None:
-        self.family, self.prompt = family, prompt
-        self.slots = slots.to(prompt.prompt_key.device)
+        super().__init__(family)
+        self.prompt, self.slots = prompt, slots.to(prompt.prompt_key.device)
+
+    @classmethod
+    def matches(cls, owner: Any) -> bool:
+        """A JH-LEE pool: it keeps its keys as ``prompt_key``."""
+        return hasattr(owner, "prompt_key")
 
     def check(self, plan: Plan) -> Plan:
         """``plan`` with the assembly correction the options ask for; refuses what cannot be routed."""
-        options, name = self.family.options, self.family.family
+        options, name = self.options, self.family.family
         if options.router:
-            require_keyword(self.prompt.forward, "prompt_mask", family=name, callee=f"{type(self.prompt).__name__}.forward")
+            self.family.require_keyword(self.prompt.forward, "prompt_mask", callee=f"{type(self.prompt).__name__}.forward")
         corrections = check_assembly(self.prompt, family=name, router=options.router, correct=options.correct_assembly)
         plan.corrections = [*plan.corrections, *corrections]
         return plan
@@ -164,27 +172,25 @@ class PromptMaskPool:
 
     def observe(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
         """The banks of a call (and, in training, the expert it trained)."""
-        handle = self.family.handle
         used = self.used_expert(output)
-        if used is not None and handle.training and self.slots.ties_training:
-            handle.note_trained(used)
+        if used is not None and self.record.training and self.slots.ties_training:
+            self.record.seen(trained=used)
         slot = self.first_slot(output)
         return None if slot is None else self.slots.bank_of_slot[slot]
 
-    def install(self) -> None:
-        family, handle, slots = self.family, self.family.handle, self.slots
-        if family.options.router:
+    def install_hooks(self) -> None:
+        slots = self.slots
+        if self.options.router:
             if slots.query_module is not None:
-                handle.query_source = f"the forward of {type(slots.query_module).__name__} (query_module)"
-                family.read_query(slots.query_module, slots.query_from_output or default_query)
+                self.read_query(slots.query_module, slots.query_from_output or default_query, "query_module")
             else:
-                handle.query_source = f"the cls_features of the {type(self.prompt).__name__} calls"
-            family.route_keyword(
+                self.record.query_source = f"the cls_features of the {type(self.prompt).__name__} calls"
+            self.route_keyword(
                 self.prompt, "prompt_mask", value=self.prompt_mask,
                 query_from_call=None if slots.query_module is not None else router_query_of_call,
                 used_from_output=self.used_expert,
             )
-        family.read_banks(self.prompt, self.observe)
+        self.read_banks(self.prompt, self.observe)
 
 
 # ---------------------------------------------------------- Si-Blurry lineage: routed by slot range
@@ -238,22 +244,28 @@ def _check_range_moves_prompt(pool: nn.Module, start: int, end: int, *, family: 
         )
 
 
-class KeyPool:
+class KeyPool(Layout):
     """The Si-Blurry-lineage wiring: ``pool.forward`` is wrapped (an instance attribute); training calls
     are recorded (query, banks, the expert trained); routed inference calls run once per expert present in
     the batch with that expert's slot range, never once per sample."""
 
     def __init__(self, family: AdapterFamily, pool: nn.Module, slots: Slots) -> None:
-        self.family, self.pool = family, pool
+        super().__init__(family)
+        self.pool = pool
         self.slots = slots.to(pool.key.device)
         self.callee = f"{type(pool).__name__}.forward"
         self.original: Callable[..., Any] = pool.forward
         self.query_name = "query"
         self.spans: List[Tuple[int, int]] = []
 
+    @classmethod
+    def matches(cls, owner: Any) -> bool:
+        """A Si-Blurry-lineage pool: ``key`` and ``prompts`` tensors."""
+        return is_key_pool(owner)
+
     def check(self, plan: Plan) -> Plan:
         """Refuses a pool the router cannot restrict to an expert's slots; ``plan`` unchanged."""
-        name, options, pool = self.family.family, self.family.options, self.pool
+        name, options, pool = self.family.family, self.options, self.pool
         expert_of_slot = self.slots.expert_of_slot
         self.spans = [(int(s[0]), int(s[-1]) + 1) for s in
                       ((expert_of_slot == e).nonzero().flatten() for e in range(plan.num_experts))]
@@ -262,47 +274,44 @@ class KeyPool:
         why = ("without a slot range nothing restricts its key match to the routed expert's slots (Si-Blurry's "
                "Prompt also trains by a pool-wide match, so no step owns a prompt); retrofit it with router=False "
                "(the ensemble works)")
-        require_keyword(pool.forward, "s", family=name, callee=self.callee, why=why)
-        require_keyword(pool.forward, "e", family=name, callee=self.callee, why=why)
+        self.family.require_keyword(pool.forward, "s", callee=self.callee, why=why)
+        self.family.require_keyword(pool.forward, "e", callee=self.callee, why=why)
         if getattr(pool, "_batchwise_selection", False):
-            raise SeamError(f"fly_modules.adapters.{name}: {type(pool).__name__}._batchwise_selection picks one "
+            raise SeamError(f"{self.caller}: {type(pool).__name__}._batchwise_selection picks one "
                             "prompt set per batch, which routing per sample cannot respect; turn it off or use router=False")
         if plan.num_experts > 1:
             _check_range_moves_prompt(pool, *self.spans[1], family=name)
         return plan
 
-    def install(self) -> None:
-        family, handle, query_module = self.family, self.family.handle, self.slots.query_module
-        if family.options.router and query_module is not None:
-            handle.query_source = f"the forward of {type(query_module).__name__} (query_module)"
-            family.read_query(query_module, self.slots.query_from_output or default_query)
-        elif family.options.router:
-            handle.query_source = f"the query argument of the {self.callee} calls"
+    def install_hooks(self) -> None:
+        query_module = self.slots.query_module
+        if self.options.router and query_module is not None:
+            self.read_query(query_module, self.slots.query_from_output or default_query, "query_module")
+        elif self.options.router:
+            self.record.query_source = f"the query argument of the {self.callee} calls"
         parameters = list(inspect.signature(self.original).parameters)
         self.query_name = parameters[0] if parameters else "query"
-        family.install.set_attribute(self.pool, "forward", self.forward)
+        self.install.set_attribute(self.pool, "forward", self.forward)
 
     # --------------------------------------------------------------------------------- the wrapper
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        family, handle = self.family, self.family.handle
-        if not family.active:
-            return self.original(*args, **kwargs)
+        record = self.record
         if args:
             query, args = args[0], args[1:]
         else:
             query = kwargs.pop(self.query_name)
-        if handle.training:
+        if record.training:
             return self.train_forward(query, args, kwargs)
-        router = family.options.router
+        router = self.options.router
         if router and self.slots.query_module is not None:
-            features = family.pop_query(query.shape[0]) if handle.routing_active() else None
-            family.batch.eval_query = None
+            features = record.pop_query(query.shape[0]) if record.routing_active() else None
+            record.eval_query = None
         else:
             features = query if router else None
-        experts = None if features is None else family.route(features)
+        experts = None if features is None else record.route(features)
         if experts is None:
             output, slots, _ = self.call(query, args, kwargs)
-            family.banks_seen(self.slots.bank_of_slot[slots])
+            record.seen(banks=self.slots.bank_of_slot[slots])
             return output
         return self.routed_forward(query, experts, kwargs)
 
@@ -322,40 +331,38 @@ class KeyPool:
         return match.topk(1, dim=-1, largest=False).indices[:, 0] + (0 if start is None else int(start))
 
     def train_forward(self, query: Tensor, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        family, expert_of_slot = self.family, self.slots.expert_of_slot
-        family.batch_seen(query.shape[0])
-        if self.slots.query_module is None:
-            family.query_seen(query)
+        expert_of_slot = self.slots.expert_of_slot
         output, slots, start = self.call(query, args, kwargs)
+        trained = None
         if self.slots.ties_training:
             trained = torch.full_like(slots, int(expert_of_slot[start])) if start is not None else expert_of_slot[slots]
-            family.handle.note_trained(trained)
-        family.banks_seen(self.slots.bank_of_slot[slots])
+        self.record.seen(query.shape[0], query=query if self.slots.query_module is None else None,
+                         banks=self.slots.bank_of_slot[slots], trained=trained)
         return output
 
     def routed_forward(self, query: Tensor, experts: Tensor, kwargs: Dict[str, Any]) -> Any:
-        family, handle = self.family, self.family.handle
+        record = self.record
         rest = {k: v for k, v in kwargs.items() if k not in ("s", "e")}
-        parts, rows, slot_parts, records = [], [], [], {}
+        parts, rows, slot_parts = [], [], []
+        selections: List[List[Tensor]] = [[] for _ in _SELECTIONS]
         for expert, index in expert_groups(experts):
             start, end = self.spans[expert]
             output, slots, _ = self.call(query[index], (), {**rest, "s": start, "e": end})
             parts.append(output)
             rows.append(index)
             slot_parts.append(slots)
-            for name in ("last_selected_indices", "last_topk"):
+            for name, values in zip(_SELECTIONS, selections):
                 value = getattr(self.pool, name, None)
                 if isinstance(value, Tensor):
-                    records.setdefault(name, []).append(value)
+                    values.append(value)
         merged = merge_groups(parts, rows)
-        for name, values in records.items():
-            if len(values) == len(rows):
+        for name, values in zip(_SELECTIONS, selections):
+            if len(values) == len(rows):  # the pool's record of its latest call, for the whole batch
                 setattr(self.pool, name, merge_groups(values, rows))
-        if family.options.ensemble:
-            family.banks_seen(self.slots.bank_of_slot[merge_groups(slot_parts, rows)])
-        handle.observed.routed = experts
-        if handle.wants_observation:
-            handle.note_routed(experts, self.used_experts(merged, experts), self.callee)
+        if self.options.ensemble:
+            record.seen(banks=self.slots.bank_of_slot[merge_groups(slot_parts, rows)])
+        if record.wants_observation:
+            record.used_by_routed(experts, self.used_experts(merged, experts), self.callee)
         return merged
 
     def used_experts(self, output: Any, experts: Tensor) -> Optional[Tensor]:
@@ -372,9 +379,7 @@ class KeyPool:
 
 class PoolFamily(AdapterFamily):
     """A family whose experts own slots of a prompt pool: :meth:`pool_plan` recognises the pool's layout and
-    sets :attr:`pool`, which checks its seams and installs the hooks."""
-
-    pool: Union[KeyPool, PromptMaskPool]
+    returns the plan carrying the pool (a :class:`KeyPool` or a :class:`PromptMaskPool`)."""
 
     def recognise(
         self,
@@ -388,13 +393,8 @@ class PoolFamily(AdapterFamily):
     ) -> Plan:
         plan = self.pool_plan(num_experts, slots_per_expert, dict(query_module=query_module,
                                                                    query_from_output=query_from_output))
-        plan = self.pool.check(plan)
-        plan.start_expert, plan.router_dim = start_expert, router_dim
-        return plan
+        return dataclasses.replace(plan, start_expert=start_expert, router_dim=router_dim)
 
     def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
-        """The plan of the model's pool, :attr:`pool` set (``query``: the :class:`Slots` query options)."""
+        """The plan of the model's pool (``query``: the :class:`Slots` query options)."""
         raise NotImplementedError(f"{type(self).__name__} must define pool_plan")
-
-    def install_hooks(self) -> None:
-        self.pool.install()

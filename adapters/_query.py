@@ -70,13 +70,15 @@ class SharedPass:
     to the next call.
 
     Held by the retrofit only (no module of the model holds it): ``features`` is the backbone's own
-    ``forward_features``, taken before the retrofit replaces that attribute.
+    ``forward_features``, taken before the retrofit replaces that attribute. The kept pass lives on
+    ``record`` (its ``kept`` attribute; default this object), so that a snapshot of the record covers it.
     """
 
-    def __init__(self, backbone: nn.Module) -> None:
+    def __init__(self, backbone: nn.Module, record: Any = None) -> None:
         self.backbone = backbone
         self.features: Callable[[Tensor], Any] = backbone.forward_features
-        self.kept: Optional[Tuple[Tensor, Tuple[Any, ...], Any, int]] = None
+        self.record = self if record is None else record
+        self.record.kept = None
 
     def context(self, images: Tensor) -> Tuple[Any, ...]:
         """What the pass's result depends on besides the input tensor itself: its contents (version), the
@@ -88,7 +90,7 @@ class SharedPass:
 
     def take(self, images: Tensor) -> Any:
         """The kept pass if it is this call's, else ``None``; nothing is kept afterwards."""
-        kept, self.kept = self.kept, None
+        kept, self.record.kept = self.record.kept, None
         if kept is None:
             return None
         held, context, output, version = kept
@@ -103,8 +105,8 @@ class SharedPass:
         if output is None:
             output = self.features(images)
             if keep:
-                self.kept = (images, self.context(images), output, class_token(output)._version)
+                self.record.kept = (images, self.context(images), output, class_token(output)._version)
         return output
 
     def clear(self) -> None:
-        self.kept = None
+        self.record.kept = None

@@ -2,16 +2,15 @@
 dispatch every retrofit goes through (a live retrofit refused first, option checks, the refusal of
 seam-contract models by the families that recognise upstream code, undo of a failed install).
 
-A family is an :class:`~fly_modules.adapters.AdapterFamily` subclass (``@register_family`` on the class:
-its ``names``, ``seam_contract`` and the keyword-only parameters of its ``recognise``), or a function
-``wire(model, options, *, <family options>) -> Retrofit`` (``@register_family("name", ...)``).
+A family is an :class:`~fly_modules.adapters.AdapterFamily` subclass, registered by ``@register_family`` on
+the class: its ``names``, ``seam_contract`` and the keyword-only parameters of its ``recognise``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Dict, List, Mapping, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, Mapping, Tuple, Type
 
 from torch import nn
 
@@ -25,13 +24,10 @@ from .contract import missing_seams
 
 __all__ = ["Family", "install", "list_families", "register_family"]
 
-Wire = Callable[..., Retrofit]
-Registered = Union[Type[AdapterFamily], Wire]
-
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """One registered family: the method names it serves and its wiring ``wire(model, options, **options)``.
+    """One registered family: the method names it serves, its class and the names of its own options.
 
     ``seam_contract``: the family recognises upstream code, so a model implementing
     :class:`~fly_modules.adapters.SeamContract` is refused with a pointer to the ``reference`` family,
@@ -39,7 +35,7 @@ class Family:
     """
 
     names: Tuple[str, ...]
-    wire: Wire
+    cls: Type[AdapterFamily]
     options: Tuple[str, ...]
     seam_contract: bool
     module: str
@@ -54,35 +50,19 @@ def list_families() -> List[str]:
     return sorted(_FAMILIES)
 
 
-def register_family(*names: Any, seam_contract: bool = True) -> Any:
-    """Register a family; returns its public ``retrofit(model, *, <common options>, <family options>)``.
-
-    ``@register_family`` on an :class:`~fly_modules.adapters.AdapterFamily` subclass registers it under its
-    ``names``; the class docstring documents the public ``retrofit``. ``@register_family("name", ..., seam_contract=True)`` on a function
-    ``wire(model, options, *, <family options>) -> Retrofit`` registers it under the names given.
-    """
-    if len(names) == 1 and isinstance(names[0], type):
-        return _register_class(names[0])
-    if not names or not all(isinstance(name, str) for name in names):
-        raise InvalidParameterError("register_family: give at least one method name, or decorate an AdapterFamily "
-                                    f"subclass; got {names!r}")
-
-    def decorate(wire: Wire) -> Callable[..., Retrofit]:
-        parameters = _family_parameters(wire, 2, f"{wire.__qualname__} must take (model, options, *, <family options>)")
-        return _register(Family(tuple(names), wire, tuple(p.name for p in parameters), seam_contract,
-                                wire.__module__, inspect.getdoc(wire) or ""), parameters)
-
-    return decorate
-
-
-def _register_class(cls: type) -> Callable[..., Retrofit]:
-    if not issubclass(cls, AdapterFamily) or not cls.names or not all(isinstance(n, str) for n in cls.names):
+def register_family(cls: type) -> Callable[..., Retrofit]:
+    """``@register_family`` on an :class:`~fly_modules.adapters.AdapterFamily` subclass registers it under its
+    ``names``; returns its public ``retrofit(model, *, <common options>, <family options>)``, documented by the
+    class docstring."""
+    if not isinstance(cls, type) or not issubclass(cls, AdapterFamily) or not cls.names \
+            or not all(isinstance(n, str) for n in cls.names):
         raise InvalidParameterError(
-            f"register_family: {cls.__qualname__} must be an AdapterFamily subclass with names = ('<method>', ...)"
+            f"register_family: {getattr(cls, '__qualname__', cls)!r} must be an AdapterFamily subclass with "
+            "names = ('<method>', ...)"
         )
     parameters = _family_parameters(cls.recognise, 1,
                                     f"{cls.__qualname__}.recognise must take (self, *, <family options>)")
-    family = Family(tuple(cls.names), cls.retrofit, tuple(p.name for p in parameters), cls.seam_contract,
+    family = Family(tuple(cls.names), cls, tuple(p.name for p in parameters), cls.seam_contract,
                     cls.__module__, inspect.getdoc(cls) or "")
     return _register(family, parameters)
 
@@ -146,13 +126,14 @@ def install(method: str, model: nn.Module, options: RetrofitOptions, family_opti
             f"fly_modules.adapters.retrofit: {type(model).__name__} implements fly_modules.adapters.SeamContract, "
             f"which the reference family drives; method {method!r} wires upstream codebases. Use method='reference'"
         )
-    return _undo_on_failure(family.wire, model, options, dict(family_options))
+    return _undo_on_failure(family.cls, method, model, options, dict(family_options))
 
 
-def _undo_on_failure(wire: Wire, model: nn.Module, options: RetrofitOptions, arguments: Dict[str, Any]) -> Retrofit:
+def _undo_on_failure(cls: Type[AdapterFamily], method: str, model: nn.Module, options: RetrofitOptions,
+                     arguments: Dict[str, Any]) -> Retrofit:
     before = getattr(model, MARKER, None)
     try:
-        return wire(model, options, **arguments)
+        return cls.retrofit(model, options, arguments, method=method)
     except BaseException:
         after = getattr(model, MARKER, None)
         handle = after() if after is not None and after is not before else None

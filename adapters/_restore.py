@@ -42,6 +42,21 @@ def shared(value: Any) -> Any:
     return call
 
 
+def _guarded(value: Callable[..., Any], installation: "Installation", original: Optional[Callable[..., Any]]) -> Any:
+    """``value`` as a plain function (:func:`shared`) that, once ``installation`` is removed, runs ``original``
+    instead (``None``: does nothing, a hook). The one place where a removed retrofit steps aside: a deep copy
+    of the model made while it was installed keeps its hooks and wrappers."""
+    function = shared(value)
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if installation.removed:
+            return None if original is None else original(*args, **kwargs)
+        return function(*args, **kwargs)
+
+    return call
+
+
 def _holder(obj: Any, name: str) -> Optional[dict]:
     """The dict of ``obj`` that stores ``name`` now: ``_parameters``, ``_buffers``, ``_modules`` of a
     module, or the instance ``__dict__``; ``None`` when only the class (or nothing) defines it."""
@@ -108,13 +123,13 @@ class Installation:
 
     # -------------------------------------------------------------------------------------- install
     def forward_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
-        hook = shared(hook)
+        hook = _guarded(hook, self, None)
         handle = module.register_forward_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
             else module.register_forward_hook(hook)
         self._keep(handle, f"forward hook on {type(module).__name__}", module)
 
     def forward_pre_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
-        hook = shared(hook)
+        hook = _guarded(hook, self, None)
         handle = module.register_forward_pre_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
             else module.register_forward_pre_hook(hook)
         self._keep(handle, f"forward pre-hook on {type(module).__name__}", module)
@@ -134,13 +149,21 @@ class Installation:
         """``setattr`` on an instance, undone by :meth:`remove` into the very dict that held the old
         value (a module's ``_modules``/``_parameters``/``_buffers`` or ``__dict__``), or deleted so
         that the class attribute shows through again. A method of a helper object is installed as a
-        function calling it (:func:`shared`)."""
-        value = shared(value)
+        function calling it (:func:`shared`); a replaced method runs the original once the installation is
+        removed."""
+        if callable(value) and not isinstance(value, nn.Module):
+            value = _guarded(value, self, getattr(obj, name, None))
         swap = _Swap(obj, name, value)
         setattr(obj, name, value)
         self._swaps.append(swap)
         if isinstance(obj, nn.Module):
             self._modules[id(obj)] = obj
+
+    def guarded(self, value: Callable[..., Any], original: Optional[Callable[..., Any]]) -> Callable[..., Any]:
+        """``value`` as a function that runs ``original`` instead (``None``: answers ``None``) once this
+        installation is removed (what every hook and replaced method goes through; a module that outlives
+        the removal in a deep copy of the model, such as an ensembled head, calls its scorer through it)."""
+        return _guarded(value, self, original)
 
     def add_undo(self, action: Callable[[], None]) -> None:
         self._undo.append(action)

@@ -7,7 +7,7 @@ The handle imports this module, not the reverse: ``handle`` below is the :class:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +86,7 @@ class _Runner:
     def __init__(self, handle: Any, batch: Any, forward: Optional[Callable[[Any], Any]]) -> None:
         self.model, self.batch = handle.model, batch
         self.train_forward = forward or handle.model
-        self.eval_forward = forward or handle.inference or handle.model
+        self.eval_forward = forward or handle._inference or handle.model
         self.devices = sorted({p.device.index or 0 for p in handle.model.parameters() if p.device.type == "cuda"})
 
     def __call__(self, training: bool, batch: Any = None) -> Tensor:
@@ -128,10 +128,11 @@ def verify(
     if handle.removed:
         return VerifyReport(title, [Check("retrofit installed", False, "remove() was called on this handle")])
     model, run = handle.model, _Runner(handle, batch, forward)
-    modules = [model, *handle.install.modules, *(m for m in (handle.router, handle.ensemble) if m is not None)]
+    modules = [model, *handle._install.modules, *(m for m in (handle.router, handle.ensemble) if m is not None)]
     checks: List[Check] = []
-    with handle.verifying():  # on in the snapshot: every restore keeps it on until the end
-        snapshot = Snapshot(modules, [handle, handle.batch, handle.observed, handle.schedule])
+    record = handle.record
+    with record.observing():  # on in the snapshot: every restore keeps it on until the end
+        snapshot = Snapshot(modules, [handle, handle.schedule, *record.parts()])
         try:
             handle.discard_batch()
             removed = _trial_removal(handle, run, snapshot, checks)
@@ -146,27 +147,37 @@ def verify(
     return VerifyReport(title, checks)
 
 
-def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> Dict[str, Any]:
+@dataclasses.dataclass
+class _Unretrofitted:
+    """What the model is without the retrofit (the real ``remove()``): its parameters ``(name, id,
+    requires_grad)``, its ``state_dict`` keys and its training-mode logits (``None``: it could not be run)."""
+
+    parameters: List[Any] = dataclasses.field(default_factory=list)
+    keys: List[str] = dataclasses.field(default_factory=list)
+    train: Optional[Tensor] = None
+
+
+def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> _Unretrofitted:
     """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly."""
     model = handle.model
-    restore_install = handle.install.snapshot(extra=((model, MARKER),))
-    removed: Dict[str, Any] = {}
+    restore_install = handle._install.snapshot(extra=((model, MARKER),))
+    removed = _Unretrofitted()
     try:
-        handle.install.remove()
-        leftovers = handle.install.leftovers()
-        hooks, swaps = handle.install.counts()
+        handle._install.remove()
+        leftovers = handle._install.leftovers()
+        hooks, swaps = handle._install.counts()
         checks.append(Check(
             "remove() restores the model", not leftovers,
             "; ".join(leftovers) if leftovers else
             f"the real remove() took out all {hooks} hook(s) and put back all {swaps} replaced attribute(s)",
         ))
-        removed["parameters"] = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
-        removed["keys"] = list(model.state_dict().keys())
+        removed.parameters = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
+        removed.keys = list(model.state_dict().keys())
         fixes = Installation()  # correct_assembly: the baseline to compare with is the corrected model
-        for correct in handle.corrections:
+        for correct in handle._corrections:
             correct(fixes)
         try:
-            removed["train"] = run(True).detach()
+            removed.train = run(True).detach()
         finally:
             fixes.remove()
     finally:
@@ -175,12 +186,12 @@ def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[C
     return removed
 
 
-def _check_training(handle: Any, run: _Runner, snapshot: Snapshot, removed: Dict[str, Any],
+def _check_training(handle: Any, run: _Runner, snapshot: Snapshot, removed: _Unretrofitted,
                     checks: List[Check]) -> None:
     model = handle.model
     now = [(n, id(p), p.requires_grad) for n, p in model.named_parameters()]
-    before = removed.get("parameters", [])
-    keys, keys_before = list(model.state_dict().keys()), removed.get("keys", [])
+    before = removed.parameters
+    keys, keys_before = list(model.state_dict().keys()), removed.keys
     differ = sorted({n for n, *_ in set(now) ^ set(before)} | set(keys).symmetric_difference(keys_before))
     if not differ and (now != before or keys != keys_before):
         differ = ["(their order)"]
@@ -196,14 +207,14 @@ def _check_training(handle: Any, run: _Runner, snapshot: Snapshot, removed: Dict
     def training_outputs() -> Check:
         logits = run(True).detach()
         snapshot.restore()
-        if "train" not in removed:
+        if removed.train is None:
             return Check("training outputs unchanged", None, "the un-retrofitted model could not be run")
-        equal = torch.equal(logits, removed["train"])
-        fixed = " (with its assembly corrected, correct_assembly=True)" if handle.corrections else ""
+        equal = torch.equal(logits, removed.train)
+        fixed = " (with its assembly corrected, correct_assembly=True)" if handle._corrections else ""
         return Check(
             "training outputs unchanged", equal,
             f"training-mode logits are bit-identical to the un-retrofitted model's{fixed}" if equal else
-            f"training-mode logits differ from the un-retrofitted model's ({_differs(logits, removed['train'])})",
+            f"training-mode logits differ from the un-retrofitted model's ({_differs(logits, removed.train)})",
         )
 
     _attempt("training outputs unchanged", checks, training_outputs)
@@ -212,20 +223,20 @@ def _check_training(handle: Any, run: _Runner, snapshot: Snapshot, removed: Dict
         return
 
     def router_query() -> Check:
-        handle.batch.query = None
+        handle.record.query = None
         run(True)
-        query = handle.batch.query
+        query = handle.record.query
         snapshot.restore()
         name = "router receives queries"
         if query is None:
             return Check(name, False, (
-                f"a training forward recorded no query features: {handle.query_source} did not run. end_batch() "
+                f"a training forward recorded no query features: {handle.record.query_source} did not run. end_batch() "
                 "would raise; run it in your training loop (or pass end_batch(query=...))"
             ))
         shape_ok = query.ndim == 2 and query.shape[1] == handle.router.in_features
         finite = bool(torch.isfinite(query).all())
         return Check(name, shape_ok and finite, (
-            f"each training batch gives the router a {tuple(query.shape)} query from {handle.query_source}"
+            f"each training batch gives the router a {tuple(query.shape)} query from {handle.record.query_source}"
             + ("" if shape_ok else f", but the router expects width {handle.router.in_features}")
             + ("" if finite else ", holding NaN or infinite values")
         ))
@@ -241,7 +252,7 @@ def _check_experts_trained(handle: Any, run: _Runner, snapshot: Snapshot, checks
     seen: List[str] = []
     for expert in experts:
         handle.start_expert(expert)
-        handle.observed.trained = None
+        handle.record.trained = None
         try:
             run(True)
         except Exception as error:  # noqa: BLE001
@@ -249,7 +260,7 @@ def _check_experts_trained(handle: Any, run: _Runner, snapshot: Snapshot, checks
             checks.append(Check(name, False, f"a training forward after start_expert({expert}) raised "
                                              f"{type(error).__name__}: {error}"))
             return
-        trained = handle.observed.trained
+        trained = handle.record.trained
         snapshot.restore()
         if trained is None:
             checks.append(Check(name, None, "this family does not tie the prompts trained to an expert"))
@@ -276,7 +287,7 @@ def _check_ensemble_step(handle: Any, run: _Runner, snapshot: Snapshot, checks: 
         return
 
     def step() -> Check:
-        handle.batch.trained_banks = None
+        handle.record.trained_banks = None
         logits = run(True)
         labels = targets if targets is not None else torch.arange(logits.shape[0], device=logits.device) % logits.shape[-1]
         (loss or F.cross_entropy)(logits.float(), labels.to(logits.device)).backward()
@@ -287,14 +298,14 @@ def _check_ensemble_step(handle: Any, run: _Runner, snapshot: Snapshot, checks: 
         head_moved = not torch.equal(before_online, ensemble.online.weight)
         handle.update_ensemble()
         moved = sorted(set((before != ensemble.ema_weight).flatten(1).any(1).nonzero().flatten().tolist()))
-        recorded = handle.batch.trained_banks
+        recorded = handle.record.trained_banks
         expected = sorted(set(recorded.reshape(-1).tolist())) if recorded is not None else [int(ensemble.active_expert)]
         snapshot.restore()
         if handle.optimizer is not None:
-            hooked = handle.optimizer_hook_attached()
+            hooked = handle._optimizer_hook_attached()
             how = (f"after each step of your {type(handle.optimizer).__name__} (its hook is attached)" if hooked else
                    f"but the hook on your {type(handle.optimizer).__name__} is gone")
-        elif handle.follows_any_optimizer:
+        elif handle._following:
             hooked, how = True, "after each step of the first optimizer that trains the classifier (optimizer='auto')"
         else:
             hooked, how = True, "when you call handle.update_ensemble() after each optimizer.step() (no optimizer given)"
@@ -316,21 +327,21 @@ def _check_routing(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[C
     outputs: List[Tensor] = []
     usage: List[str] = []
     for expert in range(int(handle.num_experts or router.num_experts)):
-        handle.observed.used = handle.observed.routed = None
+        handle.record.used = handle.record.routed = None
         try:
-            with handle.forcing(expert):
+            with handle.record.forcing(expert):
                 outputs.append(run(False).detach())
         except Exception as error:  # noqa: BLE001
             snapshot.restore()
             checks.append(Check("forcing each expert selects its prompts", False,
                                 f"an inference forward with expert {expert} forced raised {type(error).__name__}: {error}"))
             return
-        used, routed = handle.observed.used, handle.observed.routed
+        used, routed = handle.record.used, handle.record.routed
         snapshot.restore()
         if routed is None:
             checks.append(Check("forcing each expert selects its prompts", False, (
                 f"no routed value was injected at inference (expert {expert} forced): the routed module did not run, "
-                f"or no query reached it from {handle.query_source}"
+                f"or no query reached it from {handle.record.query_source}"
             )))
             return
         if used is not None:
@@ -371,13 +382,13 @@ def _check_batch_independence(handle: Any, run: _Runner, snapshot: Snapshot, che
 
     def evaluate(rows: Tensor, experts: Optional[Tensor]) -> Tensor:
         try:
-            with handle.forcing(experts):
+            with handle.record.forcing(experts):
                 return run(False, take_rows(run.batch, rows, total))
         finally:
             snapshot.restore()
 
     try:
-        hint = "" if handle.corrections else HINT  # corrected already: the mix is elsewhere
+        hint = "" if handle._corrections else HINT  # corrected already: the mix is elsewhere
         found = batch_independence(evaluate, min(total, _BATCH_SAMPLES), num_experts, hint)
     except Exception as error:  # noqa: BLE001  (any failure of the user's model is reported)
         snapshot.restore()
@@ -393,9 +404,9 @@ def _check_ensemble_inference(handle: Any, run: _Runner, snapshot: Snapshot, che
         return
 
     def infer() -> Check:
-        handle.observed.banks = None
+        handle.record.ensembled = None
         run(False)
-        banks = handle.observed.banks
+        banks = handle.record.ensembled
         snapshot.restore()
         if banks is None:
             return Check(name, False, "the ensembled head did not run at inference: the model's logits come from "

@@ -20,13 +20,13 @@ from fly_modules._validation import InvalidParameterError
 
 from ._family import AdapterFamily, Plan
 from ._groups import expert_groups, merge_groups
+from ._layout import Layout
 from ._registry import register_family
-from ._seams import SeamError, backbone_of, count_experts, find_head, step_counter
+from ._seams import SeamError, step_counter
 
 __all__ = ["CodaPrompt", "retrofit"]
 
 _WHAT = "FlyGCL's CodaPrompt: task_count, num_pt_per_task, e_k_<layer> component keys, forward(inputs)"
-_CALLER = "fly_modules.adapters.coda_prompt"
 
 
 class CodaPrompt(AdapterFamily):
@@ -55,29 +55,36 @@ class CodaPrompt(AdapterFamily):
         counter = step_counter(model)
         if counter is None or counter.attribute != "task_count":
             raise self.missing_seam("task_count` and `process_task_count()", _WHAT)
-        self.backbone = backbone_of(model, "the ViT the prompts are inserted into", family="coda_prompt",
-                                    forward_features=True)
-        num_experts = count_experts(num_experts, getattr(model, "task_num", None), "tasks", family="coda_prompt")
+        backbone = self.backbone_of("the ViT the prompts are inserted into", forward_features=True)
+        num_experts = self.count_experts(num_experts, getattr(model, "task_num", None), "tasks")
         components = int(getattr(model, f"e_k_{int(layers[0])}").shape[0])
         if num_experts * model.num_pt_per_task > components:
             raise InvalidParameterError(
-                f"{_CALLER}: num_experts={num_experts} tasks of {model.num_pt_per_task} components need "
+                f"{self.caller}: num_experts={num_experts} tasks of {model.num_pt_per_task} components need "
                 f"{num_experts * model.num_pt_per_task}, the pool holds {components}"
             )
-        self.original = model.forward
-        return Plan(head=find_head(self.backbone, family="coda_prompt"), num_experts=num_experts, start_expert=start_expert,
-                    counter=counter, router_dim=router_dim)
+        return Plan(head=self.find_head(backbone), num_experts=num_experts, layout=_Windows(self, backbone),
+                    start_expert=start_expert, counter=counter, router_dim=router_dim)
 
     def refuse_framework_layout(self) -> None:
         inner = getattr(self.model, "prompt", None)
         if isinstance(inner, nn.Module) and hasattr(inner, "task_count") and not hasattr(self.model, "pos_e_prompt"):
             raise SeamError(
-                f"{_CALLER}: {type(self.model).__name__} keeps CODA-Prompt's components in a separate `prompt` module "
+                f"{self.caller}: {type(self.model).__name__} keeps CODA-Prompt's components in a separate `prompt` module "
                 f"({type(inner).__name__}, called inside the ViT's blocks: the Mammoth / LAMDA-PILOT layout), which "
                 "this family does not wire; only FlyGCL's CodaPrompt (components on the model, forward(inputs)) is "
                 "supported. The same mapping applies (a routed task t gets the component window [0, (t+1)*pt) of "
                 "prompt.task_count), but it is not implemented or verified for this layout"
             )
+
+
+
+class _Windows(Layout):
+    """The model's own forward, once per routed-task group with its component window."""
+
+    def __init__(self, family: CodaPrompt, backbone: nn.Module) -> None:
+        super().__init__(family)
+        self.backbone, self.original = backbone, family.model.forward
 
     def install_hooks(self) -> None:
         if self.options.router:
@@ -88,30 +95,25 @@ class CodaPrompt(AdapterFamily):
         """The model's own forward with the component window of ``expert``."""
         model = self.model
         saved = model.task_count
-        model.__dict__["task_count"] = int(expert)
+        model.task_count = int(expert)  # the attribute the model's forward reads its window from
         try:
-            self.batch.eval_banks = torch.full((inputs.shape[0],), int(expert), dtype=torch.long, device=inputs.device)
+            self.record.seen(banks=torch.full((inputs.shape[0],), int(expert), dtype=torch.long, device=inputs.device))
             return self.original(inputs, *args, **kwargs)
         finally:
-            model.__dict__["task_count"] = saved
+            model.task_count = saved
 
     def forward(self, inputs: Tensor, *args: Any, **kwargs: Any) -> Any:
-        handle = self.handle
-        if not self.active:
-            return self.original(inputs, *args, **kwargs)
-        if handle.training:
-            self.batch_seen(inputs.shape[0])
+        record = self.record
+        if record.training:
             current = torch.full((inputs.shape[0],), int(self.model.task_count), dtype=torch.long, device=inputs.device)
-            handle.note_trained(current)
-            self.banks_seen(current)
+            record.seen(inputs.shape[0], banks=current, trained=current)
             return self.original(inputs, *args, **kwargs)
         experts = None
-        if self.options.router and handle.routing_active():
-            experts = self.route(self.pop_query(inputs.shape[0]))
-        self.batch.eval_query = None
+        if self.options.router and record.routing_active():
+            experts = record.route(record.pop_query(inputs.shape[0]))
+        record.eval_query = None
         if experts is None:
             return self.windowed(inputs, int(self.model.task_count), *args, **kwargs)
-        handle.observed.routed = experts
         parts, rows = [], []
         for expert, index in expert_groups(experts):
             parts.append(self.windowed(inputs[index], expert, *args, **kwargs))

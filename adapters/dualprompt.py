@@ -19,13 +19,12 @@ from ._prompt_pools import (
     PoolFamily,
     PromptMaskPool,
     Slots,
-    is_key_pool,
     prompt_mask_pool,
     routable,
     slice_layout,
 )
 from ._registry import register_family
-from ._seams import SeamError, backbone_of, count_experts, find_head, step_counter
+from ._seams import SeamError, step_counter
 
 __all__ = ["DualPrompt", "retrofit"]
 
@@ -55,10 +54,10 @@ class DualPrompt(PoolFamily):
         prompt = getattr(self.model, "e_prompt", None)
         if not isinstance(prompt, nn.Module):
             raise self.missing_seam("e_prompt", _WHAT)
-        if hasattr(prompt, "prompt_key"):
+        if PromptMaskPool.matches(prompt):
             return self.jh_lee_layout(num_experts, slots_per_expert, query)
         if hasattr(prompt, "key") and hasattr(prompt, "prompts"):
-            if not is_key_pool(prompt):
+            if not KeyPool.matches(prompt):
                 raise self.missing_seam("e_prompt.key", "a (pool, D) tensor of keys")
             return self.key_pool_layout(prompt, num_experts, slots_per_expert, query)
         raise self.missing_seam("e_prompt.prompt_key` or `e_prompt.key", _WHAT)
@@ -66,39 +65,37 @@ class DualPrompt(PoolFamily):
     def jh_lee_layout(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         """JH-LEE ``dualprompt-pytorch``: routed by ``prompt_mask``; with ``use_prompt_mask`` the loop trains
         step ``t`` on its own ``top_k`` slots."""
-        prompt = prompt_mask_pool(self.model, "e_prompt", _WHAT, family="dualprompt")
-        head = find_head(self.model, family="dualprompt")
-        num_experts = count_experts(num_experts, None, "steps", family="dualprompt")
+        prompt = prompt_mask_pool(self.model, "e_prompt", _WHAT, family=self.family)
+        num_experts = self.count_experts(num_experts, None, "steps")
         pool, top_k = prompt.prompt_key.shape[0], int(prompt.top_k)
         tied = bool(getattr(self.model, "use_prompt_mask", False))
         if slots_per_expert is None and tied:
             slots_per_expert = top_k
-        size, expert_of_slot = slice_layout(pool, num_experts, slots_per_expert, top_k, family="dualprompt",
+        size, expert_of_slot = slice_layout(pool, num_experts, slots_per_expert, top_k, family=self.family,
                                             remainder_to_last=False)
-        self.pool = PromptMaskPool(self, prompt, Slots(expert_of_slot, torch.arange(pool), tied, **query))
-        return Plan(head=head, num_experts=num_experts, num_banks=pool,
+        layout = PromptMaskPool(self, prompt, Slots(expert_of_slot, torch.arange(pool), tied, **query))
+        return Plan(head=self.find_head(), num_experts=num_experts, layout=layout, num_banks=pool,
                     banks_of_expert=lambda expert: list(range(expert * size, (expert + 1) * size)))
 
     def key_pool_layout(self, pool: nn.Module, num_experts: Optional[int], slots_per_expert: Optional[int],
                         query: Dict[str, Any]) -> Plan:
         """The Si-Blurry lineage: ``S = model.num_pt_per_task``; the steps tie training where the pool's
         forward takes the slot range (Si-Blurry's pool-wide selection never reads its ``task_id``)."""
-        backbone = backbone_of(self.model, "the ViT whose classifier is the online head", family="dualprompt")
-        num_experts = count_experts(num_experts, getattr(self.model, "task_num", None), "steps", family="dualprompt")
+        backbone = self.backbone_of("the ViT whose classifier is the online head")
+        num_experts = self.count_experts(num_experts, getattr(self.model, "task_num", None), "steps")
         slots = int(pool.key.shape[0])
         size = slots_per_expert if slots_per_expert is not None else getattr(self.model, "num_pt_per_task", None)
-        size, expert_of_slot = slice_layout(slots, num_experts, size, 1, family="dualprompt", remainder_to_last=False)
+        size, expert_of_slot = slice_layout(slots, num_experts, size, 1, family=self.family, remainder_to_last=False)
         if self.options.ensemble and getattr(pool, "learnable_mask", False):
             raise SeamError(
-                "fly_modules.adapters.dualprompt: e_prompt.learnable_mask multiplies the logits after the classifier, "
+                f"{self.caller}: e_prompt.learnable_mask multiplies the logits after the classifier, "
                 "which the head ensemble cannot see; use ensemble=False or the generic adapter with your own transform"
             )
         steps = routable(pool)
-        self.pool = KeyPool(self, pool, Slots(expert_of_slot, torch.arange(slots), steps, **query))
-        return Plan(head=find_head(backbone, family="dualprompt"), num_experts=num_experts, num_banks=slots,
+        layout = KeyPool(self, pool, Slots(expert_of_slot, torch.arange(slots), steps, **query))
+        return Plan(head=self.find_head(backbone), num_experts=num_experts, layout=layout, num_banks=slots,
                     banks_of_expert=lambda expert: list(range(expert * size, (expert + 1) * size)),
                     counter=step_counter(self.model) if steps else None)
-
 
 
 retrofit = register_family(DualPrompt)

@@ -7,8 +7,9 @@ from typing import Any, Callable, Optional, Tuple
 
 from torch import Tensor, nn
 
-from ._family import AdapterFamily, Plan, RouteValue
+from ._family import AdapterFamily, Plan
 from ._head import EnsembleLinear, ensemble_scores
+from ._layout import Layout, RouteValue
 from ._query import default_query
 from ._registry import register_family
 from ._seams import SeamError, find_head
@@ -79,21 +80,30 @@ class Generic(AdapterFamily):
         if self.options.router and (query_module is None or route_module is None or route_kwarg is None):
             missing = [n for n, v in (("query_module", query_module), ("route_module", route_module),
                                       ("route_kwarg", route_kwarg)) if v is None]
-            raise SeamError(f"fly_modules.adapters.generic: router=True needs {', '.join(missing)}")
+            raise SeamError(f"{self.caller}: router=True needs {', '.join(missing)}")
         if bank_from_output is not None and route_module is None:
-            raise SeamError("fly_modules.adapters.generic: bank_from_output reads the route module's output; "
-                            "pass route_module")
-        self.query_module, self.query_from_output = query_module, query_from_output or default_query
+            raise SeamError(f"{self.caller}: bank_from_output reads the route module's output; pass route_module")
+        layout = _Seams(self, query_module, query_from_output or default_query, route_module, route_kwarg, route_value,
+                        bank_from_output)
+        return Plan(head=head, num_experts=num_experts, layout=layout, start_expert=start_expert, router_dim=router_dim)
+
+
+class _Seams(Layout):
+    """The seams the user named."""
+
+    def __init__(self, family: Generic, query_module: Optional[nn.Module], query_from_output: Callable[[Any], Tensor],
+                 route_module: Optional[nn.Module], route_kwarg: Optional[str], route_value: Optional[RouteValue],
+                 bank_from_output: Optional[Callable[[Any], Tensor]]) -> None:
+        super().__init__(family)
+        self.query_module, self.query_from_output = query_module, query_from_output
         self.route_module, self.route_kwarg, self.route_value = route_module, route_kwarg, route_value
         self.bank_from_output = bank_from_output
-        return Plan(head=head, num_experts=num_experts, start_expert=start_expert, router_dim=router_dim)
 
     def install_hooks(self) -> None:
         if self.options.router:
-            self.handle.query_source = f"the forward of {type(self.query_module).__name__} (query_module)"
             self.route_keyword(self.route_module, self.route_kwarg, value=self.route_value,
                                banks_follow_routing=self.bank_from_output is None)
-            self.read_query(self.query_module, self.query_from_output)
+            self.read_query(self.query_module, self.query_from_output, "query_module")
         if not self.options.ensemble:
             return
         bank_from_output = self.bank_from_output

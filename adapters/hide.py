@@ -19,7 +19,8 @@ Minhchuyentoancbn/MoE_PromptCL) and FlyGCL's port. The routed task replaces the 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import dataclasses
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -28,15 +29,15 @@ from fly_modules._validation import InvalidParameterError
 
 from ._assembly import check_assembly
 from ._family import AdapterFamily, Plan
+from ._layout import Layout
 from ._query import SharedPass, class_token, default_query
 from ._registry import register_family
-from ._seams import SeamError, backbone_of, count_experts, find_head, named_parameters
+from ._seams import SeamError, named_parameters
 
 __all__ = ["HiDe", "retrofit"]
 
 _WHAT = "the official HiDe-Prompt/NoRGa `EPrompt`, called with prompt_idx=..."
 _WHAT_PREFIX = "FlyGCL's HiDePrefixModel / NoRGaPrefixModel: forward_gate(x) -> (logits, h), forward_prompt(x, task_id)"
-_CALLER = "fly_modules.adapters.hide"
 _EXPERT_MODULES = ("lora_expert", "adapter_expert")  # HiDeLoRAModel, HiDeAdapterModel
 
 
@@ -60,7 +61,6 @@ class HiDe(AdapterFamily):
     """
 
     names = ("hide", "norga")
-    layout: "_Official | _PrefixModel"
 
     def recognise(
         self,
@@ -73,67 +73,58 @@ class HiDe(AdapterFamily):
         start_expert: Optional[Callable[[int], None]] = None,
         router_dim: Optional[int] = None,
     ) -> Plan:
-        if _is_prefix_model(self.model) and not hasattr(self.model, "e_prompt"):
-            expert_model = any(isinstance(getattr(self.model, name, None), nn.Module) for name in _EXPERT_MODULES)
+        if _PrefixModel.matches(self.model):
+            expert_model = _ExpertModel.matches(self.model)
             given = [name for name, value in (("original_model", original_model), ("query_module", query_module),
                                               ("query_from_output", query_from_output)) if value is not None]
             if given:
                 raise InvalidParameterError(
-                    f"{_CALLER}: {type(self.model).__name__} (FlyGCL's layout) routes on "
+                    f"{self.caller}: {type(self.model).__name__} (FlyGCL's layout) routes on "
                     f"{'the prompt-free class token' if expert_model else 'its own gate features (forward_gate h)'}; "
                     f"{given} are options of the official HiDe-Prompt/NoRGa layout"
                 )
-            self.layout = _ExpertModel(self, run_query_module) if expert_model else _PrefixModel(self, run_query_module)
-            plan = self.layout.plan(num_experts)
+            layout = _ExpertModel(self, run_query_module) if expert_model else _PrefixModel(self, run_query_module)
         else:
             if query_module is not None and original_model is not None:
-                raise InvalidParameterError(f"{_CALLER}: pass either original_model or query_module, not both")
+                raise InvalidParameterError(f"{self.caller}: pass either original_model or query_module, not both")
             query_module = query_module if query_module is not None else original_model
-            self.layout = _Official(self, query_module, query_from_output or default_query, run_query_module)
-            plan = self.layout.plan(num_experts)
-        plan.start_expert, plan.router_dim = start_expert, router_dim
-        return plan
-
-    def install_hooks(self) -> None:
-        self.layout.install()
-
-    def swap_head(self) -> None:
-        self.layout.swap_head()
+            layout = _Official(self, query_module, query_from_output or default_query, run_query_module)
+        return dataclasses.replace(layout.plan(num_experts), start_expert=start_expert, router_dim=router_dim)
 
 
 # ------------------------------------------------------------------------------- the official layout
-class _Official:
+class _Official(Layout):
     """``e_prompt(..., prompt_idx=...)`` routed with ``prompt_idx=expert[:, None]``, the banks on ``model.head``."""
 
     def __init__(self, family: HiDe, query_module: Optional[nn.Module], query_from_output: Callable[[Any], Tensor],
                  run_query_module: bool) -> None:
-        self.family, self.query_module, self.query_from_output = family, query_module, query_from_output
+        super().__init__(family)
+        self.query_module, self.query_from_output = query_module, query_from_output
         self.run_query_module = run_query_module
         self.prompt: nn.Module = None  # type: ignore[assignment]  (set by plan)
 
     def plan(self, num_experts: Optional[int]) -> Plan:
-        model, options = self.family.model, self.family.options
+        model, options = self.model, self.options
         prompt = getattr(model, "e_prompt", None)
         if not isinstance(prompt, nn.Module):
             raise self.family.missing_seam("e_prompt", _WHAT)
         if "prompt_idx" not in named_parameters(prompt.forward):
             raise self.family.missing_seam("e_prompt.forward(..., prompt_idx=...)", _WHAT)
-        num_experts = count_experts(num_experts, getattr(prompt, "pool_size", None), "tasks", family="hide")
+        num_experts = self.family.count_experts(num_experts, getattr(prompt, "pool_size", None), "tasks")
         if options.router and self.query_module is None:
             raise SeamError(
-                f"{_CALLER}: router=True needs the router features: pass original_model=... (its output['pre_logits']) "
+                f"{self.caller}: router=True needs the router features: pass original_model=... (its output['pre_logits']) "
                 "or query_module=... and query_from_output=..."
             )
         if options.router and getattr(prompt, "batchwise_prompt", False):
             raise SeamError(
-                f"{_CALLER}: e_prompt.batchwise_prompt replaces every sample's prompt_idx by the batch's most frequent "
+                f"{self.caller}: e_prompt.batchwise_prompt replaces every sample's prompt_idx by the batch's most frequent "
                 "one, so a routed task per sample would be overruled; set e_prompt.batchwise_prompt = False (your "
                 "--batchwise_prompt) or retrofit with router=False"
             )
-        head = find_head(model, family="hide")
-        corrections = check_assembly(prompt, family="hide", router=options.router, correct=options.correct_assembly)
+        corrections = check_assembly(prompt, family=self.family.family, router=options.router, correct=options.correct_assembly)
         self.prompt = prompt
-        return Plan(head=head, num_experts=num_experts, corrections=corrections)
+        return Plan(head=self.family.find_head(), num_experts=num_experts, layout=self, corrections=corrections)
 
     @staticmethod
     def used_task(output: Any) -> Optional[Tensor]:
@@ -142,33 +133,22 @@ class _Official:
 
     def observe(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
         """The task a call used: trained (training) or its ensemble bank (inference)."""
-        handle = self.family.handle
-        used = self.used_task(output)
-        if used is not None and handle.training:
-            handle.note_trained(used)
-        return None if handle.training else used
+        used, training = self.used_task(output), self.record.training
+        if used is not None and training:
+            self.record.seen(trained=used)
+        return None if training else used
 
-    def install(self) -> None:
-        family = self.family
-        if family.options.router:
-            family.handle.query_source = \
-                f"the forward of {type(self.query_module).__name__} (original_model / query_module)"
+    def install_hooks(self) -> None:
+        if self.options.router:
             if self.run_query_module:
-                family.run_query_when_missing(self.query_module)
-            family.read_query(self.query_module, self.query_from_output)
-            family.route_keyword(self.prompt, "prompt_idx", value=lambda experts, *call: experts.unsqueeze(1),
-                                 used_from_output=self.used_task)
-        family.read_banks(self.prompt, self.observe)
-
-    def swap_head(self) -> None:
-        self.family.replace_head(*self.family.plan.head)
+                self.run_query_when_missing(self.query_module)
+            self.read_query(self.query_module, self.query_from_output, "original_model / query_module")
+            self.route_keyword(self.prompt, "prompt_idx", value=lambda experts, *call: experts.unsqueeze(1),
+                               used_from_output=self.used_task)
+        self.read_banks(self.prompt, self.observe)
 
 
 # ---------------------------------------------------------------------- FlyGCL's prefix layout
-def _is_prefix_model(model: nn.Module) -> bool:
-    """FlyGCL's layout: the two branches as methods, the prompt head, and no E-prompt module."""
-    return callable(getattr(model, "forward_prompt", None)) and callable(getattr(model, "forward_gate", None)) \
-        and isinstance(getattr(model, "prompt_head", None), nn.Module)
 
 
 def _task_tensor(task_id: Any, batch: int, device: torch.device) -> Optional[Tensor]:
@@ -180,105 +160,122 @@ def _task_tensor(task_id: Any, batch: int, device: torch.device) -> Optional[Ten
     return None
 
 
-class _PrefixModel:
-    """Wraps ``forward_gate`` (its ``h`` is the query) and ``forward_prompt`` (the task is routed at
-    inference; the banks follow the task used) as instance attributes, undone by ``remove()``.
+@dataclasses.dataclass
+class _PromptCall:
+    """The prefix and expert models' part of the record: the running ``forward_prompt`` call.
 
     Attributes:
         in_prompt: a ``forward_prompt`` call is running (the ensembled head answers only inside one).
         prefix_task: the ``(B,)`` task the running call built its prefixes from (what the branch hands
             to ``backbone.forward_features``), ``None`` until seen.
+        kept: the expert models' shared prompt-free pass, kept for its second reader (:class:`SharedPass`).
+    """
+
+    in_prompt: bool = False
+    prefix_task: Optional[Tensor] = None
+    kept: Optional[Tuple[Any, ...]] = None
+
+
+class _PrefixModel(Layout):
+    """Wraps ``forward_gate`` (its ``h`` is the query) and ``forward_prompt`` (the task is routed at
+    inference; the banks follow the task used) as instance attributes, undone by ``remove()``.
+
+    Its part of the record is a :class:`_PromptCall` (:attr:`call`).
     """
 
     def __init__(self, family: HiDe, run_query_module: bool) -> None:
-        self.family, self.run_query_module = family, run_query_module
-        model = family.model
+        super().__init__(family)
+        self.run_query_module = run_query_module
+        model = self.model
         self.gate, self.prompt = model.forward_gate, model.forward_prompt
         self.callee = f"{type(model).__name__}.forward_prompt"
-        self.in_prompt = False
-        self.prefix_task: Optional[Tensor] = None
         self.features: Optional[Callable[..., Any]] = None
 
-    def plan(self, num_experts: Optional[int]) -> Plan:
-        family, model = self.family, self.family.model
-        if "task_id" not in named_parameters(model.forward_prompt):
-            raise family.missing_seam("forward_prompt(x, task_id, ...)", _WHAT_PREFIX)
-        if not isinstance(model.prompt_head, nn.Linear):
-            raise family.missing_seam("prompt_head", "an nn.Linear, the prompt branch's classifier")
-        num_experts = count_experts(num_experts, getattr(model, "task_num", None), "tasks", family=family.family)
-        return Plan(head=(model, "prompt_head"), num_experts=num_experts)
+    @classmethod
+    def matches(cls, owner: Any) -> bool:
+        """FlyGCL's layout: the two branches as methods, the prompt head, and no E-prompt module."""
+        return callable(getattr(owner, "forward_prompt", None)) and callable(getattr(owner, "forward_gate", None)) \
+            and isinstance(getattr(owner, "prompt_head", None), nn.Module) and not hasattr(owner, "e_prompt")
 
-    def install(self) -> None:
-        family, model = self.family, self.family.model
-        if family.options.router:
-            family.handle.query_source = f"the gate features h of {type(model).__name__}.forward_gate"
-            family.install.set_attribute(model, "forward_gate", self.forward_gate)
+    def plan(self, num_experts: Optional[int]) -> Plan:
+        model = self.model
+        if "task_id" not in named_parameters(model.forward_prompt):
+            raise self.family.missing_seam("forward_prompt(x, task_id, ...)", _WHAT_PREFIX)
+        if not isinstance(model.prompt_head, nn.Linear):
+            raise self.family.missing_seam("prompt_head", "an nn.Linear, the prompt branch's classifier")
+        num_experts = self.family.count_experts(num_experts, getattr(model, "task_num", None), "tasks")
+        return Plan(head=(model, "prompt_head"), num_experts=num_experts, layout=self)
+
+    @property
+    def call(self) -> _PromptCall:
+        """This layout's part of the record: the running ``forward_prompt`` call."""
+        return self.record.own
+
+    def install_hooks(self) -> None:
+        model = self.model
+        self.record.own = _PromptCall()
+        if self.options.router:
+            self.record.query_source = f"the gate features h of {type(model).__name__}.forward_gate"
+            self.install.set_attribute(model, "forward_gate", self.forward_gate)
         features = getattr(getattr(model, "backbone", None), "forward_features", None)
         if callable(features) and {"use_prefix", "task_id"} <= named_parameters(features):
             self.features = features
-            family.install.set_attribute(model.backbone, "forward_features", self.forward_features)
-        family.install.set_attribute(model, "forward_prompt", self.forward_prompt)
+            self.install.set_attribute(model.backbone, "forward_features", self.forward_features)
+        self.install.set_attribute(model, "forward_prompt", self.forward_prompt)
 
     def swap_head(self) -> None:
         # The ensemble answers inside forward_prompt at inference only: FlyGCL's classifier alignment
         # trains prompt_head directly with the model in eval mode, which must reach the online head.
-        handle = self.family.handle
-        self.family.replace_head(self.family.model, "prompt_head",
-                                 is_training=lambda: handle.training or not self.in_prompt)
+        record = self.record
+        self.replace_head(self.model, "prompt_head", is_training=lambda: record.training or not record.own.in_prompt)
 
     def forward_gate(self, *args: Any, **kwargs: Any) -> Any:
         output = self.gate(*args, **kwargs)
-        if self.family.active and isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Tensor):
-            self.family.query_seen(output[1])
+        if isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], Tensor):
+            self.record.seen(query=output[1])
         return output
 
     def forward_features(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
         use_prefix = kwargs.get("use_prefix", args[0] if args else False)
-        if self.family.active and use_prefix:
-            self.prefix_task = _task_tensor(kwargs.get("task_id", args[1] if len(args) > 1 else None),
+        if use_prefix:
+            self.call.prefix_task = _task_tensor(kwargs.get("task_id", args[1] if len(args) > 1 else None),
                                             x.shape[0], x.device)
         return self.features(x, *args, **kwargs)
 
     def routed(self, x: Tensor) -> Optional[Tensor]:
         """The routed tasks of an inference call (``None``: not routed)."""
-        family, handle = self.family, self.family.handle
-        if not family.options.router or handle.training or not handle.routing_active():
-            family.batch.eval_query = None
+        record = self.record
+        if not self.options.router or record.training or not record.routing_active():
+            record.eval_query = None
             return None
-        if family.batch.eval_query is None and self.run_query_module:
+        if record.eval_query is None and self.run_query_module:
             with torch.no_grad():
-                family.batch.eval_query = self.gate(x)[1].detach()  # the loop did not run the gate first
-        return family.route(family.pop_query(x.shape[0]))
+                record.eval_query = self.gate(x)[1].detach()  # the loop did not run the gate first
+        return record.route(record.pop_query(x.shape[0]))
 
     def forward_prompt(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
-        family, handle = self.family, self.family.handle
-        if not family.active:
-            return self.prompt(x, *args, **kwargs)
+        record, call = self.record, self.call
         experts = self.routed(x)
         if experts is not None:
             if args:
                 args = (experts, *args[1:])
             else:
                 kwargs["task_id"] = experts
-            handle.observed.routed = experts
         task_id = args[0] if args else kwargs.get("task_id")
-        if not handle.training:  # the ensemble head answers inside the call: its banks must be set before it
-            family.banks_seen(_task_tensor(task_id, x.shape[0], x.device))
-        self.prefix_task, self.in_prompt = None, True
+        if not record.training:  # the ensemble head answers inside the call: its banks must be set before it
+            record.seen(banks=_task_tensor(task_id, x.shape[0], x.device))
+        call.prefix_task, call.in_prompt = None, True
         try:
             output = self.prompt(x, *args, **kwargs)
         finally:
-            self.in_prompt = False
-        used, self.prefix_task = self.prefix_task, None
+            call.in_prompt = False
+        used, call.prefix_task = call.prefix_task, None
         if used is None:
             used = _task_tensor(task_id, x.shape[0], x.device)
-        if handle.training:
-            family.batch_seen(x.shape[0])
-            if used is not None:
-                handle.note_trained(used)
-            family.banks_seen(used)  # moved after the optimizer step
-        elif experts is not None and handle.wants_observation:
-            handle.note_routed(experts, used, self.callee)
+        if record.training:
+            record.seen(x.shape[0], banks=used, trained=used)  # the banks move after the optimizer step
+        elif experts is not None and record.wants_observation:
+            record.used_by_routed(experts, used, self.callee)
         return output
 
 
@@ -295,7 +292,7 @@ class _ExpertModel(_PrefixModel):
     def __init__(self, family: HiDe, run_query_module: bool) -> None:
         if not run_query_module:
             raise InvalidParameterError(
-                f"{_CALLER}: {type(family.model).__name__} has no call the router features can be read from (its "
+                f"{family.caller}: {type(family.model).__name__} has no call the router features can be read from (its "
                 "gate runs g_mlp on them), so the retrofit computes them; leave run_query_module=True"
             )
         super().__init__(family, run_query_module)
@@ -303,39 +300,44 @@ class _ExpertModel(_PrefixModel):
         self.backbone: nn.Module = None  # type: ignore[assignment]  (set by plan)
         self.shared: SharedPass = None  # type: ignore[assignment]  (set by install, router on)
 
+    @classmethod
+    def matches(cls, owner: Any) -> bool:
+        """The prefix layout with per-task LoRA or adapters in place of the prefixes."""
+        return super().matches(owner) and any(isinstance(getattr(owner, name, None), nn.Module)
+                                              for name in _EXPERT_MODULES)
+
     def plan(self, num_experts: Optional[int]) -> Plan:
-        model = self.family.model
+        model = self.model
         self.experts = next(getattr(model, name) for name in _EXPERT_MODULES if isinstance(getattr(model, name, None),
                                                                                          nn.Module))
-        self.backbone = backbone_of(model, "the frozen ViT the experts run in", family=self.family.family,
-                                    forward_features=True)
+        self.backbone = self.family.backbone_of("the frozen ViT the experts run in", forward_features=True)
         return super().plan(num_experts)
 
-    def install(self) -> None:
-        family = self.family
-        if family.options.router:
-            family.handle.query_source = "the prompt-free class token of model.backbone.forward_features (the pass " \
+    def install_hooks(self) -> None:
+        self.record.own = _PromptCall()
+        if self.options.router:
+            self.record.query_source = "the prompt-free class token of model.backbone.forward_features (the pass " \
                 "of forward_gate, or one run by the retrofit)"
-            self.shared = SharedPass(self.backbone)
-            family.install.set_attribute(self.backbone, "forward_features", self.forward_features)
-            family.install.add_undo(self.shared.clear)
-        family.install.forward_pre_hook(self.experts, self.experts_called, with_kwargs=True)
-        family.install.set_attribute(family.model, "forward_prompt", self.forward_prompt)
+            self.shared = SharedPass(self.backbone, self.call)
+            self.install.set_attribute(self.backbone, "forward_features", self.forward_features)
+            self.install.add_undo(self.shared.clear)
+        self.install.forward_pre_hook(self.experts, self.experts_called, with_kwargs=True)
+        self.install.set_attribute(self.model, "forward_prompt", self.forward_prompt)
 
     def experts_called(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """``experts(backbone, inputs, expert_ids)``: the tasks the running call really uses."""
         ids = kwargs.get("expert_ids", args[2] if len(args) > 2 else None)
-        if self.family.active and self.in_prompt and isinstance(ids, Tensor):
-            self.prefix_task = ids.detach().reshape(-1).long()
+        if self.call.in_prompt and isinstance(ids, Tensor):
+            self.call.prefix_task = ids.detach().reshape(-1).long()
 
     def forward_features(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
         """The backbone's prompt-free pass (the gate's): the retrofit's when it ran it for this very call;
         kept for a ``forward_prompt`` that follows and needs the router features (routed inference, or a
         stream batch's first training forward in a loop that runs the gate first)."""
-        handle = self.family.handle
-        if not self.family.active or args or kwargs or not isinstance(x, Tensor):
+        record = self.record
+        if args or kwargs or not isinstance(x, Tensor):
             return self.shared.features(x, *args, **kwargs)
-        return self.shared.run(x, keep=handle.batch.query is None if handle.training else handle.routing_active())
+        return self.shared.run(x, keep=record.query is None if record.training else record.routing_active())
 
     def query(self, x: Tensor, *, keep: bool) -> Tensor:
         """The router features of ``x``, from the shared pass (kept for the gate's call when ``keep``)."""
@@ -343,15 +345,15 @@ class _ExpertModel(_PrefixModel):
             return class_token(self.shared.run(x, keep=keep)).detach().clone()
 
     def routed(self, x: Tensor) -> Optional[Tensor]:
-        family, handle = self.family, self.family.handle
-        if not family.options.router or handle.training or not handle.routing_active():
+        record = self.record
+        if not self.options.router or record.training or not record.routing_active():
             return None
-        return family.route(self.query(x, keep=False))
+        return record.route(self.query(x, keep=False))
 
     def forward_prompt(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
-        family, handle = self.family, self.family.handle
-        if family.active and family.options.router and handle.training and handle.batch.query is None:
-            family.query_seen(self.query(x, keep=True))  # the stream batch's first training forward
+        record = self.record
+        if self.options.router and record.training and record.query is None:
+            record.seen(query=self.query(x, keep=True))  # the stream batch's first training forward
         return super().forward_prompt(x, *args, **kwargs)
 
 

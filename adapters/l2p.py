@@ -9,9 +9,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from ._family import Plan
-from ._prompt_pools import KeyPool, PoolFamily, PromptMaskPool, Slots, is_key_pool, prompt_mask_pool, slice_layout
+from ._prompt_pools import KeyPool, PoolFamily, PromptMaskPool, Slots, prompt_mask_pool, slice_layout
 from ._registry import register_family
-from ._seams import backbone_of, count_experts, find_head
 
 __all__ = ["L2P", "retrofit"]
 
@@ -32,22 +31,21 @@ class L2P(PoolFamily):
 
     def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         """The JH-LEE pool routed by ``prompt_mask``, the Si-Blurry-lineage pool by its slot range."""
-        num_experts = count_experts(num_experts, None, "key-pool slices", family="l2p")
+        num_experts = self.count_experts(num_experts, None, "key-pool slices")
         prompt = getattr(self.model, "prompt", None)
-        if is_key_pool(prompt):
-            backbone = backbone_of(self.model, "the ViT whose classifier is the online head", family="l2p")
-            head = find_head(backbone, family="l2p")
+        if KeyPool.matches(prompt):
+            head = self.find_head(self.backbone_of("the ViT whose classifier is the online head"))
             pool_size, top_k = int(prompt.key.shape[0]), int(getattr(prompt, "selection_size", 1))
         else:
             prompt = prompt_mask_pool(self.model, "prompt", "the JH-LEE l2p-pytorch prompt pool `prompt.Prompt`",
-                                      family="l2p")
-            head = find_head(self.model, family="l2p")
+                                      family=self.family)
+            head = self.find_head()
             pool_size, top_k = int(prompt.prompt_key.shape[0]), int(prompt.top_k)
-        _, expert_of_slot = slice_layout(pool_size, num_experts, slots_per_expert, top_k, family="l2p",
+        _, expert_of_slot = slice_layout(pool_size, num_experts, slots_per_expert, top_k, family=self.family,
                                          remainder_to_last=True)
         slots = Slots(expert_of_slot, expert_of_slot, ties_training=False, **query)
-        self.pool = KeyPool(self, prompt, slots) if is_key_pool(prompt) else PromptMaskPool(self, prompt, slots)
-        return Plan(head=head, num_experts=num_experts)
+        layout = KeyPool(self, prompt, slots) if KeyPool.matches(prompt) else PromptMaskPool(self, prompt, slots)
+        return Plan(head=head, num_experts=num_experts, layout=layout)
 
 
 retrofit = register_family(L2P)

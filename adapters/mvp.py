@@ -18,8 +18,9 @@ from fly_modules._validation import InvalidParameterError, check_choice
 
 from ._family import AdapterFamily, Plan
 from ._head import ensemble_scores
+from ._layout import Layout
 from ._registry import register_family
-from ._seams import SeamError, backbone_of, find_head, missing_seam, step_counter
+from ._seams import SeamError, missing_seam, step_counter
 
 __all__ = ["MVP", "retrofit"]
 
@@ -72,9 +73,9 @@ class MVP(AdapterFamily):
         start_expert: Optional[Callable[[int], None]] = None,
     ) -> Plan:
         model = self.model
-        self.router_features = check_choice(router_features or "cls", "router_features", _ROUTER_FEATURES,
-                                            caller="fly_modules.adapters.mvp")
-        self.backbone = backbone = backbone_of(model, "the frozen ViT MVP prompts", family="mvp")
+        router_features = check_choice(router_features or "cls", "router_features", _ROUTER_FEATURES,
+                                       caller=self.caller)
+        backbone = self.backbone_of("the frozen ViT MVP prompts")
         for name in ("patch_embed", "blocks", "norm"):
             if not hasattr(backbone, name):
                 raise self.missing_seam(f"backbone.{name}", "part of the ViT MVP's query pass runs through")
@@ -82,30 +83,49 @@ class MVP(AdapterFamily):
             raise self.missing_seam("e_prompts", "MVP's E-prompt pool")
         if not callable(getattr(model, "forward_features", None)):
             raise self.missing_seam("forward_features", "MVP's prompted pass returning (feature, mask)")
-        self.key_name = _first_attribute(model, ("key", "learnable_key"), "MVP's prompt keys")
+        key_name = _first_attribute(model, ("key", "learnable_key"), "MVP's prompt keys")
         _first_attribute(model, ("mask", "learnable_mask"), "MVP's learnable class mask")  # a seam check only
-        pool = int(getattr(model, self.key_name).shape[0])
+        pool = int(getattr(model, key_name).shape[0])
         if num_experts is not None and int(num_experts) != pool:
             raise InvalidParameterError(
-                f"fly_modules.adapters.mvp: the routed expert is the prompt index, so num_experts must equal the "
+                f"{self.caller}: the routed expert is the prompt index, so num_experts must equal the "
                 f"pool size {pool}, got {num_experts}"
             )
         if self.options.router and int(getattr(model, "selection_size", 1)) != 1:
-            raise InvalidParameterError("fly_modules.adapters.mvp: routing replaces a top-1 selection; "
-                                        "selection_size must be 1")
-        head = find_head(backbone, family="mvp")
+            raise InvalidParameterError(f"{self.caller}: routing replaces a top-1 selection; selection_size must be 1")
         blocks = backbone.blocks
-        self.query_index = len(blocks) - 1 if getattr(model, "use_last_layer", True) else len(blocks) - 2
-        if self.query_index < 0:
-            raise SeamError("fly_modules.adapters.mvp: the backbone has too few blocks for MVP's query pass")
-        self.call = _Forward()
-        return Plan(head=head, num_experts=pool, banks_of_expert=lambda expert: [], start_expert=start_expert,
-                    counter=step_counter(model))
+        query_index = len(blocks) - 1 if getattr(model, "use_last_layer", True) else len(blocks) - 2
+        if query_index < 0:
+            raise SeamError(f"{self.caller}: the backbone has too few blocks for MVP's query pass")
+        layout = _QueryPass(self, backbone, router_features, key_name, query_index)
+        return Plan(head=self.find_head(backbone), num_experts=pool, layout=layout, banks_of_expert=_no_banks,
+                    start_expert=start_expert, counter=step_counter(model))
+
+
+def _no_banks(expert: int) -> Sequence[int]:
+    return []  # one bank per prompt: no bank is re-cloned when an expert starts
+
+
+class _QueryPass(Layout):
+    """MVP's query pass: its class token becomes the routed prompt's key, so MVP's own key match selects the
+    routed prompt; the ensemble answers in place of the model's output, times MVP's class mask."""
+
+    def __init__(self, family: MVP, backbone: nn.Module, router_features: str, key_name: str,
+                 query_index: int) -> None:
+        super().__init__(family)
+        self.backbone, self.router_features, self.key_name = backbone, router_features, key_name
+        self.query_index = query_index
+        self.original_features: Callable[..., Any] = family.model.forward_features
+
+    @property
+    def call(self) -> _Forward:
+        """This layout's part of the record: what one ``forward_features`` call hands to the next hook."""
+        return self.record.own
 
     def install_hooks(self) -> None:
-        self.handle.query_source = f"the query pass inside {type(self.model).__name__}.forward_features (training mode)"
+        self.record.own = _Forward()
+        self.record.query_source = f"the query pass inside {type(self.model).__name__}.forward_features (training mode)"
         self.install.forward_hook(self.backbone.blocks[self.query_index], self.on_query_block)
-        self.original_features = self.model.forward_features
         self.install.set_attribute(self.model, "forward_features", self.forward_features)
 
     # ---------------------------------------------------------------------------------- the query pass
@@ -128,58 +148,54 @@ class MVP(AdapterFamily):
         return self.backbone.norm(tokens[:, :1])[:, 0]
 
     def on_query_block(self, block: nn.Module, args: Any, output: Tensor) -> Optional[Tensor]:
-        call, handle, ensemble = self.call, self.handle, self.options.ensemble
-        if not call.armed or not self.active:
+        call, record, ensemble = self.call, self.record, self.options.ensemble
+        if not call.armed:
             return None
         call.armed = False
         query = output[:, 0]
         # The router keeps the first training query of a stream batch: later online iterations skip the extra block.
-        recorded = handle.training and handle.batch.query is not None
+        recorded = record.training and record.query is not None
         features = self.router_input(output) if self.options.router and not recorded else None
-        if handle.training:
+        if record.training:
             if features is not None:
-                self.query_seen(features)
+                record.seen(query=features)
             if ensemble and not isinstance(getattr(self.model, "count", None), Tensor):
                 call.selection = self.own_selection(query.detach())
             return None
-        experts = self.route(features) if features is not None else None
+        experts = record.route(features) if features is not None else None
         if experts is None:
             call.selection = self.own_selection(query.detach()) if ensemble else None
             return None
         call.selection = experts
-        handle.observed.routed = experts
         crafted = output.clone()
         crafted[:, 0] = getattr(self.model, self.key_name).detach()[experts].to(output.dtype)
         return crafted
 
     def forward_features(self, *args: Any, **kwargs: Any) -> Any:
-        call, handle, ensemble = self.call, self.handle, self.options.ensemble
-        if not self.active:
-            return self.original_features(*args, **kwargs)
+        call, record, ensemble = self.call, self.record, self.options.ensemble
         count = getattr(self.model, "count", None)
-        before = count.detach().clone() if handle.training and ensemble and isinstance(count, Tensor) else None
+        before = count.detach().clone() if record.training and ensemble and isinstance(count, Tensor) else None
         call.armed, call.selection = True, None
         try:
             output = self.original_features(*args, **kwargs)
         finally:
             call.armed = False
-        if handle.training:
+        if record.training:
             images = args[0] if args else next(iter(kwargs.values()), None)
-            if isinstance(images, Tensor):
-                self.batch_seen(images.shape[0])
+            grown = None
             if ensemble:
                 grown = (self.model.count - before > 0).nonzero().squeeze(1) if before is not None else call.selection
-                self.banks_seen(grown)
+            record.seen(images.shape[0] if isinstance(images, Tensor) else None, banks=grown)
         elif ensemble:
             call.mvp_mask = output[1] if isinstance(output, (tuple, list)) and len(output) > 1 else None
-            self.batch.eval_banks = None if call.selection is None else call.selection.reshape(-1).long()
+            record.eval_banks = None if call.selection is None else call.selection.reshape(-1).long()
         return output
 
     # -------------------------------------------------------------------------------------- the head
     def swap_head(self) -> None:
         """The head keeps its input at inference; the model's output is replaced by the ensemble of the
         members, multiplied by MVP's class mask (a per-sample transform the head alone cannot see)."""
-        self.replace_head(*self.plan.head, scorer=self.keep_input)
+        self.replace_head(*self.family.plan.head, scorer=self.keep_input)
         self.install.forward_hook(self.model, self.ensemble_output)
 
     def keep_input(self, x: Tensor) -> Tensor:
@@ -188,13 +204,13 @@ class MVP(AdapterFamily):
 
     def ensemble_output(self, module: nn.Module, args: Any, output: Tensor) -> Optional[Tensor]:
         call, handle = self.call, self.handle
-        if not self.active or handle.training:
+        if handle.record.training:
             return None
         features, call.head_input = call.head_input, None
         mvp_mask, call.mvp_mask = call.mvp_mask, None
         if features is None:
             return None
-        banks = self.pop_banks(features.shape[0])
+        banks = handle.record.pop_banks(features.shape[0])
         transform = None
         if getattr(self.model, "use_mask", False) and isinstance(mvp_mask, Tensor):
             scale = mvp_mask.reshape(features.shape[0], -1).unsqueeze(1)

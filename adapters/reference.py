@@ -11,13 +11,14 @@ The contract (``adapters/contract.py``) declares the seams this family drives: `
 from __future__ import annotations
 
 import types
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
 
 from ._family import AdapterFamily, Plan
 from ._handle import Retrofit
+from ._layout import Layout
 from ._options import RetrofitOptions
 from ._registry import register_family
 from ._seams import SeamError
@@ -49,7 +50,8 @@ class Reference(AdapterFamily):
     seam_contract = False
 
     @classmethod
-    def retrofit(cls, model: nn.Module, options: RetrofitOptions, **family_options: Any) -> Retrofit:
+    def retrofit(cls, model: nn.Module, options: RetrofitOptions, family_options: Mapping[str, Any],
+                 method: Optional[str] = None) -> Retrofit:
         """As every family's, but a component is refused for a method stating why it cannot serve it
         (:data:`REFUSALS`: ``router_refusal``, its experts cannot be chosen per sample; ``ensemble_refusal``,
         no prediction reads the head EMA copies would follow). :func:`build_handle` builds what its
@@ -60,7 +62,7 @@ class Reference(AdapterFamily):
             if getattr(options, option) and reason:
                 raise SeamError(f"fly_modules.adapters.reference: {option}=True refused for {type(model).__name__}: "
                                 f"{reason}; retrofit it with {option}=False")
-        return super().retrofit(model, options, **family_options)
+        return super().retrofit(model, options, family_options, method)
 
     def recognise(self) -> Plan:
         model = self.model
@@ -68,33 +70,35 @@ class Reference(AdapterFamily):
         if missing:
             raise self.missing_seam(missing[0], "part of fly_modules.adapters.SeamContract")
         return Plan(
-            num_experts=int(model.num_experts), classifier=model.get_classifier(),
+            num_experts=int(model.num_experts), head=model.get_classifier(), layout=_Contract(self),
             num_banks=model.num_banks, banks_of_expert=model.banks_of_expert, start_expert=model.on_expert_start,
             router_dim=getattr(model, "router_dim", None), current_expert=int(getattr(model, "current_expert", 0)),
             inference=lambda x: model.predict(x),
         )
 
+
+class _Contract(Layout):
+    """The declared seams: a hook reading each training forward's output, a pre-hook routing inference, and
+    ``predict`` replaced by the ensemble of each sample's bank."""
+
     def install_hooks(self) -> None:
-        self.handle.query_source = f"the forward of {type(self.model).__name__} (its frozen query pass)"
-        self.install.forward_hook(self.model, self.record, with_kwargs=True)
+        self.install.forward_hook(self.model, self.training_forward, with_kwargs=True)
         if self.handle.router is not None:
             self.install.forward_pre_hook(self.model, self.route_at_inference, with_kwargs=True)
+        self.record.query_source = f"the forward of {type(self.model).__name__} (its frozen query pass)"
 
-    def record(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        handle = self.handle
-        if module.training and not handle.removed:
-            handle.record_query(output.query.router)
-            handle.record_trained_banks(module.bank_of(output.selection))
+    def training_forward(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if module.training:
+            self.record.seen(query=output.query.router, banks=module.bank_of(output.selection))
 
     def route_at_inference(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
-        handle = self.handle
-        if module.training or kwargs.get("expert") is not None or not handle.routing_active():
+        record = self.record
+        if module.training or kwargs.get("expert") is not None or not record.routing_active():
             return None
         query = kwargs.get("query")
         if query is None:
             query = module.compute_query(args[0] if args else kwargs["x"])
-        experts = handle.route(query.router)
-        handle.observed.routed = experts
+        experts = record.route(query.router)
         return args, {**kwargs, "query": query, "expert": experts}
 
     def swap_head(self) -> None:
@@ -105,7 +109,7 @@ class Reference(AdapterFamily):
         def predict(model: nn.Module, x: Tensor, logit_mask: Optional[Tensor] = None) -> Tensor:
             output = model(x)  # through the hooks: routed by the pre-hook when the router is on
             banks = model.bank_of(output.selection)
-            handle.observed.banks = banks
+            handle.record.ensembled = banks
             members = model.transform_logits(ensemble.member_logits(output.features, banks), output.selection)
             if logit_mask is not None:
                 members = members + (logit_mask.unsqueeze(1) if logit_mask.ndim == 2 else logit_mask)

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from ._family import AdapterFamily, Plan
+from ._layout import Layout
 from ._registry import register_family
-from ._seams import SeamError, backbone_of, count_experts, find_head, step_counter
+from ._seams import SeamError, step_counter
 
 __all__ = ["SDLoRA", "retrofit", "ROUTER_REFUSAL"]
 
@@ -40,15 +41,19 @@ class SDLoRA(AdapterFamily):
                   start_expert: Optional[Callable[[int], None]] = None) -> Plan:
         model = self.model
         if self.options.router:
-            raise SeamError(f"fly_modules.adapters.sdlora: router=True refused for {type(model).__name__}: "
+            raise SeamError(f"{self.caller}: router=True refused for {type(model).__name__}: "
                             f"{ROUTER_REFUSAL}; retrofit it with router=False (the ensemble works)")
         counter = step_counter(model)
         if counter is None or counter.attribute != "task_count":
             raise self.missing_seam("process_task_count()", _WHAT)
-        backbone = backbone_of(model, "the ViT carrying the LoRA directions and the classifier", family="sdlora")
-        num_experts = count_experts(num_experts, getattr(model, "task_num", None), "tasks", family="sdlora")
-        return Plan(head=find_head(backbone, family="sdlora"), num_experts=num_experts, counter=counter,
+        backbone = self.backbone_of("the ViT carrying the LoRA directions and the classifier")
+        num_experts = self.count_experts(num_experts, getattr(model, "task_num", None), "tasks")
+        return Plan(head=self.find_head(backbone), num_experts=num_experts, layout=_TaskCount(self), counter=counter,
                     start_expert=start_expert)
+
+
+class _TaskCount(Layout):
+    """Every sample of a call uses the task ``task_count``."""
 
     def install_hooks(self) -> None:
         self.install.forward_pre_hook(self.model, self.observe, with_kwargs=True)
@@ -57,13 +62,9 @@ class SDLoRA(AdapterFamily):
         """Every sample of a call uses the task ``task_count``: its bank trains, or answers at inference
         (set before the call: the classifier runs inside it)."""
         images = args[0] if args and isinstance(args[0], Tensor) else kwargs.get("inputs")
-        if not self.active or not isinstance(images, Tensor):
-            return
-        task = torch.full((images.shape[0],), int(module.task_count), dtype=torch.long, device=images.device)
-        if self.handle.training:
-            self.batch_seen(images.shape[0])
-            self.handle.note_trained(task)
-        self.banks_seen(task)
+        if isinstance(images, Tensor):
+            task = torch.full((images.shape[0],), int(module.task_count), dtype=torch.long, device=images.device)
+            self.record.seen(images.shape[0], banks=task, trained=task)
 
 
 retrofit = register_family(SDLoRA)

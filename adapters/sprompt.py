@@ -14,8 +14,9 @@ from torch import Tensor, nn
 from fly_modules._validation import InvalidParameterError
 
 from ._family import AdapterFamily, Plan
+from ._layout import Layout
 from ._registry import register_family
-from ._seams import backbone_of, count_experts, find_head, named_parameters, step_counter
+from ._seams import named_parameters, step_counter
 
 __all__ = ["SPrompt", "retrofit"]
 
@@ -52,17 +53,23 @@ class SPrompt(AdapterFamily):
             raise self.missing_seam("experts.forward(backbone, inputs, expert_ids)", _WHAT)
         if "expert_ids" not in named_parameters(model.forward):
             raise self.missing_seam("forward(inputs, expert_ids=None)", _WHAT)
-        self.backbone = backbone_of(model, "the ViT the prompts are inserted into", family="sprompt",
-                                    forward_features=True)
-        num_experts = count_experts(num_experts, getattr(experts, "num_experts", None), "tasks", family="sprompt")
+        backbone = self.backbone_of("the ViT the prompts are inserted into", forward_features=True)
+        num_experts = self.count_experts(num_experts, getattr(experts, "num_experts", None), "tasks")
         if num_experts > experts.prompts.shape[1]:
             raise InvalidParameterError(
-                f"fly_modules.adapters.sprompt: num_experts={num_experts} but model.experts.prompts holds "
+                f"{self.caller}: num_experts={num_experts} but model.experts.prompts holds "
                 f"{experts.prompts.shape[1]} prompt sets"
             )
-        self.experts = experts
-        return Plan(head=find_head(self.backbone, family="sprompt"), num_experts=num_experts, start_expert=start_expert,
-                    counter=step_counter(model), router_dim=router_dim)
+        return Plan(head=self.find_head(backbone), num_experts=num_experts, layout=_ExpertIds(self, backbone, experts),
+                    start_expert=start_expert, counter=step_counter(model), router_dim=router_dim)
+
+
+class _ExpertIds(Layout):
+    """The routed task as ``model.forward``'s ``expert_ids``; the banks are the prompt sets ``model.experts`` used."""
+
+    def __init__(self, family: SPrompt, backbone: nn.Module, experts: nn.Module) -> None:
+        super().__init__(family)
+        self.backbone, self.experts = backbone, experts
 
     def install_hooks(self) -> None:
         if self.options.router:
@@ -76,13 +83,13 @@ class SPrompt(AdapterFamily):
         used = _expert_ids(args, kwargs)
         if used is None:
             return None
-        handle = self.handle
-        if handle.training:
-            handle.note_trained(used)
+        record = self.record
+        if record.training:
+            record.seen(trained=used)
         else:
-            injected = self.batch.injected  # set by the routing pre-hook of this forward
-            if injected is not None and handle.wants_observation:
-                handle.note_routed(injected, used, f"{type(module).__name__}.forward")
+            injected = record.injected  # set by the routing pre-hook of this forward
+            if injected is not None and record.wants_observation:
+                record.used_by_routed(injected, used, f"{type(module).__name__}.forward")
         return used
 
 

@@ -98,7 +98,7 @@ def test_one_frozen_pass_per_online_iteration_and_per_routed_call(adapter):
         before = run.passes.calls
         run.evaluate(x)
         assert run.passes.calls - before == 1
-    assert ours.handle.observed.routed is not None
+    assert ours.handle.record.routed is not None
     before = ours.passes.calls
     with torch.no_grad():  # a loop that does not run the gate first: the router's own pass
         ours.model.forward_prompt(x, task_id=0)
@@ -116,14 +116,14 @@ def test_statistics_routes_and_predictions_match_a_separate_frozen_pass(adapter)
         for _ in range(ONLINE_ITER):
             got, want = ours.online_train(x, y, session), plain.online_train(x, y, session)
             assert all(torch.equal(a, b) for a, b in zip(got, want))  # the gate's outputs too
-        assert torch.equal(ours.handle.batch.query, ours.class_token(x))
+        assert torch.equal(ours.handle.record.query, ours.class_token(x))
         ours.handle.end_batch()
     x = torch.cat([stream(0)[0][:3], stream(1)[0][:3]])
     expected = ours.handle.router.route(ours.class_token(x))
     assert sorted(set(expected.tolist())) == [0, 1]  # the check below sees both experts
     logits, gate_logits = ours.evaluate(x)
     routed: List[int] = ours.model.experts.last_expert_ids.tolist()
-    assert routed == expected.tolist() == ours.handle.observed.routed.tolist()
+    assert routed == expected.tolist() == ours.handle.record.routed.tolist()
     want_logits, want_gate = plain.evaluate(x, task=expected)
     assert torch.equal(logits, want_logits) and torch.equal(gate_logits, want_gate)
 
@@ -165,7 +165,7 @@ def test_a_pass_is_shared_only_for_the_same_unchanged_input_without_a_graph(adap
     before = ours.passes.calls
     model.forward_gate(x)  # a loop that runs the gate first: its pass gives the stream batch's query
     model.forward_prompt(x, task_id=1)
-    assert ours.passes.calls - before == 1 and torch.equal(ours.handle.batch.query, ours.class_token(x))
+    assert ours.passes.calls - before == 1 and torch.equal(ours.handle.record.query, ours.class_token(x))
     ours.handle.end_batch()
     model.backbone.requires_grad_(True)  # the gate's pass would record a graph: it runs its own
     before = ours.passes.calls

@@ -48,7 +48,7 @@ def test_mixed_experts_reach_each_sample_as_if_alone(name):
     case, model, handle, x = routed_model(name)
     with torch.no_grad():
         together, used = case.forward(model, None, x)
-        assert torch.equal(used, MIXED) and torch.equal(handle.observed.routed, MIXED)
+        assert torch.equal(used, MIXED) and torch.equal(handle.record.routed, MIXED)
         alone = torch.cat([case.forward(model, None, x[i : i + 1])[0] for i in range(4)])
         torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
         # the experts really differ: the same samples all on expert 0 give other outputs
@@ -180,7 +180,7 @@ def test_coda_routed_task_gets_its_component_window_sample_by_sample():
     model.eval(), reference.eval()
     with torch.no_grad():
         together = model(x)
-        assert torch.equal(handle.observed.routed, MIXED) and model.task_count == 1
+        assert torch.equal(handle.record.routed, MIXED) and model.task_count == 1
         alone = torch.cat([model(x[i : i + 1]) for i in range(4)])
         windows = []
         for i, expert in enumerate(MIXED.tolist()):  # the model itself with the expert's window
@@ -265,7 +265,7 @@ def test_expert_models_route_on_the_class_token_without_a_gate_call(adapter):
     model.eval()
     with torch.no_grad():
         model.forward_prompt(x, task_id=0)  # no gate call: the retrofit computes the class token
-    assert model.experts.last_expert_ids.tolist() == MIXED.tolist() == handle.observed.routed.tolist()
+    assert model.experts.last_expert_ids.tolist() == MIXED.tolist() == handle.record.routed.tolist()
     handle.remove()
     assert "forward_prompt" not in vars(model)
     model.forward_prompt(x, task_id=0)
@@ -307,7 +307,7 @@ def test_sdlora_ensemble_trains_the_current_tasks_bank_and_verifies():
     model.eval()
     with torch.no_grad():
         model(x)
-    assert handle.observed.banks.tolist() == [1] * 8
+    assert handle.record.ensembled.tolist() == [1] * 8
     report = handle.verify(x)
     assert report.ok, str(report)
     keys = set(model.state_dict())

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 pytest.importorskip("timm")
-from fly_modules.adapters import AdapterFamily, SeamError, generic, retrofit  # noqa: E402
+from fly_modules.adapters import Layout, SeamError, generic, retrofit  # noqa: E402
 from flygcl_standins import FlyGCLCodaPrompt  # noqa: E402
 from upstream_cases import CASES, ROUTER, Case, HiDeCase, adapt, batch, hook_counts, trainable  # noqa: E402
 from upstream_standins import C, D, E, Tiny  # noqa: E402
@@ -238,6 +238,7 @@ def test_unknown_structure_raises_seam_error_naming_the_attribute():
         with pytest.raises(SeamError, match=r"generic\.retrofit") as info:
             retrofit(model, method, num_experts=E)
         assert attribute in str(info.value), (method, str(info.value))
+        assert str(info.value).startswith(f"fly_modules.adapters.{method}:"), str(info.value)  # the method asked
     keyless = Bare()
     keyless.prompt = nn.Linear(2, 2)
     with pytest.raises(SeamError, match=r"prompt\.prompt_key"):
@@ -260,16 +261,18 @@ def test_hide_router_needs_router_features():
 
 def test_set_instance_attribute_undo_puts_modules_parameters_and_attributes_back():
     from fly_modules.adapters._handle import Retrofit
+    from fly_modules.adapters._restore import Installation
 
     parent = Bare()
     parent.scale = 2.0
     head, weight = parent.head, parent.head.weight
+    install = Installation()
     handle = Retrofit(parent, router=None, ensemble=None, schedule=None, start_method_expert=lambda e: None,
-                      banks_of_expert=lambda e: [e])
-    handle.install.set_attribute(parent, "head", nn.Identity())
-    handle.install.set_attribute(head, "weight", nn.Parameter(torch.zeros_like(weight)))
-    handle.install.set_attribute(parent, "scale", 3.0)
-    handle.install.set_attribute(parent, "forward", lambda x: x)
+                      banks_of_expert=lambda e: [e], installation=install)
+    install.set_attribute(parent, "head", nn.Identity())
+    install.set_attribute(head, "weight", nn.Parameter(torch.zeros_like(weight)))
+    install.set_attribute(parent, "scale", 3.0)
+    install.set_attribute(parent, "forward", lambda x: x)
     assert isinstance(parent.head, nn.Identity) and parent.scale == 3.0 and "forward" in vars(parent)
     handle.remove()
     assert parent.head is head and parent._modules["head"] is head and "head" not in vars(parent)
@@ -355,6 +358,25 @@ def test_a_retrofitted_model_deep_copies_sharing_the_retrofits_functions(name):
     assert pairs and all(mine is theirs for mine, theirs in pairs)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_deep_copy_runs_the_original_model_once_the_retrofit_is_removed(name):
+    """A deep copy made while retrofitted keeps the hooks, wrappers and ensembled head; after remove() they
+    step aside (the installation decides, in one place) and the copy computes what the model computes."""
+    case = CASES[name]
+    model, original = case.build()
+    handle = adapt(case, model, original)
+    x, _ = batch(n=4)
+    model.eval()
+    with torch.no_grad():
+        case.forward(model, original, x)  # the attributes a forward leaves on the model exist in the copy too
+    copied = copy.deepcopy(model)
+    handle.remove()
+    with torch.no_grad():
+        expected, _ = case.forward(model, original, x)
+        logits, _ = case.forward(copied, original, x)
+    assert torch.equal(logits, expected)
+
+
 def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
     model = Tiny()
     head = model.head
@@ -362,7 +384,7 @@ def test_a_failed_retrofit_leaves_the_model_as_it_was(monkeypatch):
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("seam failed half way")
 
-    monkeypatch.setattr(AdapterFamily, "replace_head", broken)  # after the hooks are installed
+    monkeypatch.setattr(Layout, "replace_head", broken)  # after the hooks are installed
     with pytest.raises(RuntimeError, match="half way"):
         _tiny_retrofit(model)
     monkeypatch.undo()
@@ -389,7 +411,7 @@ def test_a_rejected_router_update_keeps_the_batch():
     model(torch.full((4, 4), float("nan")))  # NaN query features
     with pytest.raises(ValueError, match="NaN"):
         handle.end_batch()
-    assert handle.batch.query is not None and handle.router.num_samples == 0
+    assert handle.record.query is not None and handle.router.num_samples == 0
     handle.discard_batch()
     model(torch.randn(4, 4))
     handle.end_batch()
@@ -412,10 +434,10 @@ def test_mvp_final_norm_router_features_cost_one_block_per_stream_batch():
     for iteration in range(3):
         model(x)
         if iteration == 0:
-            first_query = handle.batch.query.clone()
+            first_query = handle.record.query.clone()
     assert len(calls) == 3 + 1
-    assert torch.equal(handle.batch.query, first_query)  # later iterations left the router's query alone
+    assert torch.equal(handle.record.query, first_query)  # later iterations left the router's query alone
     handle.end_batch()
     assert handle.router.num_samples == 4
     model(x)  # the next stream batch's first forward computes its feature again
-    assert len(calls) == 4 + 2 and handle.batch.query is not None
+    assert len(calls) == 4 + 2 and handle.record.query is not None

@@ -36,7 +36,7 @@ def _state(model: nn.Module, handle, optimizer) -> Dict[str, Any]:
         "modes": [m.training for m in model.modules()],
         "attributes": {k: v for m in model.modules() for k, v in vars(m).items() if isinstance(v, (int, float))},
         "handle": {k: (v.clone() if isinstance(v, Tensor) else copy.deepcopy(v)) for k, v in _flat(handle.state_dict())},
-        "batch": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in vars(handle.batch).items()},
+        "record": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in vars(handle.record).items()},
         "optimizer": {k: (v.clone() if isinstance(v, Tensor) else v) for k, v in _flat(optimizer.state_dict())},
         "hooks": hook_counts(model),
         "rng": torch.random.get_rng_state(),
@@ -142,7 +142,7 @@ def test_siblurry_dualprompt_ensemble_only_trains_unchanged_and_verifies():
     assert torch.equal(model(x), reference(x))
     selected = (model.used_prompts[:, 0].flatten(1).unsqueeze(1) == model.e_prompt.prompts.detach().flatten(1)
                 .unsqueeze(0)).all(-1).float().argmax(1)
-    assert torch.equal(handle.batch.trained_banks, selected)  # one bank per prompt: the prompt trained
+    assert torch.equal(handle.record.trained_banks, selected)  # one bank per prompt: the prompt trained
     report = handle.verify(x)
     assert report.ok, str(report)
     assert report["training follows the current expert"].ok is None  # no prompt belongs to a step
@@ -167,7 +167,7 @@ def test_verify_catches_a_routed_value_the_model_swallows(monkeypatch):
 def test_misa_slice_local_prompts_refuse_routing_with_the_reason():
     model = MISADualPrompt()
     before = model.e_prompt.counter.clone()
-    with pytest.raises(SeamError, match=r"prompts\[i - s\].*kangzhiq/MISA.*router=False"):
+    with pytest.raises(SeamError, match=r"^fly_modules\.adapters\.misa: .*prompts\[i - s\].*kangzhiq/MISA.*router=False"):
         retrofit(model, "misa", **ROUTER)
     assert torch.equal(model.e_prompt.counter, before) and model.e_prompt.training  # the probe left no trace
     assert "forward" not in vars(model.e_prompt)
@@ -187,7 +187,7 @@ def test_misa_schedule_moves_its_own_task_id(fixed_gather):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        trained.append(sorted(set(handle.batch.trained_banks.tolist())))
+        trained.append(sorted(set(handle.record.trained_banks.tolist())))
         handle.end_batch()
     assert handle.current_expert == 1 and model.task_id == 1
     assert trained[0][0] in (0, 1) and all(slot in (2, 3) for slot in trained[1] + trained[2])  # step 1's slots

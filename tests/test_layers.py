@@ -166,18 +166,20 @@ def test_no_import_cycles():
     assert not cycles, " | ".join(describe(cycle, graph) for cycle in cycles)
 
 
-# The adapters' framework (the registry, the common options, the handle) and the seam contract are
-# public classes; every family is a class on the base (``_family``), which builds on the seam checks and
-# the modules it imports itself. Any other private module is a layout shared by some families.
+# The adapters' framework (the registry, the common options, the handle and its record) and the seam
+# contract are public classes; every family is a class on the base (``_family``, with the ``Layout`` its
+# hooks are written on), which builds on the seam checks and the modules the base imports itself. Any
+# other private module is a layout shared by some families.
 FRAMEWORK = {"fly_modules.adapters._registry", "fly_modules.adapters._options", "fly_modules.adapters._handle",
-             "fly_modules.adapters.contract"}
+             "fly_modules.adapters._record", "fly_modules.adapters.contract"}
 BASE = "fly_modules.adapters._family"
+LAYOUT = "fly_modules.adapters._layout"
 FAMILIES = ["l2p", "dualprompt", "mvp", "hide", "sprompt", "coda", "generic", "reference"]
 
 
 def shared_layouts(module: str, graph: Dict[str, Dict[str, int]]) -> List[str]:
     """The adapters modules ``module`` imports beyond the framework, the base and what the base imports."""
-    allowed = FRAMEWORK | {BASE, "fly_modules.adapters._seams"} | set(graph[BASE])
+    allowed = FRAMEWORK | {BASE, LAYOUT, "fly_modules.adapters._seams"} | set(graph[BASE]) | set(graph.get(LAYOUT, ()))
     return sorted(name for name in graph[module]
                   if in_layer(name, "fly_modules.adapters") and name != "fly_modules.adapters" and name not in allowed)
 

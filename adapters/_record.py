@@ -1,0 +1,211 @@
+"""The record of one retrofit's forward passes: what its hooks write, and the only object they write to.
+
+The handle (:class:`~fly_modules.adapters.Retrofit`) is what the user holds; the :class:`Record` is what the
+layouts' hooks fill and read back: the stream batch in progress (training, until ``end_batch``), the inference
+forward in progress, what the model was seen to use, how routing is steered (forced experts, ``verify()``),
+and a layout's own per-call state (:attr:`Record.own`). ``verify()`` snapshots it whole (:meth:`Record.parts`);
+``state_dict`` saves the batch part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, List, Optional, Set, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["Record"]
+
+
+class Record:
+    """What the hooks recorded for the forward passes of one retrofit.
+
+    Attributes:
+        query: router features of the stream batch's first training forward (later online iterations see
+            the same images).
+        size: samples of that forward (the default ``batch_size`` of ``end_batch``).
+        trained_banks: ensemble banks the latest training forward used (moved after the optimizer step).
+        ensemble_steps: EMA steps taken since the last ``end_batch``.
+        eval_query: router features of the inference forward in progress (taken by the routed call).
+        eval_banks: ``(B,)`` banks the inference forward used (taken by the ensembled head).
+        injected: experts the routing hook injected into the inference forward.
+        routed: ``(B,)`` experts :meth:`route` gave the latest inference forward.
+        used: experts the model's output shows that forward used (``None``: not observable).
+        trained: experts whose prompts the latest training forward used.
+        ensembled: ensemble banks the latest ensembled inference used (an int: one bank for all).
+        forced: the experts routed inference answers instead of asking the router (:meth:`forcing`).
+        verifying: inside ``verify()``: every routed call is observed.
+        confirmed: experts seen taking effect once (observation stops when all were).
+        warned_no_ema: ``end_batch`` warned once that the EMA copies did not move.
+        query_source: what produces the router's query, for error messages.
+        caller: ``fly_modules.adapters.<method>``, the method the user asked for, which starts every message.
+        own: a layout's own per-call state (MVP's query pass, the prefix models' running call), snapshotted
+            with the record.
+        handle: the :class:`~fly_modules.adapters.Retrofit` whose record this is (its router, ensemble,
+            model and removal; the handle imports this module, not the reverse).
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.query: Optional[Tensor] = None
+        self.size: Optional[int] = None
+        self.trained_banks: Optional[Tensor] = None
+        self.ensemble_steps = 0
+        self.eval_query: Optional[Tensor] = None
+        self.eval_banks: Optional[Tensor] = None
+        self.injected: Optional[Tensor] = None
+        self.routed: Optional[Tensor] = None
+        self.used: Optional[Tensor] = None
+        self.trained: Optional[Tensor] = None
+        self.ensembled: Union[int, Tensor, None] = None
+        self.forced: Union[int, Tensor, None] = None
+        self.verifying = False
+        self.confirmed: Set[int] = set()
+        self.warned_no_ema = False
+        self.query_source = "the query module"
+        self.caller = f"fly_modules.adapters.{handle.family}"
+        self.own: Any = None
+
+    def parts(self) -> List[Any]:
+        """The objects a snapshot of the record covers: itself and a layout's own state."""
+        return [self] if self.own is None else [self, self.own]
+
+    @property
+    def training(self) -> bool:
+        """The retrofitted model's mode (hooks on helper modules such as a frozen query model use it)."""
+        return bool(self.handle.model.training)
+
+    # ---------------------------------------------------------------------------------- what a forward used
+    def seen(self, size: Optional[int] = None, *, query: Optional[Tensor] = None, banks: Optional[Tensor] = None,
+             trained: Optional[Tensor] = None) -> None:
+        """What a forward of ``size`` samples used: its router features ``query``, its ensemble ``banks`` and the
+        experts whose prompts it ``trained``. In training the batch keeps its first size and query, the banks
+        move after the optimizer step; at inference the query is routed and the banks ensembled."""
+        handle = self.handle
+        if query is not None and handle.router is None:
+            query = None
+        if banks is not None and handle.ensemble is None:
+            banks = None
+        if not self.training:
+            if query is not None:
+                self.eval_query = query.detach()
+            if banks is not None:
+                self.eval_banks = banks.detach().reshape(-1).long()
+            return
+        if query is not None and self.query is None:
+            self.query = query.detach()
+        if size is None and query is not None:
+            size = query.shape[0]
+        if size is not None and self.size is None:
+            self.size = int(size)
+        if banks is not None:
+            self.trained_banks = banks.detach().reshape(-1).long()
+        if trained is not None:
+            self.trained = trained.detach()
+
+    def discard_batch(self) -> None:
+        """Forget the stream batch recorded since the last ``end_batch``."""
+        self.query, self.size, self.trained_banks, self.ensemble_steps = None, None, None, 0
+
+    # ---------------------------------------------------------------------------------------------- routing
+    def routing_active(self) -> bool:
+        """Whether inference is routed now: the router is on and fitted (or an expert is forced)."""
+        handle = self.handle
+        if handle.router is None or handle.removed:
+            return False
+        return self.forced is not None or handle.router.num_samples > 0
+
+    def experts_for(self, features: Tensor) -> Tensor:
+        """The router's (or the forced) ``(B,)`` experts of ``features``, in any mode; nothing recorded."""
+        forced = self.forced
+        if isinstance(forced, Tensor):  # one expert per sample (verify's batch-independence check)
+            if forced.shape != (features.shape[0],):
+                raise RuntimeError(
+                    f"Retrofit: {forced.numel()} forced experts for a routed call of {features.shape[0]} samples"
+                )
+            return forced.to(device=features.device, dtype=torch.long)
+        if forced is not None:
+            return torch.full((features.shape[0],), forced, dtype=torch.long, device=features.device)
+        router = self.handle.router
+        return router.route(features.to(router.device))
+
+    def route(self, features: Tensor) -> Optional[Tensor]:
+        """The routed ``(B,)`` experts of an inference call, recorded as :attr:`routed`; ``None`` when the call
+        is not routed (training, the router off, not fitted, or removed)."""
+        if self.training or not self.routing_active():
+            return None
+        experts = self.experts_for(features).to(features.device)
+        self.routed = experts
+        return experts
+
+    def pop_query(self, size: Optional[int]) -> Tensor:
+        """Router features of the current inference forward (``size``: the routed call's samples, checked)."""
+        query, self.eval_query = self.eval_query, None
+        caller = self.caller
+        if query is None:
+            raise RuntimeError(
+                f"{caller}: the router is on but no query features were recorded before the routing module ran at "
+                f"inference ({self.query_source} did not run first in this forward); run it before the model (or "
+                "pass the query through the route module's call)"
+            )
+        if size is not None and query.shape[0] != size:
+            raise RuntimeError(
+                f"{caller}: the recorded query features hold {query.shape[0]} samples but the routed call has "
+                f"{size}; run the query module on the same batch right before the model"
+            )
+        return query
+
+    def pop_banks(self, size: int) -> Union[int, Tensor]:
+        """Banks of the current inference forward, recorded as :attr:`ensembled`; the active bank when none
+        were recorded."""
+        banks, self.eval_banks = self.eval_banks, None
+        if banks is None or banks.shape[0] != size:
+            banks = int(self.handle.ensemble.active_expert)
+        self.ensembled = banks
+        return banks
+
+    # ------------------------------------------------------------------------------------------ observation
+    @property
+    def wants_observation(self) -> bool:
+        """Whether hooks should compute what the model used: until every expert was seen taking effect
+        once, and during ``verify()``."""
+        return self.verifying or len(self.confirmed) < (self.handle.num_experts or 1)
+
+    def used_by_routed(self, routed: Tensor, used: Optional[Tensor], where: str) -> None:
+        """The experts a routed inference call injected and those the model's output shows it used.
+
+        Routed calls whose use is observable are compared (a host synchronisation each) until every
+        expert was seen taking effect once: a model that ignores the routed value raises instead of
+        evaluating unrouted.
+        """
+        self.routed, self.used = routed.detach(), None if used is None else used.detach()
+        if used is None or not self.wants_observation:
+            return
+        if not torch.equal(used.reshape(-1).to(routed.device).long(), routed.reshape(-1).long()):
+            raise RuntimeError(
+                f"{self.caller}: {where} ignored the routed value: the router chose "
+                f"experts {routed.reshape(-1).tolist()[:8]} but the model used {used.reshape(-1).tolist()[:8]}; the "
+                "seam does not route this codebase (run handle.verify(batch) for details)"
+            )
+        self.confirmed.update(routed.reshape(-1).unique().tolist())
+
+    # ---------------------------------------------------------------------------------------------- steering
+    @contextlib.contextmanager
+    def forcing(self, experts: Union[int, Tensor, None]) -> Iterator[None]:
+        """Inside the block, routed inference answers ``experts`` (an int for every sample, or one per sample
+        as a ``(B,)`` tensor) instead of asking the router, fitted or not."""
+        before, self.forced = self.forced, experts
+        try:
+            yield
+        finally:
+            self.forced = before
+
+    @contextlib.contextmanager
+    def observing(self) -> Iterator[None]:
+        """Inside the block, hooks observe every routed call and the optimizer is not followed (``verify()``)."""
+        before, self.verifying = self.verifying, True
+        try:
+            yield
+        finally:
+            self.verifying = before
