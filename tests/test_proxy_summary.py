@@ -91,7 +91,8 @@ def test_every_number_the_results_list_quotes_is_a_committed_one():
 def test_every_number_the_studies_section_quotes_is_in_a_committed_study_table():
     section = PAGE.read_text().split("## The paper's studies on the proxy")[1].split("## The earlier proxy")[0]
     tables = " ".join(path.read_text() for folder in ("studies", "proxy")
-                      for path in (REPO / "docs" / "results" / folder).glob("**/study_*.md"))
+                      for pattern in ("**/study_*.md", "**/sweep_*.md")
+                      for path in (REPO / "docs" / "results" / folder).glob(pattern))
     numbers = re.findall(r"[+-]?\d+\.\d\d\d?\b", section)
     assert len(numbers) > 20
     missing = [n for n in numbers if n not in tables]
