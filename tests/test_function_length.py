@@ -22,7 +22,6 @@ FOLDERS = ("fly_modules", "adapters", "benchmarks", "tests")
 TABLES: Dict[Tuple[str, str], str] = {}
 #: file -> why it may be longer than MAX_MODULE_LINES: one concept that cannot be split, or a split under way.
 LONG_MODULES: Dict[str, str] = {
-    "benchmarks/core/stream.py": "moved to the shared benchmark core as it was (issue 40, item 3); to be split there",
 }
 
 

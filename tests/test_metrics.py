@@ -28,7 +28,7 @@ from benchmarks.core.metrics import (
     session_accuracy_matrix,
     summarize,
 )
-from benchmarks.core.stream import build_si_blurry_stream
+from benchmarks.core.stream_draw import build_si_blurry_stream
 from fly_modules import InvalidParameterError
 
 # Relative tolerance that absorbs the reference's 1e-5 in correct / (count + 1e-5) on 10-sample classes.

@@ -16,7 +16,7 @@ from benchmarks.ablation.evaluation import VariantEvaluator  # noqa: E402
 from benchmarks.ablation.runner import run_reference, run_training  # noqa: E402
 from benchmarks.core.metrics import AnytimeEvalTrigger  # noqa: E402
 from benchmarks.core.protocol import Protocol, RunSpec  # noqa: E402
-from benchmarks.core.stream import build_si_blurry_stream  # noqa: E402
+from benchmarks.core.stream_draw import build_si_blurry_stream  # noqa: E402
 from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for  # noqa: E402
 from benchmarks.data import make_synthetic_train_test  # noqa: E402
 from benchmarks.methods import method_class  # noqa: E402

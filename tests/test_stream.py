@@ -18,11 +18,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.core.stream import (
-    SiBlurryStream,
-    build_si_blurry_stream,
-    check_label_vector,
-)
+from benchmarks.core.stream import SiBlurryStream, check_label_vector
+from benchmarks.core.stream_draw import build_si_blurry_stream
 from fly_modules import InvalidParameterError, SampleBudgetSchedule
 
 FIXTURE = Path(__file__).parent / "fixtures" / "si_blurry_streams.json"

@@ -20,7 +20,7 @@ from ..core.metrics import AnytimeEvalTrigger
 from ..core.plan_file import PLAN_FORMAT, inference_per_image
 from ..core.protocol import Protocol, RunSpec
 from ..core.results import trainings
-from ..core.stream import build_si_blurry_stream
+from ..core.stream_draw import build_si_blurry_stream
 from ..core.variants import VARIANTS
 from ..methods import method_class
 

@@ -21,7 +21,8 @@ from ..core.checkpointing import CheckpointError, CheckpointStore, capture, froz
 from ..core.metrics import EvaluationLog, summarize
 from ..core.protocol import ROUTER_QUERIES, Protocol, RunSpec
 from ..core.results import setting_differences
-from ..core.stream import Exposure, SiBlurryStream, build_si_blurry_stream
+from ..core.stream import Exposure, SiBlurryStream
+from ..core.stream_draw import build_si_blurry_stream
 from ..core.timer import NO_TIMER, PartTimer
 from ..core.variants import ABLATION_VARIANTS, VARIANTS, variants_for
 from ..methods import PromptMethod, method_class
