@@ -14,7 +14,8 @@ from benchmarks.proxy import summary
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "proxy.md"
-BLOCKS = [("docs/results/proxy", "cifar100-like"), ("docs/results/proxy-10", "synthetic")]
+BLOCKS = [("docs/results/proxy", "cifar100-like"), ("docs/results/proxy", "imagenet-r-like"),
+          ("docs/results/proxy", "cub-like"), ("docs/results/proxy-10", "synthetic")]
 
 
 @pytest.mark.parametrize("results, dataset", BLOCKS)
@@ -80,8 +81,9 @@ def test_every_number_the_results_list_quotes_is_a_committed_one():
     page = PAGE.read_text()
     _, end = summary.markers("docs/results/proxy", "cifar100-like")
     quoted_part = page.split("## Results")[1].split(end)[1].split("## The paper's studies on the proxy")[0]
-    committed = " ".join([page.split("## Results")[1].split(end)[0],
-                          page.split(summary.markers("docs/results/proxy-10", "synthetic")[0])[1],
+    blocks = [page.split(summary.markers(results, dataset)[0])[1].split(summary.markers(results, dataset)[1])[0]
+              for results, dataset in BLOCKS]
+    committed = " ".join([*blocks, page.split(summary.markers("docs/results/proxy-10", "synthetic")[0])[1],
                           (REPO / "docs" / "results" / "proxy" / "table.md").read_text()])
     numbers = re.findall(r"[+-]?\d+\.\d\d\b", quoted_part)
     assert len(numbers) > 20
