@@ -33,6 +33,7 @@ from .components import AddedComponents, BuiltinComponents, RetrofitComponents, 
 from .diagnostics import ExpertUsage
 from .evaluation import PredictEvaluator, VariantEvaluator
 from .preemption import RunInterrupted, any_process
+from .run_log import TrainingLog
 from .training import OnlineTrainer
 
 __all__ = ["CheckpointPolicy", "Run", "build_run", "run_training", "run_reference"]
@@ -75,6 +76,7 @@ def run_training(
     process_group: Optional[Any] = None,
     checkpointing: Optional[CheckpointPolicy] = None,
     routers: Sequence[str] = (), aggregations: Sequence[str] = (), heads: Sequence[str] = (), cka: bool = False,
+    log: Optional[TrainingLog] = None,
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
@@ -98,7 +100,8 @@ def run_training(
     ``routers``, ``aggregations`` and ``heads`` add the studies (docs/benchmark.md, "Studies"): each router
     trained beside REAR, scored in the routed variants; each TE2 rule, and each subset of the ensemble's heads,
     scored in the ensemble variants. ``cka`` adds the linear CKA between the experts at the end of the stream
-    (``benchmarks.studies.cka``).
+    (``benchmarks.studies.cka``). ``log`` shows the training in dashboards as it goes (``--log``,
+    ``benchmarks.ablation.run_log``); it changes no number of the records.
     """
     built = build_run(method, dataset, seed, variants, protocol, train, test, device=device, process_group=process_group,
                       routers=routers, aggregations=aggregations, heads=heads, cka=cka)
@@ -111,15 +114,24 @@ def run_training(
         checkpointer = _CheckpointHook(checkpointing, trainer, evaluator, run=run, parallel=parallel, device=device,
                                      key=f"{dataset}/{method}/seed{seed}")
         checkpointer.resume()
-    measured = _train(trainer, stream, protocol, device, progress, key, boundary=checkpointer)
-    records = {}
-    for name, spec in specs.items():
-        record = _record(spec, protocol, evaluator.logs[name], stream, exposure, measured, notes=cls.protocol_notes(protocol))
-        record["variants_trained_together"] = variants
-        record["diagnostics"] = evaluator.diagnostics(name)
-        if checkpointer is not None:
-            record["checkpoints"] = dict(checkpointer.history)
-        records[name] = record
+    if log is not None:
+        log.open(evaluator, samples_seen=trainer.position.samples_seen, train_seconds=trainer.position.train_seconds)
+    try:
+        measured = _train(trainer, stream, protocol, device, progress, key, boundary=checkpointer, watch=log)
+        records = {}
+        for name, spec in specs.items():
+            record = _record(spec, protocol, evaluator.logs[name], stream, exposure, measured,
+                             notes=cls.protocol_notes(protocol))
+            record["variants_trained_together"] = variants
+            record["diagnostics"] = evaluator.diagnostics(name)
+            if checkpointer is not None:
+                record["checkpoints"] = dict(checkpointer.history)
+            records[name] = record
+        if log is not None:
+            log.finish(records, trainer.position.samples_seen)
+    finally:
+        if log is not None:
+            log.close()
     return records
 
 
@@ -263,13 +275,14 @@ class _Measured:
 def _train(
     trainer: OnlineTrainer, stream: SiBlurryStream, protocol: Protocol, device: torch.device,
     progress: Optional[Callable[..., Any]], key: str, boundary: Optional[Callable[[bool], None]] = None,
+    watch: Optional[TrainingLog] = None,
 ) -> _Measured:
     """Run the trainer over (the rest of) the stream, with a progress bar, and measure it."""
     memory = _PeakMemory(device)
     num_batches = stream.num_batches(protocol.batch_size)
     bar = progress(total=num_batches, initial=trainer.position.batches, desc=key, leave=False) if progress else None
     try:
-        trainer.train(bar, boundary)
+        trainer.train(bar, boundary, watch)
     finally:
         if bar is not None:
             bar.close()
