@@ -105,34 +105,47 @@ def run_training(
     """
     built = build_run(method, dataset, seed, variants, protocol, train, test, device=device, process_group=process_group,
                       routers=routers, aggregations=aggregations, heads=heads, cka=cka)
-    cls, variants, parallel = method_class(method), built.variants, built.parallel
-    trainer, evaluator, stream, exposure, specs = built.trainer, built.evaluator, built.stream, built.exposure, built.specs
-    key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
-    checkpointer = None
-    if checkpointing is not None:
-        run = {"dataset": dataset, "method": method, "seed": seed, "variants": variants}
-        checkpointer = _CheckpointHook(checkpointing, trainer, evaluator, run=run, parallel=parallel, device=device,
-                                     key=f"{dataset}/{method}/seed{seed}")
-        checkpointer.resume()
+    trainer, key = built.trainer, f"{dataset}/{method}/{'+'.join(built.variants)}/seed{seed}"
+    checkpointer = _resumed(checkpointing, built, device)
     if log is not None:
-        log.open(evaluator, samples_seen=trainer.position.samples_seen, train_seconds=trainer.position.train_seconds)
+        log.open(built.evaluator, samples_seen=trainer.position.samples_seen,
+                 train_seconds=trainer.position.train_seconds)
     try:
-        measured = _train(trainer, stream, protocol, device, progress, key, boundary=checkpointer, watch=log)
-        records = {}
-        for name, spec in specs.items():
-            record = _record(spec, protocol, evaluator.logs[name], stream, exposure, measured,
-                             notes=cls.protocol_notes(protocol))
-            record["variants_trained_together"] = variants
-            record["diagnostics"] = evaluator.diagnostics(name)
-            if checkpointer is not None:
-                record["checkpoints"] = dict(checkpointer.history)
-            records[name] = record
+        measured = _train(trainer, built.stream, protocol, device, progress, key, boundary=checkpointer, watch=log)
+        records = _records(built, protocol, measured, checkpointer)
         if log is not None:
             log.finish(records, trainer.position.samples_seen)
     finally:
         if log is not None:
             log.close()
     return records
+
+
+def _records(built: "Run", protocol: Protocol, measured: "_Measured",
+             checkpointer: Optional["_CheckpointHook"]) -> Dict[str, Dict[str, Any]]:
+    """The record of each variant of a finished training."""
+    notes = method_class(next(iter(built.specs.values())).method).protocol_notes(protocol)
+    records = {}
+    for name, spec in built.specs.items():
+        record = _record(spec, protocol, built.evaluator.logs[name], built.stream, built.exposure, measured, notes=notes)
+        record["variants_trained_together"] = built.variants
+        record["diagnostics"] = built.evaluator.diagnostics(name)
+        if checkpointer is not None:
+            record["checkpoints"] = dict(checkpointer.history)
+        records[name] = record
+    return records
+
+
+def _resumed(checkpointing: Optional[CheckpointPolicy], built: "Run", device: torch.device) -> Optional["_CheckpointHook"]:
+    """The checkpoint hook of a run built by :func:`build_run`, its checkpoint loaded (``None``: no checkpoints)."""
+    if checkpointing is None:
+        return None
+    spec = next(iter(built.specs.values()))
+    run = {"dataset": spec.dataset, "method": spec.method, "seed": spec.seed, "variants": built.variants}
+    checkpointer = _CheckpointHook(checkpointing, built.trainer, built.evaluator, run=run, parallel=built.parallel,
+                                   device=device, key=f"{spec.dataset}/{spec.method}/seed{spec.seed}")
+    checkpointer.resume()
+    return checkpointer
 
 
 @dataclass
