@@ -202,3 +202,24 @@ def test_logging_changes_no_record_and_without_it_nothing_is_written(tmp_path):
         a, b = record(plain, variant), record(logged, variant)
         assert json.dumps({k: v for k, v in a.items() if k not in TIMINGS}, sort_keys=True) == \
             json.dumps({k: v for k, v in b.items() if k not in TIMINGS}, sort_keys=True)
+
+
+def test_a_resumed_training_continues_its_wandb_run_and_a_fresh_one_starts_another(tmp_path, monkeypatch):
+    """The W&B run id is kept beside the logs: a resumed training (start step > 0) reopens its run, a training
+    started afresh (e.g. --no-resume) opens a new one (``wandb`` replaced by a recorder of ``init``)."""
+    opened = []
+
+    class Run:
+        def __init__(self, **options):
+            opened.append(options)
+
+    monkeypatch.setitem(sys.modules, "wandb", type(sys)("wandb"))
+    sys.modules["wandb"].init = Run
+    target, run = loggers.LogTarget(tmp_path, "results/sweep"), loggers.LoggedRun("l2p", "both", "synthetic", 2)
+    for start in (0, 41, 0):
+        loggers.WandbLogger(target, run, start_step=start, hparams={"protocol.decays": [0.9, 0.99], "seed": 2})
+    first, resumed, fresh = opened
+    assert resumed["id"] == first["id"] != fresh["id"]
+    assert {o["resume"] for o in opened} == {"allow"} and {o["group"] for o in opened} == {"results/sweep"}
+    assert first["name"] == "synthetic/l2p/both/seed2" and first["tags"] == ["l2p", "both", "synthetic", "seed2"]
+    assert first["config"] == {"protocol.decays": "[0.9, 0.99]", "seed": 2}
