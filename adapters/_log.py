@@ -65,7 +65,11 @@ class DiagnosticsLog:
         self._last_routed: Optional[Tensor] = None
 
     def add_training(self, targets: Tensor) -> None:
-        """Count the labels of a stream batch as trained by the current expert (once per stream batch)."""
+        """Count the labels of a stream batch as trained by the current expert (once per stream batch).
+
+        Labels must lie in ``[0, num_classes)``; they are not read back to check it (that would synchronise
+        the device): an out-of-range label fails in the scatter (on CUDA, as a device-side assertion).
+        """
         labels = _labels(targets, "DiagnosticsLog.add_training")
         if self.trained is None:
             self.trained = torch.zeros(self.num_classes, self.num_experts, dtype=torch.long, device=labels.device)

@@ -57,9 +57,9 @@ class TrainingLog:
         self.evaluator, self.last_samples, self.last_seconds = evaluator, samples_seen, train_seconds
         start = samples_seen + 1 if samples_seen > 0 else 0  # the first step this process logs
         for run in self.runs:
-            hparams = self.run_hparams(run)
-            self.loggers[run.variant] = [LOGGERS[name].logger(self.target, run, start_step=start, hparams=hparams)
-                                         for name in self.names]
+            opened = self.loggers.setdefault(run.variant, [])  # kept one by one: close() ends what did open
+            for name in self.names:
+                opened.append(LOGGERS[name].logger(self.target, run, start_step=start, hparams=self.run_hparams(run)))
 
     def run_hparams(self, run: LoggedRun) -> Dict[str, Any]:
         return {**self.hparams, "method": run.method, "variant": run.variant, "dataset": run.dataset, "seed": run.seed}
@@ -125,6 +125,7 @@ class TrainingLog:
                 logger.finish(samples_seen, summary, self.run_hparams(run))
 
     def close(self) -> None:
+        """Close every run opened (also after a failed or interrupted training: their files end cleanly)."""
         for loggers in self.loggers.values():
             for logger in loggers:
                 logger.close()

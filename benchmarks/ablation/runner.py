@@ -107,10 +107,10 @@ def run_training(
                       routers=routers, aggregations=aggregations, heads=heads, cka=cka)
     trainer, key = built.trainer, f"{dataset}/{method}/{'+'.join(built.variants)}/seed{seed}"
     checkpointer = _resumed(checkpointing, built, device)
-    if log is not None:
-        log.open(built.evaluator, samples_seen=trainer.position.samples_seen,
-                 train_seconds=trainer.position.train_seconds)
     try:
+        if log is not None:
+            log.open(built.evaluator, samples_seen=trainer.position.samples_seen,
+                     train_seconds=trainer.position.train_seconds)
         measured = _train(trainer, built.stream, protocol, device, progress, key, boundary=checkpointer, watch=log)
         records = _records(built, protocol, measured, checkpointer)
         if log is not None:
