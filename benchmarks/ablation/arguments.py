@@ -30,7 +30,7 @@ from benchmarks.core.protocol import ROUTER_QUERIES, Protocol
 from benchmarks.core.proxy_datasets import PROXY_DATASETS
 from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.data.loaders import DATASETS
-from benchmarks.flags import Checked
+from benchmarks.flags import Checked, add_output_flag
 from benchmarks.methods import list_methods
 from benchmarks.studies.command import STUDIES
 from benchmarks.studies.router_set import ROUTERS
@@ -233,7 +233,7 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
                         help="training images per class of every generated dataset")
     parser.add_argument("--synthetic-test-per-class", type=_integer(1), default=None,
                         help="test images per class of every generated dataset")
-    parser.add_argument("--output", default=None, help="output folder (default: results/<preset>)")
+    add_output_flag(parser, "--output", "folder", default=None, help="output folder (default: results/<preset>)")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if "
                                                        "available, else cpu)")
     parser.add_argument("--threads", type=_integer(1), default=None,

@@ -111,8 +111,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="the official trainers whose _ensemble_logits to compare")
     args = parser.parse_args(argv)
     try:
-        checkout = ref.load_checkout(args.flygcl, args.methods)
-    except (FileNotFoundError, ValueError) as error:
+        checkout = ref.load_checkout(args.flygcl, args.methods, flag="--flygcl")
+    except (ref.CheckoutError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     rows = compare_rules({name: checkout.trainers[name] for name in args.methods})
