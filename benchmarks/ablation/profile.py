@@ -27,7 +27,7 @@ from ..core.presets import PRESETS
 from ..core.timer import PartTimer
 from ..core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for
 from ..methods import method_class
-from .arguments import build_parser, parse_names
+from .arguments import build_parser, parse_methods
 from .evaluation import VariantEvaluator
 from .runner import build_run
 from .sweep import resolve
@@ -104,7 +104,7 @@ def _format(result: Dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.ablation.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="proxy-short", choices=list(PRESETS))
-    parser.add_argument("--methods", type=parse_names, default=["l2p", "hide"])
+    parser.add_argument("--methods", type=parse_methods, default=["l2p", "hide"])
     parser.add_argument("--device", default=None)
     add_output_flag(parser, "--output", "file", default=None, help="JSON file for the figures")
     args = parser.parse_args(argv)

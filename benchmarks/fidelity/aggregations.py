@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from benchmarks.core import reference_checkout as ref
+from benchmarks.core.method_names import canonical_method
 from benchmarks.flags import Parser
 from fly_modules import aggregate_logits, seen_class_mask
 
@@ -107,7 +108,7 @@ def markdown_table(rows: Sequence[AggregationRow], commit: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.fidelity.aggregations", description=__doc__)
     parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
-    parser.add_argument("--methods", nargs="+", choices=TRAINERS, default=list(TRAINERS),
+    parser.add_argument("--methods", nargs="+", type=canonical_method, choices=TRAINERS, default=list(TRAINERS),
                         help="the official trainers whose _ensemble_logits to compare")
     args = parser.parse_args(argv)
     try:

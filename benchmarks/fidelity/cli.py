@@ -11,6 +11,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from benchmarks.core import reference_checkout as ref
+from benchmarks.core.method_names import canonical_method
 from benchmarks.core.results import write_text_atomic
 from benchmarks.flags import Parser, add_common_flag, add_output_flag
 
@@ -33,7 +34,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--misa", help="a checkout of kangzhiq/MISA (read only): the misa rows against its own code")
     parser.add_argument("--misa-vit", choices=("base-16px", "micro"), default="base-16px",
                         help="the MISA rows' backbone (default ViT-B/16 on 16 x 16 images, the shipped prompts' width)")
-    parser.add_argument("--methods", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
+    parser.add_argument("--methods", nargs="+", type=canonical_method, choices=sorted(PAIRS), default=list(PAIRS))
     parser.add_argument("--loop", action="store_true",
                         help="also run FlyGCL's own online loop against the runner for the methods it covers "
                              "(python -m benchmarks.fidelity.loop): its table after the side-by-side one")

@@ -33,6 +33,7 @@ import torch
 
 from benchmarks.ablation.plan import format_plan, make_plan
 from benchmarks.ablation.run_specs import run_specs as specs_of
+from benchmarks.core.method_names import canonical_method
 from benchmarks.core.presets import PRESETS
 from benchmarks.core.protocol import PAPER_METHODS
 from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
@@ -226,7 +227,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add_flag(parser, "--reserve", Real(minimum=0), default=30.0, help="seconds a step needs left to start")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (the table: all)")
     args = parser.parse_args(argv)
-    args.methods = [name.strip() for name in args.methods.split(",") if name.strip()]
+    args.methods = [canonical_method(name) for name in args.methods.split(",") if name.strip()]
     unknown = [name for name in args.methods if name not in METHODS]
     if unknown or not args.methods:
         parser.error(f"--methods: expected names from {', '.join(METHODS)}, found {args.methods}")

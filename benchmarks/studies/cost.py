@@ -26,6 +26,7 @@ import torch
 from benchmarks.flags import Parser, add_output_flag
 
 from ..core.errors import UsageError
+from ..core.method_names import canonical_method
 from ..core.plan_file import PLAN_FILE, inference_per_image
 from ..core.results import read_result
 from .paper_numbers import COST
@@ -121,8 +122,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_output_flag(parser, "--output", "folder", default="results/cost", help="folder of cost.md / cost.json")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
     args = parser.parse_args(argv)
+    methods = [canonical_method(m) for m in args.methods.split(",") if m.strip()]
+    if not methods or any(m not in METHODS for m in methods):
+        parser.error(f"--methods: expected names from {', '.join(METHODS)}, found {args.methods!r}")
     try:
-        rows = cost_rows([m for m in args.methods.split(",") if m], args.results)
+        rows = cost_rows(methods, args.results)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
