@@ -100,6 +100,11 @@ class CheckoutError(UsageError):
     def __init__(self, flag: str, path: Any, expected: str, problem: str) -> None:
         super().__init__(f"{flag} {path}: expected a checkout of {expected}, {problem}")
 
+    @classmethod
+    def missing_module(cls, flag: str, path: Any, expected: str, error: ModuleNotFoundError) -> "CheckoutError":
+        """The checkout's own code imports a module of it (``error.name``) whose file is missing."""
+        return cls(flag, path, expected, f"missing {(error.name or '?').replace('.', '/')}.py (which its own code imports)")
+
 
 def load_checkout(path: str, methods: Sequence[str] = METHODS, *, flag: str = "--reference-repo") -> Checkout:
     """Import the official models and trainers of ``methods`` from ``path`` (see the module docstring);
@@ -116,8 +121,7 @@ def load_checkout(path: str, methods: Sequence[str] = METHODS, *, flag: str = "-
     except ModuleNotFoundError as error:  # a file the checkout's own modules import
         if (error.name or "").split(".")[0] not in _TOP_LEVEL:
             raise
-        raise CheckoutError(flag, path, FLYGCL, f"missing {error.name.replace('.', '/')}.py (which its own code "
-                            "imports)") from None
+        raise CheckoutError.missing_module(flag, path, FLYGCL, error) from None
 
 
 def _import_checkout(root: Path, methods: Sequence[str]) -> Checkout:

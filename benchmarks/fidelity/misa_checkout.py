@@ -93,6 +93,10 @@ def load_misa(path: str) -> MISACheckout:
         raise CheckoutError("--misa", path, MISA, f"found one of {FLYGCL} ({', '.join(flygcl)}); pass it to --flygcl")
     try:
         return _import_misa(root)
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] in _TOP_LEVEL:  # a file of the checkout its own code imports
+            raise CheckoutError.missing_module("--misa", path, MISA, error) from None
+        raise CheckoutError("--misa", path, MISA, f"importing its code failed: {error}") from None
     except ImportError as error:  # a file missing, another repository, or a MISA version of other imports
         raise CheckoutError("--misa", path, MISA, f"importing its code failed: {error}") from None
 

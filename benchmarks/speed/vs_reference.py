@@ -47,6 +47,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from benchmarks.core import reference_checkout as ref
+from benchmarks.core.errors import UsageError
 from benchmarks.core.reference_checkout import EvalBatches
 from benchmarks.core.results import write_text_atomic
 from benchmarks.flags import Parser, add_common_flag, add_flag, add_output_flag, add_shared_flag
@@ -418,19 +419,26 @@ def run_method(method: str, checkout: ref.Checkout, args: argparse.Namespace, re
     return result
 
 
+def _setting_error(args: argparse.Namespace) -> Optional[str]:
+    """What in ``args`` does not fit this machine or the other flags, in one line, or ``None``."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return f"--device cuda, but CUDA is not available to torch {torch.__version__}"
+    if args.clock == "process" and args.device != "cpu":
+        return "--clock process counts CPU time only; use it with --device cpu"
+    if args.amp and args.device != "cuda":
+        return "--amp is the official CUDA autocast; use it with --device cuda"
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    # Checked before anything is built, each a one-line message.
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"bench_vs_reference: --device cuda, but CUDA is not available to torch {torch.__version__}")
-    if args.clock == "process" and args.device != "cpu":
-        raise SystemExit("bench_vs_reference: --clock process counts CPU time only; use it with --device cpu")
-    if args.amp and args.device != "cuda":
-        raise SystemExit("bench_vs_reference: --amp is the official CUDA autocast; use it with --device cuda")
-    try:
+    try:  # checked before anything is built, each a one-line message
+        if error := _setting_error(args):
+            raise UsageError(error)
         checkout = ref.load_checkout(args.reference_repo)
-    except ref.CheckoutError as error:
-        raise SystemExit(f"error: {error}") from None
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     args.device = torch.device(args.device)
     args.threads = configure_threads(args.threads)
     # The official trainers use torch.cuda.amp.autocast, deprecated in recent torch (warns every call).

@@ -91,10 +91,11 @@ def _inference(results: Optional[Path], method: str) -> Dict[str, Any]:
 def cost_rows(methods: Sequence[str] = METHODS, results: Optional[Path] = None) -> List[Dict[str, Any]]:
     """One row per method: our counts and measurements beside the paper's (none for a method its cost table
     has not: the linear probe, RanPAC†, Seq FT)."""
+    measured = {method: _measured(results, method) for method in methods}  # the files read before any model is built
     rows = []
     for method in methods:
         paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST.get(method, ())))
-        rows.append({"method": method, **method_parameters(method), **_measured(results, method),
+        rows.append({"method": method, **method_parameters(method), **measured[method],
                      **_inference(results, method), "paper": paper})
     return rows
 
