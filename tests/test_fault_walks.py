@@ -259,3 +259,17 @@ def test_the_checkout_walk_fails_on_a_loader_naming_another_flag(tmp_path, capsy
     wrong = checkout_walk("benchmarks.fidelity.aggregations", "--flygcl", "fake_flygcl", ["--methods", "dualprompt"],
                           "models/*.py", tmp_path, capsys)
     assert wrong and all("'--flygcl" in line for line in wrong), wrong
+
+
+# ------------------------------------------------------------------------------------------ method names
+def test_every_methods_flag_takes_the_librarys_spellings_for_one_name():
+    from benchmarks.ablation.arguments import build_parser
+    from benchmarks.core.method_names import METHOD_NAMES, canonical_method
+    from benchmarks.methods import list_methods
+
+    parsed = build_parser().parse_args(["--methods", "coda_prompt,SD_LoRA,sprompt,codaprompt-x"]).methods
+    assert parsed == ["coda-prompt", "sd-lora", "s-prompt", "codaprompt-x"]  # the last: refused by the registry
+    assert all(canonical_method(name) == name for name in list_methods())  # each name is its own canonical
+    assert set(METHOD_NAMES) <= set(list_methods())
+    for name in list_methods():  # the library's way of writing a name (underscores) is accepted for every method
+        assert canonical_method(name.replace("-", "_").upper()) == name
