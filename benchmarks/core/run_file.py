@@ -50,7 +50,7 @@ RUN_FILE: Dict[str, Field] = {
     "diagnostics": Field(dict),
     "wall_seconds": Field(_NUMBER),
     "world_size": Field(int),
-    "setting": Field(dict, required=False, fields={"protocol": Field(dict), "data": Field(dict)}),
+    "setting": Field(dict, required=False, fields={"protocol": Field(dict), "data": Field(dict, required=False)}),
     "checkpoints": Field(dict, required=False),
 }
 #: a failed run's record (``failures/...``): what its error rows read
