@@ -11,11 +11,19 @@ every command's parser to check it).
     add_shared_flag(parser, "expansion_dim")                        # --expansion-dim, default 10,000
     add_common_flag(parser, "threads", default=None, help="torch threads (default: all CPUs)")
     add_flag(parser, "--repeats", Integer(minimum=1), default=15, help="measured rounds")
+    add_output_flag(parser, "--json", "file", default=None, help="also write the figures here")
+
+Where a command writes is a flag of its own kind, :class:`OutputPath`: a file where a folder is expected
+(or a folder where a file is), a path under a file, or a folder that cannot be written is refused when
+the flag is parsed, before any work, by the one rule :func:`output_problem`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
+from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from fly_modules._validation import (
@@ -31,7 +39,8 @@ from fly_modules._validation import (
     Ridge,
 )
 
-__all__ = ["COMMON_FLAGS", "Checked", "Parser", "add_common_flag", "add_flag", "add_shared_flag"]
+__all__ = ["COMMON_FLAGS", "Checked", "OutputPath", "Parser", "add_common_flag", "add_flag", "add_output_flag",
+           "add_shared_flag", "output_problem"]
 
 #: flags many commands share, each with its rule and meaning (the default is each command's own)
 COMMON_FLAGS: Dict[str, Parameter] = {
@@ -144,3 +153,57 @@ def add_common_flag(parser: Any, name: str, *, default: Any, help: Optional[str]
                     **options: Any) -> argparse.Action:
     """The flag of :data:`COMMON_FLAGS`'s ``name`` (``--threads``), with this command's default."""
     return _entry_flag(parser, name, COMMON_FLAGS[name], default, help, (), options)
+
+
+# ----------------------------------------------------------------------------------------------- outputs
+def _first_existing(path: Path) -> Path:
+    """``path``, or the nearest of its parents that exists (a command creates the rest)."""
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def output_problem(path: Path, kind: str) -> Optional[str]:
+    """Why a command cannot write its ``kind`` (``"folder"`` or ``"file"``) at ``path``, or ``None``: a
+    folder where a file goes or the reverse, a path under a file, a folder that cannot be written in.
+    Probes with one temporary file, removed at once; nothing else is created."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != (kind == "folder"):
+        return f"{path} is a {'folder' if path.is_dir() else 'file'}; expected a {kind}"
+    existing = _first_existing(path if kind == "folder" else path.parent)
+    if not existing.is_dir():
+        return f"{existing} is a file; expected a folder"
+    try:
+        handle, probe = tempfile.mkstemp(dir=existing, prefix=".write-probe.")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        return f"cannot write in {existing} ({type(error).__name__}: {error.strerror or error}); expected a writable folder"
+    return None
+
+
+class OutputPath:
+    """The ``type`` of a flag naming where a command writes a ``kind`` (``"folder"`` or ``"file"``):
+    :func:`output_problem` is an ``ArgumentTypeError`` (one line, exit 2) at parse time, before any work."""
+
+    def __init__(self, flag: str, kind: str) -> None:
+        if kind not in ("folder", "file"):
+            raise ValueError(f"kind must be 'folder' or 'file', got {kind!r}")
+        self.flag, self.kind = flag, kind
+        self.__name__ = f"output {kind}"
+
+    def __call__(self, text: str) -> Path:
+        problem = output_problem(Path(text), self.kind)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text}: {problem} (choose another {self.flag})")
+        return Path(text)
+
+    def __repr__(self) -> str:
+        return f"OutputPath({self.flag!r}, {self.kind!r})"
+
+
+def add_output_flag(parser: Any, flag: str, kind: str, *, default: Any, help: str, **options: Any) -> argparse.Action:
+    """``parser.add_argument(flag, ...)`` for where the command writes a ``kind`` (:class:`OutputPath`); a
+    string default is checked too (argparse converts it when the flag is not given)."""
+    text = help if default is None else _with_default(help, default)
+    return parser.add_argument(flag, type=OutputPath(flag, kind), default=default, help=text, **options)

@@ -166,16 +166,15 @@ def test_loading_leaves_no_checkout_module_or_path_behind():
 
 def test_a_folder_that_is_not_a_checkout_fails_with_one_line(tmp_path):
     result = run_script("--reference-repo", str(tmp_path), "--quick")
-    assert result.returncode != 0
+    assert result.returncode == 2
     message = result.stderr.strip()
-    assert "\n" not in message and "missing models/__init__.py" in message, message
+    assert "\n" not in message and f"--reference-repo {tmp_path}: " in message and "missing models/__init__.py" in message
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message printed when CUDA is absent")
-def test_cuda_without_cuda_fails_with_one_line():
+def test_cuda_without_cuda_fails_with_one_line(capsys):
     from benchmarks.speed.vs_reference import main
 
-    with pytest.raises(SystemExit) as stopped:
-        main(["--reference-repo", str(FAKE), "--device", "cuda", "--quick"])
-    message = str(stopped.value.code)
-    assert "\n" not in message and "CUDA is not available" in message
+    assert main(["--reference-repo", str(FAKE), "--device", "cuda", "--quick"]) == 2
+    message = capsys.readouterr().err
+    assert message.count("\n") == 1 and message.startswith("error: --device cuda") and "CUDA is not available" in message

@@ -135,6 +135,7 @@ def test_a_sweep_of_another_setting_on_the_same_folder_is_caught_before_the_tabl
         record = json.loads(json.dumps(records["baseline"]))
         record["spec"]["method"] = "dualprompt"
         record["setting"] = {"protocol": {**record["protocol"], "lr": 0.5}}
+        record.update(wall_seconds=1.0, world_size=1)  # as the sweep's execution adds them
         other.parent.mkdir(parents=True)
         other.write_text(json.dumps(record))
         return records

@@ -65,12 +65,16 @@ MALFORMED = [
     (["--backbone", "bogus"], "--backbone: invalid choice: 'bogus'"), (["--backbone", ""], "--backbone: invalid choice"),
     (["--backbone", "sup21k", "--model", "vit_tiny_patch16_224"], "--backbone sup21k names the model"),
     # a backbone whose numbers the paper's table of the study has not, or that the study cannot tell apart
-    (["--study", "components", "--backbone", "dino1k"],
+    (["--study", "components", "--methods", "flyprompt", "--backbone", "dino1k"],
      "the components study: the paper's components table has the backbones sup21k, sup21k-1k, not dino1k"),
     (["--aggregations", "mean", "--backbone", "ibot1k"], "is the model of the backbones ibot21k, ibot1k"),
     # --sweep: each value by its setting's rule (tests/test_study_sweeps.py has the rest)
     (["--sweep", "M=16,-1"], "--sweep: M=-1: expansion_dim"), (["--sweep", "bogus=1"], "'bogus' is no protocol setting"),
     (["--sweep", "decays=0.9,0.9/0.9"], "--sweep: decays=0.9/0.9"), (["--heads", "0.5"], "no EMA copy of decay 0.5"),
+    # a method the study's table has no row for would be trained and shown nowhere; one method named twice
+    (["--study", "offline", "--methods", "seq-ft"], "--study offline --methods seq-ft: the study's table has no row"),
+    (["--study", "ranpac", "--methods", "l2p"], "its rows are ranpac, ranpac-frozen, ranpac-collect, flyprompt"),
+    (["--methods", "coda-prompt,coda_prompt"], "coda-prompt and coda_prompt both name coda-prompt"),
 ]
 
 

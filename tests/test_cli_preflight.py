@@ -15,6 +15,7 @@ import torch
 from cli_errors import one_line_error
 from tiny_sweep import TINY, TINY_MODEL
 
+from benchmarks import flags
 from benchmarks.ablation import cli, preflight
 
 
@@ -71,7 +72,7 @@ def test_output_that_cannot_be_written(capsys, no_work, tmp_path, monkeypatch):
             raise PermissionError(errno.EACCES, "Permission denied", str(dir))
         return original(*args, dir=dir, **kwargs)
 
-    monkeypatch.setattr(preflight.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(flags.tempfile, "mkstemp", refuse)
     error = one_line_error(capsys, cli.main, [*TINY, "--output", str(tmp_path / "out")])
     assert f"cannot write in {tmp_path}" in error and "Permission denied" in error and "--output" in error
 

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
 import inspect
 import math
-import re
-from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
+from command_walk import BENCHMARKS, COMMANDS, outcome, parser_of
 from fly_modules.adapters import RetrofitOptions, retrofit
 
 from benchmarks.core.protocol import Protocol
@@ -39,48 +37,6 @@ from fly_modules._validation import (
     Ridge,
 )
 from fly_modules.router import RandomExpansion
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-class _Captured(BaseException):
-    """Raised in place of parsing: carries the parser a command built (BaseException: no handler of the
-    command catches it)."""
-
-
-class _Accepted(BaseException):
-    """Raised when a command line was parsed without error, so that the command does no work."""
-
-
-def commands() -> Dict[str, Callable[..., Any]]:
-    """``module name -> main`` for every module of ``benchmarks/`` that defines ``main`` (the entry of a
-    command), ``__main__`` files left out (importing one runs it)."""
-    found = {}
-    for path in sorted(BENCHMARKS.rglob("*.py")):
-        if path.name != "__main__.py" and re.search(r"^def main\(", path.read_text(), re.MULTILINE):
-            name = ".".join(path.relative_to(BENCHMARKS.parent).with_suffix("").parts)
-            found[name] = importlib.import_module(name).main
-    return found
-
-
-COMMANDS = commands()
-
-
-@contextmanager
-def parsing(monkeypatch, replacement: Callable[..., Any]) -> Iterator[None]:
-    with monkeypatch.context() as patch:
-        patch.setattr(argparse.ArgumentParser, "parse_known_args", replacement)
-        yield
-
-
-def parser_of(main: Callable[..., Any], monkeypatch) -> argparse.ArgumentParser:
-    """The parser ``main`` builds, read at its first parse (nothing of the command runs)."""
-    def capture(self, args=None, namespace=None):
-        raise _Captured(self)
-
-    with parsing(monkeypatch, capture), pytest.raises(_Captured) as captured:
-        main([])
-    return captured.value.args[0]
 
 
 def refused_values(rule: Any) -> List[str]:
@@ -126,27 +82,6 @@ def bad_command_lines(parser: argparse.ArgumentParser) -> Iterator[Tuple[str, st
         for value in dict.fromkeys(values):
             yield flag, f"{flag}={value}"
     yield "", "--no-such-flag=1"  # refused as unknown, or for a missing required argument first
-
-
-def outcome(main: Callable[..., Any], argv: List[str], monkeypatch, capsys) -> Tuple[Any, str]:
-    """``(exit status, stderr)`` of ``main(argv)``, stopped as soon as the command line is accepted."""
-    original = argparse.ArgumentParser.parse_known_args
-
-    def parse_then_stop(self, args=None, namespace=None):
-        _, extras = original(self, args, namespace)
-        if extras:  # as parse_args does
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        raise _Accepted()
-
-    capsys.readouterr()
-    with parsing(monkeypatch, parse_then_stop):
-        try:
-            status = main(argv)
-        except SystemExit as exit:
-            status = exit.code
-        except _Accepted:
-            status = "accepted"
-    return status, capsys.readouterr().err
 
 
 def test_the_walk_finds_every_command():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_records import run_record
 
 from benchmarks.proxy import summary
 
@@ -28,8 +29,8 @@ def _write_runs(root: Path, scores: dict, dataset: str = "toy") -> None:
     for (method, variant, seed), a_auc in scores.items():
         path = root / "runs" / dataset / method / variant / f"seed{seed}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"spec": {"method": method, "variant": variant, "dataset": dataset, "seed": seed},
-                  "metrics": {"A_auc": a_auc / 100}}
+        record = run_record({"method": method, "variant": variant, "dataset": dataset, "seed": seed},
+                            {"A_auc": a_auc / 100})
         path.write_text(json.dumps(record))
 
 

@@ -5,6 +5,7 @@ import argparse
 import json
 
 import pytest
+from run_records import run_record
 
 from benchmarks.ablation.arguments import protocol_value
 from benchmarks.backbone import BACKBONES
@@ -24,7 +25,7 @@ def _write_runs(folder, runs, protocol=PROXY):
         path.parent.mkdir(parents=True, exist_ok=True)
         spec = {"dataset": dataset, "method": method, "variant": variant, "seed": seed}
         metrics = {"A_auc": a_auc, "A_last": a_last, "A_avg": a_auc, "F_last": 0.1}
-        path.write_text(json.dumps({"spec": spec, "protocol": protocol, "metrics": metrics, "notes": ""}))
+        path.write_text(json.dumps(run_record(spec, metrics, protocol, notes="")))
     return load_results(folder)
 
 

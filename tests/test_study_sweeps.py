@@ -33,7 +33,9 @@ CPU = torch.device("cpu")
     ("mask=none,sometimes", "mask=sometimes: train_mask: expected one of method, none, random, seen, batch"),
     ("r_D=0.5,2", "r_D=2: expected a number in [0, 1]"),
     ("experts=0", "experts=0: "),
-    ("M=16,16", "a value is given twice"),
+    ("M=16,16", "M: 16 is given twice in '16,16'"),
+    ("lambda=1e4,10000", "lambda: 1e4 and 10000 are one value"),  # compared as parsed, not as typed
+    ("decays=0.9/0.99,0.90/0.990", "decays: 0.9/0.99 and 0.90/0.990 are one value"),
     ("M=", "expected comma-separated values"),
     ("M", "expected NAME=v1,v2,..."),
     ("width=3", "'width' is no protocol setting; expected one of M, lambda"),

@@ -26,12 +26,13 @@ from benchmarks.ablation.shard import parse_shard
 from benchmarks.ablation.sweep_values import SWEEP_ALIASES, parser_of
 from benchmarks.backbone import BACKBONES
 from benchmarks.core.errors import UsageError
+from benchmarks.core.method_names import canonical_method
 from benchmarks.core.presets import PRESETS
 from benchmarks.core.protocol import ROUTER_QUERIES, Protocol
 from benchmarks.core.proxy_datasets import PROXY_DATASETS
 from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.data.loaders import DATASETS
-from benchmarks.flags import Checked
+from benchmarks.flags import Checked, add_output_flag
 from benchmarks.methods import list_methods
 from benchmarks.studies.command import STUDIES
 from benchmarks.studies.router_set import ROUTERS
@@ -152,6 +153,18 @@ def parse_names(text: str) -> List[str]:
     return names
 
 
+def parse_methods(text: str) -> List[str]:
+    """Comma-separated methods, each by its name here whichever spelling is given (``coda_prompt``:
+    ``coda-prompt``, :data:`~benchmarks.core.method_names.METHOD_ALIASES`); one named twice is refused."""
+    spelt = parse_names(text)
+    names = [canonical_method(name) for name in spelt]
+    for later, name in enumerate(names):
+        if names.index(name) != later:
+            raise argparse.ArgumentTypeError(f"{spelt[names.index(name)]} and {spelt[later]} both name {name}; "
+                                             "name each method once")
+    return names
+
+
 #: Protocol field -> (argparse type or choices, help); a field missing here is parsed by its default's type.
 #: The parameters the library shares (``fly_modules._validation.SHARED_PARAMETERS``) are checked by its rules.
 PROTOCOL_FLAGS: Dict[str, Tuple[Any, str]] = {
@@ -211,7 +224,7 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
     """What the sweep runs, where its data and results lie, and how it runs on this machine."""
     parser.add_argument("--preset", choices=list(PRESETS), default="proxy-short",
                         help="base settings (listed below); every other flag overrides them")
-    parser.add_argument("--methods", type=parse_names, default=None,
+    parser.add_argument("--methods", type=parse_methods, default=None,
                         help="comma-separated methods (default: the preset's; registered: "
                              + ", ".join(list_methods()) + ")")
     parser.add_argument("--variants", type=parse_names, default=None,
@@ -234,7 +247,7 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
                         help="training images per class of every generated dataset")
     parser.add_argument("--synthetic-test-per-class", type=_integer(1), default=None,
                         help="test images per class of every generated dataset")
-    parser.add_argument("--output", default=None, help="output folder (default: results/<preset>)")
+    add_output_flag(parser, "--output", "folder", default=None, help="output folder (default: results/<preset>)")
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if "
                                                        "available, else cpu)")
     parser.add_argument("--threads", type=_integer(1), default=None,

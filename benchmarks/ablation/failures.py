@@ -18,6 +18,7 @@ from ..core.checkpointing import CheckpointError
 from ..core.files import WriteError
 from ..core.protocol import RunSpec
 from ..core.results import result_path, write_json_atomic
+from ..core.run_file import FAILURE_FILE, run_file_problem
 from .preemption import RunInterrupted
 
 __all__ = ["FAILED_RUNS_EXIT_CODE", "failure_path", "recordable", "record_failure", "clear_failures", "load_failures"]
@@ -76,9 +77,12 @@ def load_failures(output: Path, specs: Sequence[RunSpec]) -> List[Dict[str, Any]
         path = failure_path(output, spec)
         if path.exists() and not result_path(output, spec).exists():
             try:
-                found.append(json.loads(path.read_text()))
+                record = json.loads(path.read_text())
             except FileNotFoundError:  # another process finished the run meanwhile
                 continue
             except (UnicodeDecodeError, json.JSONDecodeError):  # damaged: the run still failed
-                found.append({"spec": asdict(spec), "error": f"the failure record {path} cannot be read"})
+                record = None
+            if run_file_problem(record, FAILURE_FILE):
+                record = {"spec": asdict(spec), "error": f"the failure record {path} cannot be read"}
+            found.append(record)
     return found

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pickle
 import random
-import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -28,6 +26,7 @@ import torch
 from ..backbone import BackboneLoadError, backbone_of
 from ..core.protocol import Protocol
 from ..core.proxy_datasets import is_generated
+from ..flags import output_problem
 from ..methods import method_class
 
 __all__ = ["PreflightError", "USER_ERRORS", "check", "check_output", "check_device", "check_models", "class_counts"]
@@ -52,24 +51,11 @@ def _first_line(error: BaseException) -> str:
 
 
 def check_output(output: Path) -> None:
-    """The output folder is a folder (or can be created) and a file can be written in it."""
-    output = Path(output)
-    existing = output
-    while not existing.exists():  # the first folder that exists; the sweep creates the rest
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        raise PreflightError(f"--output {output}: {existing} is a file; expected a folder (choose another --output)")
-    try:
-        handle, probe = tempfile.mkstemp(dir=existing, prefix=".write-probe.")
-        os.close(handle)
-        os.unlink(probe)
-    except OSError as error:
-        raise PreflightError(
-            f"--output {output}: cannot write in {existing} ({_first_line(error)}); expected a writable folder "
-            "(choose another --output)"
-        ) from None
+    """The output folder is a folder (or can be created) and a file can be written in it: the rule every
+    command's output flags use (:func:`benchmarks.flags.output_problem`), for the default folder too."""
+    problem = output_problem(Path(output), "folder")
+    if problem:
+        raise PreflightError(f"--output {output}: {problem} (choose another --output)")
 
 
 def check_device(device: Optional[str]) -> None:

@@ -16,18 +16,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 import torch
 
-from benchmarks.flags import Parser
+from benchmarks.core.results import write_text_atomic
+from benchmarks.flags import Parser, add_output_flag
 
 from ..core.presets import PRESETS
 from ..core.timer import PartTimer
 from ..core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS, variants_for
 from ..methods import method_class
-from .arguments import build_parser, parse_names
+from .arguments import build_parser, parse_methods
 from .evaluation import VariantEvaluator
 from .runner import build_run
 from .sweep import resolve
@@ -104,9 +104,9 @@ def _format(result: Dict[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.ablation.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="proxy-short", choices=list(PRESETS))
-    parser.add_argument("--methods", type=parse_names, default=["l2p", "hide"])
+    parser.add_argument("--methods", type=parse_methods, default=["l2p", "hide"])
     parser.add_argument("--device", default=None)
-    parser.add_argument("--output", default=None, help="JSON file for the figures")
+    add_output_flag(parser, "--output", "file", default=None, help="JSON file for the figures")
     args = parser.parse_args(argv)
     sweep = resolve(build_parser().parse_args(
         ["--preset", args.preset, "--methods", ",".join(args.methods), *(["--device", args.device] if args.device else [])]))
@@ -121,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(_format(result), flush=True)
         results.append(result)
     if args.output:
-        Path(args.output).write_text(json.dumps({"preset": args.preset, "threads": torch.get_num_threads(),
+        write_text_atomic(args.output, json.dumps({"preset": args.preset, "threads": torch.get_num_threads(),
                                                  "torch": torch.__version__, "results": results}, indent=1))
     return 0 if all(r["logs_identical"] for r in results) else 1
 

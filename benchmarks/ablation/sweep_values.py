@@ -58,13 +58,17 @@ def parse_sweep(text: str, flags: Dict[str, Tuple[Any, str]]) -> Tuple[SweepPoin
     texts = [value.strip() for value in values.split(",")]
     if not values.strip() or "" in texts:
         raise argparse.ArgumentTypeError(f"{name}: expected comma-separated values, got {values!r}")
-    if len(set(texts)) != len(texts):
-        raise argparse.ArgumentTypeError(f"{name}: a value is given twice in {values!r}")
+    parsed = []
     for value in texts:
         try:
-            _parse_value(field, value, flags)
+            parsed.append(_parse_value(field, value, flags))
         except argparse.ArgumentTypeError as error:
             raise argparse.ArgumentTypeError(f"{name}={value}: {error}") from None
+    for later, value in enumerate(parsed):  # compared as parsed: 1e4 and 10000 are one setting
+        earlier = parsed.index(value)
+        if earlier != later:
+            same = "is given twice" if texts[earlier] == texts[later] else f"and {texts[later]} are one value"
+            raise argparse.ArgumentTypeError(f"{name}: {texts[earlier]} {same} in {values!r}; give each value once")
     return tuple(SweepPoint(value, ((field, value),)) for value in texts)
 
 

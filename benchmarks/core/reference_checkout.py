@@ -31,8 +31,10 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from .errors import UsageError
+
 __all__ = [
-    "CLASSES", "METHODS", "VIT_PRESETS", "Checkout", "backbone_factory", "load_checkout", "build_models",
+    "CheckoutError", "CLASSES", "METHODS", "VIT_PRESETS", "Checkout", "backbone_factory", "load_checkout", "build_models",
     "make_trainer", "clean_query", "mvp_query", "ema_bank_weights", "timm_registry_kept", "EvalBatches",
 ]
 
@@ -91,17 +93,38 @@ def missing_files(path: Path, methods: Sequence[str] = METHODS) -> List[str]:
     return [name for name in required_files(methods) if not (path / name).is_file()]
 
 
-def load_checkout(path: str, methods: Sequence[str] = METHODS) -> Checkout:
-    """Import the official models and trainers of ``methods`` from ``path`` (see the module docstring)."""
+class CheckoutError(UsageError):
+    """A checkout a command was pointed at (by its ``flag``) is not one it can load: one line naming the
+    flag, the path and what is missing."""
+
+    def __init__(self, flag: str, path: Any, expected: str, problem: str) -> None:
+        super().__init__(f"{flag} {path}: expected a checkout of {expected}, {problem}")
+
+    @classmethod
+    def missing_module(cls, flag: str, path: Any, expected: str, error: ModuleNotFoundError) -> "CheckoutError":
+        """The checkout's own code imports a module of it (``error.name``) whose file is missing."""
+        return cls(flag, path, expected, f"missing {(error.name or '?').replace('.', '/')}.py (which its own code imports)")
+
+
+def load_checkout(path: str, methods: Sequence[str] = METHODS, *, flag: str = "--reference-repo") -> Checkout:
+    """Import the official models and trainers of ``methods`` from ``path`` (see the module docstring);
+    :class:`CheckoutError` naming ``flag`` (the calling command's) for a checkout that lacks a file."""
     unknown = sorted(set(methods) - set(CLASSES))
     if unknown:
         raise ValueError(f"no official classes known for {', '.join(unknown)}; known: {', '.join(CLASSES)}")
     root = Path(path).resolve()
     missing = missing_files(root, methods)
     if missing:
-        raise FileNotFoundError(
-            f"--reference-repo {path}: expected a checkout of AnAppleCore/FlyGCL, missing {', '.join(missing)}"
-        )
+        raise CheckoutError(flag, path, FLYGCL, f"missing {', '.join(missing)}")
+    try:
+        return _import_checkout(root, methods)
+    except ModuleNotFoundError as error:  # a file the checkout's own modules import
+        if (error.name or "").split(".")[0] not in _TOP_LEVEL:
+            raise
+        raise CheckoutError.missing_module(flag, path, FLYGCL, error) from None
+
+
+def _import_checkout(root: Path, methods: Sequence[str]) -> Checkout:
     saved = {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".")[0] in _TOP_LEVEL}
     sys.path.insert(0, str(root))
     try:
@@ -148,6 +171,8 @@ def timm_registry_kept() -> Iterator[None]:
             table.update(saved[name])
 
 
+#: the repository a checkout loaded here is of
+FLYGCL = "AnAppleCore/FlyGCL"
 #: pip's name of a package the official modules import, where it is not the module's (S-Prompt's trainer: sklearn)
 _DISTRIBUTIONS = {"sklearn": "scikit-learn"}
 

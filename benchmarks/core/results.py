@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .checkpointing import CheckpointStore, checkpoint_folder
+from .errors import UsageError
 from .files import WriteError, write_atomic
 from .protocol import RunSpec
+from .run_file import run_file_problem
 
 __all__ = [
     "ProtocolMismatchError", "UnreadableResultError", "WriteError", "result_path", "write_text_atomic",
@@ -35,18 +37,18 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 
 
 def read_result(path: Path) -> Dict[str, Any]:
-    """A result file; :class:`UnreadableResultError` (one line) when it is not one (edited, damaged disk:
-    the sweep itself writes atomically)."""
+    """A result file, read field by field (:data:`benchmarks.core.run_file.RUN_FILE`);
+    :class:`UnreadableResultError` (one line naming the file and the field) when it is not one (edited,
+    damaged disk: the sweep itself writes atomically)."""
     try:
         result = json.loads(Path(path).read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UnreadableResultError(
-            f"{path} is not a result file ({type(error).__name__}: {error}); delete it to train the run again, or "
-            "choose another --output"
-        ) from None
-    if not isinstance(result, dict) or not isinstance(result.get("spec"), dict):
-        raise UnreadableResultError(f"{path} is not a result file (no 'spec' entry); delete it to train the run "
-                                    "again, or choose another --output")
+        problem = f"{type(error).__name__}: {error}"
+    else:
+        problem = run_file_problem(result)
+    if problem:
+        raise UnreadableResultError(f"{path} is not a result file ({problem}); delete it, and the sweep trains "
+                                    "the run again")
     return result
 
 
@@ -141,7 +143,7 @@ class ProtocolMismatchError(RuntimeError):
     """A finished run in the output folder used a different protocol or data setting."""
 
 
-class UnreadableResultError(ProtocolMismatchError):
+class UnreadableResultError(ProtocolMismatchError, UsageError):
     """A file where a run's result belongs is not a result file."""
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from benchmarks.core import reference_checkout as ref
+from benchmarks.core.method_names import canonical_method
 from benchmarks.flags import Parser
 from fly_modules import aggregate_logits, seen_class_mask
 
@@ -107,12 +108,12 @@ def markdown_table(rows: Sequence[AggregationRow], commit: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.fidelity.aggregations", description=__doc__)
     parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
-    parser.add_argument("--methods", nargs="+", choices=TRAINERS, default=list(TRAINERS),
+    parser.add_argument("--methods", nargs="+", type=canonical_method, choices=TRAINERS, default=list(TRAINERS),
                         help="the official trainers whose _ensemble_logits to compare")
     args = parser.parse_args(argv)
     try:
-        checkout = ref.load_checkout(args.flygcl, args.methods)
-    except (FileNotFoundError, ValueError) as error:
+        checkout = ref.load_checkout(args.flygcl, args.methods, flag="--flygcl")
+    except (ref.CheckoutError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     rows = compare_rules({name: checkout.trainers[name] for name in args.methods})

@@ -6,13 +6,14 @@ import argparse
 import json
 import sys
 import warnings
-from pathlib import Path
 from typing import List, Optional, Sequence
 
 import torch
 
 from benchmarks.core import reference_checkout as ref
-from benchmarks.flags import Parser, add_common_flag
+from benchmarks.core.method_names import canonical_method
+from benchmarks.core.results import write_text_atomic
+from benchmarks.flags import Parser, add_common_flag, add_output_flag
 
 from .comparison import compare_method
 from .loop import load_loop_checkout, loop_record, run_loops
@@ -33,12 +34,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--misa", help="a checkout of kangzhiq/MISA (read only): the misa rows against its own code")
     parser.add_argument("--misa-vit", choices=("base-16px", "micro"), default="base-16px",
                         help="the MISA rows' backbone (default ViT-B/16 on 16 x 16 images, the shipped prompts' width)")
-    parser.add_argument("--methods", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
+    parser.add_argument("--methods", nargs="+", type=canonical_method, choices=sorted(PAIRS), default=list(PAIRS))
     parser.add_argument("--loop", action="store_true",
                         help="also run FlyGCL's own online loop against the runner for the methods it covers "
                              "(python -m benchmarks.fidelity.loop): its table after the side-by-side one")
-    parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
-    parser.add_argument("--markdown", type=Path, help="write the table to this Markdown file")
+    add_output_flag(parser, "--json", "file", default=None, help="write the rows to this JSON file")
+    add_output_flag(parser, "--markdown", "file", default=None, help="write the table to this Markdown file")
     add_common_flag(parser, "threads", default=1, help="torch threads")
     parser.add_argument("--fused-attention", action="store_true",
                         help="keep timm's fused attention kernel on our side (by default both sides' backbones "
@@ -57,11 +58,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError("nothing to compare: name a checkout with --flygcl, --misa or both")
         if args.loop and args.flygcl is None:
             raise ValueError("--loop runs FlyGCL's loop: name its checkout with --flygcl")
-        checkout = ref.load_checkout(args.flygcl, sorted({pair.official for pair in pairs})) if pairs else None
+        checkout = ref.load_checkout(args.flygcl, sorted({p.official for p in pairs}), flag="--flygcl") if pairs else None
         misa = load_misa(args.misa) if args.misa else None
         looped = [name for name in args.methods if name in LOOP_METHODS] if args.loop else []
         loop_checkout = load_loop_checkout(args.flygcl, looped) if looped else None
-    except (FileNotFoundError, ValueError) as error:
+    except (ref.CheckoutError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     setting = Setting(explicit_attention=not args.fused_attention)
@@ -86,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(table)
     if args.json is not None:
         record = {**settings, "rows": [row.to_dict() for row in rows]}
-        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(record, indent=2) + "\n")
     if args.markdown is not None:
-        args.markdown.write_text(table)
+        write_text_atomic(args.markdown, table)
     return 0

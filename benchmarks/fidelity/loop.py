@@ -8,13 +8,14 @@ import argparse
 import json
 import sys
 import warnings
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 from benchmarks.core import reference_checkout as ref
-from benchmarks.flags import Parser, add_common_flag
+from benchmarks.core.method_names import canonical_method
+from benchmarks.core.results import write_text_atomic
+from benchmarks.flags import Parser, add_common_flag, add_output_flag
 
 from .loop_comparison import LOOP_METHODS, LOOP_SETUPS, LoopRow, compare_loop
 from .official_loop import missing_loop_files
@@ -62,20 +63,20 @@ def markdown_table(rows: Sequence[LoopRow]) -> str:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(prog="python -m benchmarks.fidelity.loop", description=__doc__)
     parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
-    parser.add_argument("--methods", nargs="+", choices=LOOP_METHODS, default=list(LOOP_METHODS))
-    parser.add_argument("--json", type=Path, help="write the rows, every evaluation included, to this JSON file")
-    parser.add_argument("--markdown", type=Path, help="write the table to this Markdown file")
+    parser.add_argument("--methods", nargs="+", type=canonical_method, choices=LOOP_METHODS, default=list(LOOP_METHODS))
+    add_output_flag(parser, "--json", "file", default=None,
+                    help="write the rows, every evaluation included, to this JSON file")
+    add_output_flag(parser, "--markdown", "file", default=None, help="write the table to this Markdown file")
     add_common_flag(parser, "threads", default=1, help="torch threads")
     return parser.parse_args(argv)
 
 
 def load_loop_checkout(flygcl: str, methods: Sequence[str]) -> ref.Checkout:
     """The FlyGCL checkout at ``flygcl`` with the official models of ``methods`` and its loop's files; raises
-    ``FileNotFoundError`` / ``ValueError`` for one that cannot run the loop."""
-    checkout = ref.load_checkout(flygcl, sorted({PAIRS[name].official for name in methods}))
+    :class:`~benchmarks.core.reference_checkout.CheckoutError` / ``ValueError`` for one that cannot run the loop."""
+    checkout = ref.load_checkout(flygcl, sorted({PAIRS[name].official for name in methods}), flag="--flygcl")
     if missing := missing_loop_files(checkout.path):
-        raise FileNotFoundError(f"--flygcl {flygcl}: expected a checkout of AnAppleCore/FlyGCL, missing "
-                                f"{', '.join(missing)}")
+        raise ref.CheckoutError("--flygcl", flygcl, ref.FLYGCL, f"missing {', '.join(missing)}")
     return checkout
 
 
@@ -102,16 +103,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.cuda\.amp")
     try:
         checkout = load_loop_checkout(args.flygcl, args.methods)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"python -m benchmarks.fidelity.loop: {error}", file=sys.stderr)
+    except (ref.CheckoutError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     setting, rows = run_loops(checkout, args.methods)
     table = markdown_table(rows)
     print(table)
     if args.json is not None:
-        args.json.write_text(json.dumps(loop_record(setting, rows), indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(loop_record(setting, rows), indent=2) + "\n")
     if args.markdown is not None:
-        args.markdown.write_text(table)
+        write_text_atomic(args.markdown, table)
     return 0
 
 

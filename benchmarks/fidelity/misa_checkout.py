@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator
 
-from benchmarks.core.reference_checkout import timm_registry_kept
+from benchmarks.core.reference_checkout import FLYGCL, CheckoutError, timm_registry_kept
 
-__all__ = ["FLYGCL_FILES", "MISACheckout", "load_misa", "REQUIRED_FILES"]
+__all__ = ["FLYGCL_FILES", "MISA", "MISACheckout", "load_misa", "REQUIRED_FILES"]
+
+MISA = "kangzhiq/MISA"  # the repository a checkout loaded here is of
 
 REQUIRED_FILES = (
     "configuration/config.py", "models/vit.py", "models/dualprompt.py", "methods/_trainer.py",
@@ -85,15 +87,18 @@ def load_misa(path: str) -> MISACheckout:
     root = Path(path).resolve()
     missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
     if missing:
-        raise FileNotFoundError(f"--misa {path}: expected a checkout of kangzhiq/MISA, missing {', '.join(missing)}")
+        raise CheckoutError("--misa", path, MISA, f"missing {', '.join(missing)}")
     flygcl = [name for name in FLYGCL_FILES if (root / name).is_file()]
     if flygcl:
-        raise ValueError(f"--misa {path}: expected a checkout of kangzhiq/MISA, found one of AnAppleCore/FlyGCL "
-                         f"({', '.join(flygcl)}); pass it to --flygcl")
+        raise CheckoutError("--misa", path, MISA, f"found one of {FLYGCL} ({', '.join(flygcl)}); pass it to --flygcl")
     try:
         return _import_misa(root)
-    except ImportError as error:  # another repository, or a MISA version of other imports
-        raise ValueError(f"--misa {path}: expected a checkout of kangzhiq/MISA; importing its code failed: {error}") from None
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] in _TOP_LEVEL:  # a file of the checkout its own code imports
+            raise CheckoutError.missing_module("--misa", path, MISA, error) from None
+        raise CheckoutError("--misa", path, MISA, f"importing its code failed: {error}") from None
+    except ImportError as error:  # a file missing, another repository, or a MISA version of other imports
+        raise CheckoutError("--misa", path, MISA, f"importing its code failed: {error}") from None
 
 
 def _import_misa(root: Path) -> MISACheckout:

@@ -16,6 +16,8 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from benchmarks.core.reference_checkout import CheckoutError
+from benchmarks.fidelity.misa_checkout import MISA
 from benchmarks.flags import Parser, add_flag
 from benchmarks.methods.misa_adaptation import ForgettingAwareStep
 from fly_modules._validation import Integer
@@ -27,7 +29,7 @@ def load_fam(checkout: Path) -> type:
     """The checkout's ``optim.fam.FAM`` class, imported from its file (it imports torch only)."""
     path = Path(checkout) / "optim" / "fam.py"
     if not path.is_file():
-        raise FileNotFoundError(f"{checkout} has no optim/fam.py; expected a checkout of kangzhiq/MISA")
+        raise CheckoutError("--misa", checkout, MISA, "missing optim/fam.py")
     spec = importlib.util.spec_from_file_location("_misa_optim_fam", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -68,8 +70,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         fam_class = load_fam(args.misa)
-    except FileNotFoundError as error:
-        print(f"python -m benchmarks.fidelity.misa_fam: {error}", file=sys.stderr)
+    except CheckoutError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     difference = largest_difference(fam_class, updates=args.updates)
     print(f"forgetting-aware update against {args.misa / 'optim' / 'fam.py'}: {args.updates} updates, "

@@ -283,7 +283,7 @@ def _replaced(namespace: Dict[str, Any], values: Mapping[str, Any]) -> Iterator[
 def _module_from_file(name: str, path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None or not path.is_file():
-        raise FileNotFoundError(f"{path}: expected this file of a FlyGCL checkout; point --flygcl to one")
+        raise ref.CheckoutError("--flygcl", path.parent.parent, ref.FLYGCL, f"missing {path.parent.name}/{path.name}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -33,11 +33,12 @@ import torch
 
 from benchmarks.ablation.plan import format_plan, make_plan
 from benchmarks.ablation.run_specs import run_specs as specs_of
+from benchmarks.core.method_names import canonical_method
 from benchmarks.core.presets import PRESETS
 from benchmarks.core.protocol import PAPER_METHODS
 from benchmarks.core.variants import ABLATION_VARIANTS, ORACLE_VARIANTS
 from benchmarks.data.records import AUTOAUGMENT_POLICY, DATASET_STATS, TensorImageDataset
-from benchmarks.flags import Parser, add_flag
+from benchmarks.flags import Parser, add_flag, add_output_flag
 from fly_modules._validation import Real
 
 METHODS = (*PAPER_METHODS, "flyprompt")
@@ -218,14 +219,15 @@ def price_paper_table(cost: CostDocument, units: Dict[tuple, Dict[str, Any]], pr
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--output", required=True, help="folder for paper_cost.json and paper_table_plan.md")
+    add_output_flag(parser, "--output", "folder", default=None, required=True,
+                    help="folder for paper_cost.json and paper_table_plan.md")
     parser.add_argument("--device", default="cuda", help="cuda (the GPU check) or cpu (with --tiny: the CI check)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes: every step end to end in seconds")
     add_flag(parser, "--budget", Real(above=0), default=BUDGET_SECONDS, help="seconds for all steps together")
     add_flag(parser, "--reserve", Real(minimum=0), default=30.0, help="seconds a step needs left to start")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods (the table: all)")
     args = parser.parse_args(argv)
-    args.methods = [name.strip() for name in args.methods.split(",") if name.strip()]
+    args.methods = [canonical_method(name) for name in args.methods.split(",") if name.strip()]
     unknown = [name for name in args.methods if name not in METHODS]
     if unknown or not args.methods:
         parser.error(f"--methods: expected names from {', '.join(METHODS)}, found {args.methods}")

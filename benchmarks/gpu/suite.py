@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from benchmarks.flags import Parser, add_flag
+from benchmarks.flags import Parser, add_flag, add_output_flag
 from benchmarks.gpu.children import (
     REPO,
     TAIL_CHARACTERS,
@@ -432,7 +432,8 @@ def run_stage_body(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------- CLI
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--output", required=True, help=f"folder for the {len(OUTPUT_FILES)} result files")
+    add_output_flag(parser, "--output", "folder", default=None, required=True,
+                    help=f"folder for the {len(OUTPUT_FILES)} result files")
     parser.add_argument("--device", default="cuda", help="cuda (the GPU run) or cpu (with --tiny: the CI check)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes: every stage end to end in seconds")
     parser.add_argument("--reference-repo", default=None,
@@ -442,7 +443,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add_flag(parser, "--budget", Real(above=0), default=TOTAL_BUDGET, help="seconds for all stages together")
     parser.add_argument("--keep-workdir", action="store_true", help="keep the scratch folder (its path is printed)")
     parser.add_argument("--run-stage", choices=("environment", "proxy"), help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_output_flag(parser, "--workdir", "folder", default=None, help=argparse.SUPPRESS)
     add_flag(parser, "--budget-seconds", Real(minimum=0), default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     stages = [name.strip() for name in args.stages.split(",") if name.strip()]

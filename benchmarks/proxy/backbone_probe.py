@@ -21,7 +21,8 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
-from benchmarks.flags import Parser, add_common_flag, add_flag
+from benchmarks.core.results import write_text_atomic
+from benchmarks.flags import Parser, add_common_flag, add_flag, add_output_flag
 from benchmarks.proxy.pretrain import (
     DATA_SEED,
     DEFAULT_OUTPUT,
@@ -86,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_flag(parser, "--test-per-class", Integer(minimum=1), default=20, help="test images per class")
     add_common_flag(parser, "threads", default=1)
     add_flag(parser, "--min-ratio", Real(above=0), default=2.0, help="the probe's accuracy over chance it must reach")
-    parser.add_argument("--output", default=None, help="also write the numbers to this JSON file")
+    add_output_flag(parser, "--output", "file", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -122,7 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         payload = {"results": results, "ratio": ratio, "chance": chance, "classes": args.classes,
                    "train_per_class": args.train_per_class, "test_per_class": args.test_per_class,
                    "weights": _display_path(args.weights), "command": "python -m benchmarks.proxy.backbone_probe " + " ".join(argv or sys.argv[1:])}
-        Path(args.output).write_text(json.dumps(payload, indent=2) + "\n")
+        write_text_atomic(args.output, json.dumps(payload, indent=2) + "\n")
     return 0 if ratio >= args.min_ratio else 1
 
 

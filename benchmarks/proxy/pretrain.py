@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from benchmarks.flags import Parser, add_common_flag, add_flag
+from benchmarks.flags import Parser, add_common_flag, add_flag, add_output_flag
 from fly_modules._validation import Integer, Real
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_flag(parser, "seed", default=0, help="seed of the initialisation, shuffling and augmentation")
     add_common_flag(parser, "threads", default=1,
                     help="torch intra-op threads (part of the determinism; 1 is fastest on a shared 2-core box)")
-    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="safetensors file (a .json sidecar goes next to it)")
+    add_output_flag(parser, "--output", "file", default=str(DEFAULT_OUTPUT),
+                    help="safetensors file (a .json sidecar goes next to it)")
     parser.add_argument("--quick", action="store_true",
                         help="a few steps on a few classes (end-to-end check, not a usable backbone)")
     parser.add_argument("--no-progress", action="store_true")

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.flags import Parser, add_common_flag, add_flag
+from benchmarks.flags import Parser, add_common_flag, add_flag, add_output_flag
 from benchmarks.proxy.pretrain import (
     DATA_SEED,
     MODEL_KWARGS,
@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_flag(parser, "seed", default=0, help="seed of the prompts, the stream, draws and augmentation")
     add_common_flag(parser, "threads", default=1, help="torch intra-op threads (part of the determinism)")
     parser.add_argument("--backbone", default=str(BACKBONE), help="the proxy backbone (safetensors)")
-    parser.add_argument("--output", default=str(DEFAULT_OUTPUT), help="safetensors file (a .json sidecar goes next to it)")
+    add_output_flag(parser, "--output", "file", default=str(DEFAULT_OUTPUT),
+                    help="safetensors file (a .json sidecar goes next to it)")
     parser.add_argument("--quick", action="store_true", help="a few steps on a few classes (end-to-end check)")
     parser.add_argument("--no-progress", action="store_true")
     return parser

@@ -10,14 +10,15 @@ variant), averaged over the seeds; "REAR given TE2" is ``both`` minus ``ensemble
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from benchmarks.core.errors import UsageError
 from benchmarks.core.method_names import METHOD_NAMES, METHOD_ORDER
+from benchmarks.core.results import read_result
 from benchmarks.flags import Parser
 from benchmarks.studies.paper_rows import paper_row
 
@@ -41,7 +42,7 @@ def load_runs(results: Path, dataset: str) -> Dict[Tuple[str, str], Dict[int, fl
     """``(method, variant) -> {seed: A_auc in %}`` of the run files of ``dataset`` under ``results/runs``."""
     runs: Dict[Tuple[str, str], Dict[int, float]] = {}
     for path in sorted((results / "runs" / dataset).glob("*/*/seed*.json")):
-        record = json.loads(path.read_text())
+        record = read_result(path)
         spec = record["spec"]
         runs.setdefault((spec["method"], spec["variant"]), {})[spec["seed"]] = 100 * record["metrics"]["A_auc"]
     if not runs:
@@ -201,7 +202,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         block = render(summary, args.results.as_posix(), args.dataset)
         page = (args.write or args.check).read_text() if (args.write or args.check) else None
         updated = replace_block(page, block) if page is not None else None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, UsageError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.write:

@@ -146,7 +146,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--sections", type=_sections, default=SECTIONS, metavar="LIST",
                         help=f"comma-separated subset of {','.join(SECTIONS)} (solve includes the peak memory)")
     parser.add_argument("--memory-child", choices=("ours", "lu", "inv"), help=argparse.SUPPRESS)
-    parser.add_argument("--stats-file", help=argparse.SUPPRESS)
+    parser.add_argument("--stats-file", help=argparse.SUPPRESS)  # the parent's statistics: read
     args = parser.parse_args(argv)
     if args.quick:
         args.expansion_dim, args.dim, args.batch = 512, 64, 16

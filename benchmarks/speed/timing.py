@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
-from benchmarks.flags import add_common_flag
+from benchmarks.flags import add_common_flag, add_output_flag
 from fly_modules._validation import check_int
 
 __all__ = [
@@ -71,7 +71,8 @@ def add_run_options(parser: argparse.ArgumentParser, *, placed: str) -> None:
     parser.add_argument("--device", default="cpu", help=f"where {placed} run: cpu or cuda[:N]")
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test (seconds)")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
-    parser.add_argument("--json", metavar="PATH", help="also write every target and figure to this JSON file")
+    add_output_flag(parser, "--json", "file", default=None, metavar="PATH",
+                    help="also write every target and figure to this JSON file")
 
 
 def start_run(args: argparse.Namespace) -> None:

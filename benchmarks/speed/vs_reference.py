@@ -42,14 +42,15 @@ import subprocess
 import sys
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from benchmarks.core import reference_checkout as ref
+from benchmarks.core.errors import UsageError
 from benchmarks.core.reference_checkout import EvalBatches
-from benchmarks.flags import Parser, add_common_flag, add_flag, add_shared_flag
+from benchmarks.core.results import write_text_atomic
+from benchmarks.flags import Parser, add_common_flag, add_flag, add_output_flag, add_shared_flag
 from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
 from benchmarks.speed.vs_reference_agreement import compare_inference, compare_training
 from benchmarks.speed.vs_reference_variants import (
@@ -363,7 +364,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="micro ViT and small sizes for a smoke test (seconds)")
     parser.add_argument("--train-only", action="store_true",
                         help="time the training step only: no evaluations, no inference agreement check")
-    parser.add_argument("--json", help="also write every figure to this JSON file")
+    add_output_flag(parser, "--json", "file", default=None, help="also write every figure to this JSON file")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target fails")
     args = parser.parse_args(argv)
     use_quick_sizes(args)
@@ -418,19 +419,26 @@ def run_method(method: str, checkout: ref.Checkout, args: argparse.Namespace, re
     return result
 
 
+def _setting_error(args: argparse.Namespace) -> Optional[str]:
+    """What in ``args`` does not fit this machine or the other flags, in one line, or ``None``."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return f"--device cuda, but CUDA is not available to torch {torch.__version__}"
+    if args.clock == "process" and args.device != "cpu":
+        return "--clock process counts CPU time only; use it with --device cpu"
+    if args.amp and args.device != "cuda":
+        return "--amp is the official CUDA autocast; use it with --device cuda"
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    # Checked before anything is built, each a one-line message.
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"bench_vs_reference: --device cuda, but CUDA is not available to torch {torch.__version__}")
-    if args.clock == "process" and args.device != "cpu":
-        raise SystemExit("bench_vs_reference: --clock process counts CPU time only; use it with --device cpu")
-    if args.amp and args.device != "cuda":
-        raise SystemExit("bench_vs_reference: --amp is the official CUDA autocast; use it with --device cuda")
-    try:
+    try:  # checked before anything is built, each a one-line message
+        if error := _setting_error(args):
+            raise UsageError(error)
         checkout = ref.load_checkout(args.reference_repo)
-    except FileNotFoundError as error:
-        raise SystemExit(f"bench_vs_reference: {error}") from None
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     args.device = torch.device(args.device)
     args.threads = configure_threads(args.threads)
     # The official trainers use torch.cuda.amp.autocast, deprecated in recent torch (warns every call).
@@ -453,7 +461,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     failed = report.summary()
     results["environment"]["load_average_end"] = os.getloadavg()
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True))
+        write_text_atomic(args.json, json.dumps(results, indent=2, sort_keys=True))
     return 1 if (failed and args.strict) else 0
 
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..backbone import BACKBONES
 from .analysis_studies import ANALYSIS_STUDIES, analysis_defaults
 from .catalog import study_descriptions
-from .registry import REGISTRY
+from .registry import REGISTRY, resolve_hook
 
-__all__ = ["STUDIES", "cost_study_error", "run_cost_command", "run_cost_study", "study_defaults", "with_backbone"]
+__all__ = ["MAIN_TABLE_STUDIES", "STUDIES", "cost_study_error", "run_cost_command", "run_cost_study", "study_defaults",
+           "table_methods", "with_backbone"]
 
 #: study -> what it runs: the registered studies (``benchmarks.studies.catalog``), then studies handled by hand
 #: (an entry ``"name": "description"``; moving one onto the registry is one ``Study(...)`` in the catalog)
@@ -45,14 +46,15 @@ def study_defaults(args: argparse.Namespace, parse_value: Callable[[str, str], A
     (routers, aggregation rules, heads)."""
     if args.study in ANALYSIS_STUDIES:  # benchmarks.studies.analysis_studies
         analysis_defaults(args)
-        return
-    if args.study in ("overall", "offline"):  # the paper's Tables 1 and 2 (benchmarks.studies.main_tables)
-        from ..methods import list_methods
-        from .main_tables import study_methods
-
-        args.methods = args.methods or study_methods(args.study, list_methods())
+    elif args.study in MAIN_TABLE_STUDIES:  # the paper's Tables 1 and 2 (benchmarks.studies.main_tables)
+        args.methods = args.methods or table_methods(args.study)
         args.variants = args.variants or ["baseline"]  # FlyPrompt's is full (variants_for)
-        return
+    else:
+        _registered_defaults(args, parse_value)
+    _refuse_methods_without_rows(args)
+
+
+def _registered_defaults(args: argparse.Namespace, parse_value: Callable[[str, str], Any]) -> None:
     study = REGISTRY.get(args.study)
     if study is None:
         return
@@ -65,6 +67,35 @@ def study_defaults(args: argparse.Namespace, parse_value: Callable[[str, str], A
     for name, values in study.scored:
         if getattr(args, name, None) is None:
             setattr(args, name, list(values))
+
+
+#: the studies of the paper's Tables 1 and 2 (:mod:`benchmarks.studies.main_tables`)
+MAIN_TABLE_STUDIES = ("overall", "offline")
+#: studies whose table has a row for a fixed set of methods: where that set is read (``"module:NAME"``)
+_FIXED_ROWS = {"components": "benchmarks.studies.components_table:STUDY_METHODS",
+               "ranpac": "benchmarks.studies.ranpac_table:STUDY_METHODS"}
+
+
+def table_methods(study: Optional[str]) -> Optional[List[str]]:
+    """The methods ``study``'s table has a row of ours for; ``None`` where any method gets a row of its own."""
+    if study in MAIN_TABLE_STUDIES:
+        from ..methods import list_methods
+        from .main_tables import study_methods
+
+        return study_methods(study, list_methods())
+    return list(resolve_hook(_FIXED_ROWS[study])) if study in _FIXED_ROWS else None
+
+
+def _refuse_methods_without_rows(args: argparse.Namespace) -> None:
+    """A method the study's table has no row of ours for would be trained and shown nowhere: one line, before
+    any work."""
+    rows = table_methods(args.study)
+    lacking = [method for method in args.methods or () if rows is not None and method not in rows]
+    if lacking:
+        from ..core.errors import UsageError
+
+        raise UsageError(f"--study {args.study} --methods {','.join(lacking)}: the study's table has no row of ours "
+                         f"for {', '.join(lacking)}; its rows are {', '.join(rows)} (run other methods without --study)")
 
 
 #: the options ``--study cost`` reads (it trains nothing: every other option would be ignored)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from benchmarks.flags import Parser, add_flag, add_shared_flag
+from benchmarks.flags import Parser, add_flag, add_output_flag, add_shared_flag
 from fly_modules._validation import Integer, shared_default
 
 from ..core.files import save_figure
@@ -165,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for field, text in (("experts", "T, experts"), ("prompt_length", "l, prompt tokens"), ("width", "d, feature width"),
                         ("classes", "C, classes")):
         add_flag(parser, f"--{field.replace('_', '-')}", Integer(minimum=1), default=getattr(defaults, field), help=text)
-    parser.add_argument("--output", type=Path, default=Path("results/components_cost"))
+    add_output_flag(parser, "--output", "folder", default="results/components_cost", help="folder of the tables")
     args = parser.parse_args(argv)
     setting = CostSetting(expansion_dim=args.expansion_dim, experts=args.experts, prompt_length=args.prompt_length,
                           width=args.width, classes=args.classes)

@@ -16,15 +16,19 @@ each difference from the paper.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.flags import Parser
+from benchmarks.flags import Parser, add_output_flag
 
+from ..core.errors import UsageError
+from ..core.method_names import canonical_method
 from ..core.plan_file import PLAN_FILE, inference_per_image
+from ..core.results import read_result
 from .paper_numbers import COST
 from .study_tables import table_cell
 
@@ -60,7 +64,7 @@ def _measured(results: Optional[Path], method: str) -> Dict[str, Optional[float]
     published variant (``baseline``; FlyPrompt: ``full``) in a sweep's result folder."""
     variant = "full" if method == "flyprompt" else "baseline"
     files = sorted(results.glob(f"runs/*/{method}/{variant}/seed*.json")) if results else []
-    records = [json.loads(path.read_text()) for path in files]
+    records = [read_result(path) for path in files]
     if not records:
         return {"BWT": None, "train_s": None, "seeds": 0}
     mean = lambda values: sum(values) / len(values)  # noqa: E731
@@ -87,10 +91,11 @@ def _inference(results: Optional[Path], method: str) -> Dict[str, Any]:
 def cost_rows(methods: Sequence[str] = METHODS, results: Optional[Path] = None) -> List[Dict[str, Any]]:
     """One row per method: our counts and measurements beside the paper's (none for a method its cost table
     has not: the linear probe, RanPAC†, Seq FT)."""
+    measured = {method: _measured(results, method) for method in methods}  # the files read before any model is built
     rows = []
     for method in methods:
         paper = dict(zip(("A_auc", "BWT", "total", "trainable", "train_s", "infer_s"), COST.get(method, ())))
-        rows.append({"method": method, **method_parameters(method), **_measured(results, method),
+        rows.append({"method": method, **method_parameters(method), **measured[method],
                      **_inference(results, method), "paper": paper})
     return rows
 
@@ -115,10 +120,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--results", type=Path, default=None,
                         help="a sweep's output folder: BWT and training seconds per batch from its result files, "
                              "inference seconds per test batch from its plan.json (run --plan into it)")
-    parser.add_argument("--output", type=Path, default=Path("results/cost"), help="folder of cost.md / cost.json")
+    add_output_flag(parser, "--output", "folder", default="results/cost", help="folder of cost.md / cost.json")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
     args = parser.parse_args(argv)
-    rows = cost_rows([m for m in args.methods.split(",") if m], args.results)
+    methods = [canonical_method(m) for m in args.methods.split(",") if m.strip()]
+    if not methods or any(m not in METHODS for m in methods):
+        parser.error(f"--methods: expected names from {', '.join(METHODS)}, found {args.methods!r}")
+    try:
+        rows = cost_rows(methods, args.results)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     text = format_cost(rows)
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "cost.md").write_text(text + "\n")

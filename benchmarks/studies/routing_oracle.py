@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from benchmarks.flags import Parser
+from benchmarks.flags import Parser, add_output_flag
 
+from ..core.errors import UsageError
 from ..core.files import save_figure
 from ..core.method_names import METHOD_NAMES, METHOD_ORDER
 from ..core.results import load_results
@@ -148,11 +150,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.studies.routing_oracle",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, required=True, help="a sweep's output folder (its runs/)")
-    parser.add_argument("--output", type=Path, default=None, help="where to write (default: --results)")
+    add_output_flag(parser, "--output", "folder", default=None, help="where to write (default: --results)")
     args = parser.parse_args(argv)
     if not (args.results / "runs").is_dir():
         parser.error(f"--results: {args.results} has no runs/ folder (the output folder of a sweep)")
-    print(write_routing(args.output or args.results, load_results(args.results)))
+    try:
+        results = load_results(args.results)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(write_routing(args.output or args.results, results))
     return 0
 
 

@@ -14,14 +14,15 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from benchmarks.flags import Parser, add_common_flag
+from benchmarks.core.results import write_text_atomic
+from benchmarks.flags import Parser, add_common_flag, add_output_flag
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("name")
     parser.add_argument("--checkout", required=True, type=Path)
-    parser.add_argument("--json", required=True, type=Path)
+    add_output_flag(parser, "--json", "file", default=None, required=True, help="where the rows go")
     add_common_flag(parser, "threads", default=1)
     add_common_flag(parser, "seed", default=0)
     parser.add_argument("--verbose", action="store_true")
@@ -44,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = harness.run(checkout, Settings(seed=args.seed, verbose=args.verbose))
     result = report.to_dict()
     result["meta"] = dict(upstream_commit=commit, **result["meta"])
-    args.json.write_text(json.dumps(result, indent=2))
+    write_text_atomic(args.json, json.dumps(result, indent=2))
     return 0
 
 

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from benchmarks.flags import add_common_flag
+from benchmarks.core.results import write_text_atomic
+from benchmarks.flags import add_common_flag, add_output_flag
 from benchmarks.upstream.registry import HARNESSES, REPOSITORIES, checkout_commit
 from benchmarks.upstream.table import markdown_table, status_line, summarise
 
@@ -44,9 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=f"checkout folders: {folders}; harnesses: {', '.join(HARNESSES)}")
     parser.add_argument("--checkouts", required=True, type=Path, help="folder holding one checkout per repository")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="harness or checkout folder names")
-    parser.add_argument("--json", type=Path, default=None, help="write every harness's rows and metadata here")
-    parser.add_argument("--markdown", type=Path, default=None,
-                        help="write the table, each harness's statuses and the versions here (for docs/results/)")
+    add_output_flag(parser, "--json", "file", default=None, help="write every harness's rows and metadata here")
+    add_output_flag(parser, "--markdown", "file", default=None,
+                    help="write the table, each harness's statuses and the versions here (for docs/results/)")
     add_common_flag(parser, "threads", default=1, help="torch threads per harness")
     add_common_flag(parser, "seed", default=0, help="seed of the models and the generated stream")
     parser.add_argument("--verbose", action="store_true", help="show each harness's output and the upstream code's")
@@ -139,10 +140,10 @@ def execute(names: Sequence[str], args: argparse.Namespace) -> int:
         print(f"{name} {commit[:10]}{note}: {status_line(result)}")
     env = environment()
     if args.json is not None:
-        args.json.write_text(json.dumps(dict(environment=env, harnesses=list(results.values()),
+        write_text_atomic(args.json, json.dumps(dict(environment=env, harnesses=list(results.values()),
                                              table=markdown_table(results)), indent=2) + "\n")
     if args.markdown is not None:
-        args.markdown.write_text(markdown_report(results, env))
+        write_text_atomic(args.markdown, markdown_report(results, env))
     failed = any(r["outcome"] == "crashed" or any(c["status"] in ("FAIL", "ERROR") for c in r["checks"])
                  for r in results.values())
     return 1 if failed else 0

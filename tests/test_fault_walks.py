@@ -1,0 +1,275 @@
+"""Walks of every reader and command with each class of user fault, each class refused by one rule:
+
+- a run file with each of its fields removed, and each given a wrong type: read field by field
+  (``benchmarks.core.run_file``) by every reader of run files (the merge, the routing study, the cost
+  table, the proxy summary);
+- every output flag of every command given a file where it writes a folder (or a folder where it writes a
+  file), and a path under a file: ``benchmarks.flags.OutputPath``, when the command line is parsed;
+- every command that loads a checkout, with each model file of the checkout removed: one
+  ``CheckoutError`` naming the command's own flag and the missing file.
+
+Each ends in exit status 2 and one line naming the file, field or flag, before any work, and leaves the
+user's files as they were. Each walk is shown to fail on the mistake it exists for (a reader with a bare
+``json.loads``, an output flag parsed without the rule, a loader naming another command's flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import pytest
+from command_walk import COMMANDS, outcome, parser_of
+from run_records import run_record
+from tiny_sweep import TINY
+
+from benchmarks.ablation import cli
+from benchmarks.core import results as results_module
+from benchmarks.core import run_file
+from benchmarks.flags import OutputPath, Parser
+from benchmarks.proxy import summary
+from benchmarks.studies import cost, routing_oracle
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SPEC = {"method": "l2p", "variant": "baseline", "dataset": "synthetic", "seed": 1}
+#: a value of another type than each kind of field
+WRONG = {dict: "a string", list: "a string", str: 5, int: 1.5, run_file._NUMBER: "5"}
+
+
+def files_of(folder: Path) -> Dict[str, bytes]:
+    """Every file under ``folder`` with its bytes: what a refused command must leave as it was."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line_problems(status: Any, err: str, *named: str) -> List[str]:
+    """What is wrong with a refusal: not exit status 2, not one ``error: `` line, or a name missing from it."""
+    problems = [] if status == 2 else [f"exit status {status}"]
+    if not (err.startswith("error: ") and err.count("\n") == 1):
+        problems.append(f"not one error line: {err[-300:]!r}")
+    return problems + [f"{name!r} not named" for name in named if name not in err]
+
+
+# ------------------------------------------------------------------------------------------- run files
+def run_file_faults() -> List[Tuple[str, str, Dict[str, Any]]]:
+    """``(field, fault, record)``: each field of the run file removed (where every file has it) and each
+    given a value of another type, in a record that is otherwise whole."""
+    whole = run_record(SPEC, {})
+    faults = []
+    for name, field in run_file.field_names():
+        *parents, key = name.split(".")
+        for fault in ("removed", "wrong type") if field.required else ("wrong type",):
+            record = copy.deepcopy(whole)
+            holder = record
+            for parent in parents:
+                holder = holder[parent]
+            if fault == "removed":
+                del holder[key]
+            else:
+                holder[key] = WRONG[field.kind]
+            faults.append((name, fault, record))
+    return faults
+
+
+def test_every_field_of_a_run_file_removed_or_retyped_is_named(tmp_path):
+    path = tmp_path / "seed1.json"
+    path.write_text(json.dumps(run_record(SPEC, {})))
+    assert results_module.read_result(path)["spec"] == SPEC  # the whole record is read
+    wrong = []
+    faults = run_file_faults()
+    for name, fault, record in faults:
+        path.write_text(json.dumps(record))
+        try:
+            results_module.read_result(path)
+            wrong.append(f"{name} {fault}: read without a word")
+        except results_module.UnreadableResultError as error:
+            if str(path) not in str(error) or f"'{name}'" not in str(error) or "\n" in str(error):
+                wrong.append(f"{name} {fault}: {error}")
+    assert len(faults) > 40 and not wrong, "\n".join(wrong)
+
+
+def _results_folder(root: Path, record: Dict[str, Any]) -> Path:
+    path = root / "runs" / "synthetic" / "l2p" / "baseline" / "seed1.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    return path
+
+
+def _status(main: Callable[..., int], argv: List[str]) -> Any:
+    """``main(argv)``'s exit status, or the exception that escaped it (a traceback for the user)."""
+    try:
+        return main(argv)
+    except SystemExit as exit:
+        return exit.code
+    except Exception as error:  # noqa: BLE001 - reported by the walk as what the user would see
+        return f"a traceback ({type(error).__name__}: {error})"
+
+
+#: reader -> the command line that reads the run files of a results folder (``{out}``: the folder)
+READERS: Dict[str, Tuple[Callable[..., int], List[str]]] = {
+    "cross_ablation --merge": (cli.main, [*TINY, "--merge", "--output", "{out}"]),
+    "routing study": (routing_oracle.main, ["--results", "{out}", "--output", "{out}/tables"]),
+    "cost table": (cost.main, ["--results", "{out}", "--methods", "l2p", "--output", "{out}/tables"]),
+    "proxy summary": (summary.main, ["--results", "{out}", "--dataset", "synthetic"]),
+}
+
+
+def reader_walk(tmp_path: Path, capsys) -> List[str]:
+    """Every reader on a run file with its metrics of a wrong type and on one without its log."""
+    wrong = []
+    for fault, field, change in [("metrics", "'metrics'", {"metrics": "x"}), ("log removed", "'log'", {"log": None})]:
+        record = {key: value for key, value in {**run_record(SPEC, {}), **change}.items() if value is not None}
+        for reader, (main, argv) in READERS.items():
+            out = tmp_path / f"{reader.split()[0]}-{fault.split()[0]}"
+            path = _results_folder(out, record)
+            before = files_of(out)
+            capsys.readouterr()
+            status = _status(main, [a.replace("{out}", str(out)) for a in argv])
+            problems = one_line_problems(status, capsys.readouterr().err, str(path), field)
+            problems += [] if files_of(out) == before else ["the results folder changed"]
+            wrong += [f"{reader}, {fault}: {problem}" for problem in problems]
+    return wrong
+
+
+def test_every_reader_of_run_files_names_the_file_and_the_field(tmp_path, capsys, no_work):
+    wrong = reader_walk(tmp_path, capsys)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_reader_walk_fails_on_a_bare_json_load(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(summary, "read_result", lambda path: json.loads(Path(path).read_text()))
+    wrong = reader_walk(tmp_path, capsys)
+    assert wrong and all(line.startswith("proxy summary") for line in wrong), wrong
+
+
+# --------------------------------------------------------------------------------------------- outputs
+#: the names of flags where a command writes: each must be checked by the output rule
+OUTPUT_DESTS = {"output", "json", "markdown", "target", "workdir"}
+#: positionals before an output positional, per command
+POSITIONALS = {"benchmarks.backbone": ["sup21k", "source.pt"]}
+
+
+def output_actions(parser: argparse.ArgumentParser) -> List[argparse.Action]:
+    return [action for action in parser._actions if isinstance(action.type, OutputPath)]
+
+
+def unruled_outputs(parser: argparse.ArgumentParser) -> List[str]:
+    """Flags that name where the command writes but are parsed without :class:`OutputPath`."""
+    return [action.dest for action in parser._actions if action.dest in OUTPUT_DESTS
+            and not isinstance(action.type, OutputPath)]
+
+
+def output_walk(name: str, main: Callable[..., int], tmp_path: Path, monkeypatch, capsys) -> List[str]:
+    """Each output flag of ``main`` given what it cannot write (a file for a folder, a folder for a file,
+    a path under a file): exit status 2 and one line naming the flag, at parse time."""
+    parser = parser_of(main, monkeypatch)
+    wrong = [f"{dest}: parsed without the output rule" for dest in unruled_outputs(parser)]
+    a_file, a_folder = tmp_path / "a-file", tmp_path / "a-folder"
+    a_file.write_text("the user's")
+    a_folder.mkdir(exist_ok=True)
+    for action in output_actions(parser):
+        flag = action.option_strings[-1] if action.option_strings else action.dest
+        place = a_file if action.type.kind == "folder" else a_folder
+        for value in (place, a_file / "under"):
+            argv = [f"{flag}={value}"] if action.option_strings else [*POSITIONALS.get(name, []), str(value)]
+            before = files_of(tmp_path)
+            status, err = outcome(main, argv, monkeypatch, capsys)
+            problems = one_line_problems(status, err, flag)
+            problems += [] if files_of(tmp_path) == before else ["files changed"]
+            wrong += [f"{flag} {value}: {problem}" for problem in problems]
+    return wrong
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_output_of_every_command_is_checked_before_any_work(name, tmp_path, monkeypatch, capsys):
+    wrong = output_walk(name, COMMANDS[name], tmp_path, monkeypatch, capsys)
+    assert not wrong, f"{name}:\n" + "\n".join(wrong)
+
+
+def test_the_walk_finds_the_outputs_and_fails_on_an_unruled_one(tmp_path, monkeypatch, capsys):
+    ruled = sum(bool(output_actions(parser_of(main, monkeypatch))) for main in COMMANDS.values())
+    assert ruled >= 15  # the walk reached the commands' output flags
+
+    def planted(argv):
+        parser = Parser(prog="planted")
+        parser.add_argument("--output", type=Path, default=None)
+        parser.parse_args(argv)
+        return 0
+
+    assert output_walk("planted", planted, tmp_path, monkeypatch, capsys) == ["output: parsed without the output rule"]
+
+
+@pytest.mark.parametrize("study", ["cost", "components-cost", "routing"])
+def test_a_study_whose_output_is_a_file_or_under_one_is_one_line(study, tmp_path, capsys, no_work):
+    (tmp_path / "a-file").write_text("the user's")
+    for output in (tmp_path / "a-file", tmp_path / "a-file" / "under"):
+        status = _status(cli.main, [*TINY, "--study", study, "--output", str(output)])
+        assert not one_line_problems(status, capsys.readouterr().err, "--output", str(output))
+    assert (tmp_path / "a-file").read_text() == "the user's"
+
+
+# -------------------------------------------------------------------------------------------- checkouts
+#: (command, its checkout flag, the fixture checkout, other arguments, the files removed one at a time)
+CHECKOUT_COMMANDS = [
+    ("benchmarks.fidelity.cli", "--flygcl", "fake_flygcl", ["--methods", "l2p"], "models/*.py"),
+    ("benchmarks.fidelity.loop", "--flygcl", "fake_flygcl", ["--methods", "l2p"], "models/*.py"),
+    ("benchmarks.fidelity.aggregations", "--flygcl", "fake_flygcl", ["--methods", "dualprompt"], "models/*.py"),
+    ("benchmarks.speed.vs_reference", "--reference-repo", "fake_flygcl", ["--quick"], "models/*.py"),
+    ("benchmarks.fidelity.cli", "--misa", "fake_misa", [], "models/[!_]*.py"),  # a namespace package would do
+    ("benchmarks.fidelity.misa_fam", "--misa", "fake_misa", [], "optim/fam.py"),
+]
+
+
+def checkout_walk(name: str, flag: str, fixture: str, argv: List[str], pattern: str, tmp_path: Path,
+                  capsys) -> List[str]:
+    """``name`` on a copy of ``fixture`` with each file of ``pattern`` removed in turn."""
+    wrong = []
+    for removed in sorted((FIXTURES / fixture).glob(pattern)):
+        relative = removed.relative_to(FIXTURES / fixture).as_posix()
+        checkout = tmp_path / relative.replace("/", "-")
+        shutil.copytree(FIXTURES / fixture, checkout)
+        (checkout / relative).unlink()
+        before = files_of(checkout)
+        capsys.readouterr()
+        status = _status(COMMANDS[name], [flag, str(checkout), *argv])
+        problems = one_line_problems(status, capsys.readouterr().err, f"{flag} {checkout}", relative)
+        problems += [] if files_of(checkout) == before else ["the checkout changed"]
+        wrong += [f"{relative} removed: {problem}" for problem in problems]
+    return wrong
+
+
+@pytest.mark.parametrize("name, flag, fixture, argv, pattern", CHECKOUT_COMMANDS,
+                         ids=[f"{c[0].split('.', 1)[1]} {c[1]}" for c in CHECKOUT_COMMANDS])
+def test_every_checkout_with_a_model_file_removed_is_one_line_naming_the_flag(
+        name, flag, fixture, argv, pattern, tmp_path, capsys):
+    wrong = checkout_walk(name, flag, fixture, argv, pattern, tmp_path, capsys)
+    assert not wrong, f"{name}:\n" + "\n".join(wrong)
+
+
+def test_the_checkout_walk_fails_on_a_loader_naming_another_flag(tmp_path, capsys, monkeypatch):
+    from benchmarks.core import reference_checkout
+    from benchmarks.fidelity import aggregations
+
+    original = reference_checkout.load_checkout
+    monkeypatch.setattr(aggregations.ref, "load_checkout",
+                        lambda path, methods, flag="": original(path, methods))  # the loader's default flag
+    wrong = checkout_walk("benchmarks.fidelity.aggregations", "--flygcl", "fake_flygcl", ["--methods", "dualprompt"],
+                          "models/*.py", tmp_path, capsys)
+    assert wrong and all("'--flygcl" in line for line in wrong), wrong
+
+
+# ------------------------------------------------------------------------------------------ method names
+def test_every_methods_flag_takes_the_librarys_spellings_for_one_name():
+    from benchmarks.ablation.arguments import build_parser
+    from benchmarks.core.method_names import METHOD_NAMES, canonical_method
+    from benchmarks.methods import list_methods
+
+    parsed = build_parser().parse_args(["--methods", "coda_prompt,SD_LoRA,sprompt,codaprompt-x"]).methods
+    assert parsed == ["coda-prompt", "sd-lora", "s-prompt", "codaprompt-x"]  # the last: refused by the registry
+    assert all(canonical_method(name) == name for name in list_methods())  # each name is its own canonical
+    assert set(METHOD_NAMES) <= set(list_methods())
+    for name in list_methods():  # the library's way of writing a name (underscores) is accepted for every method
+        assert canonical_method(name.replace("-", "_").upper()) == name
