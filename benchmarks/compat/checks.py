@@ -1,0 +1,134 @@
+"""The checks run in a built environment with the project installed: the library's tests, the README's
+Quick start, and the upstream checks of a codebase on its checkout.
+
+Each runs the environment's interpreter in a folder outside the tree (the installed package is the one
+imported, never the copy's sources) and returns an Outcome with one line of detail.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+from benchmarks.compat import quickstart
+from benchmarks.compat.outcome import Outcome, timed
+from benchmarks.compat.venvs import ROOT, Built, clean_env
+
+LIBRARY_SUITE = Path("tests") / "library_suite.py"  # its LIBRARY_TESTS: the library's test files, relative paths
+SOURCE_FOLDERS = ("fly_modules", "adapters")  # removed from the copy before the tests: they must not shadow
+UPSTREAM_RESULTS = ROOT / "docs" / "results" / "upstream" / "results.json"  # the current environment's verdicts
+_PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|error|errors|skipped)\b.*?)\s*=*$")
+
+
+def library_tests(copy: Path) -> List[str]:
+    """``LIBRARY_TESTS`` of the copy's tests/library_suite.py, read without importing it (a literal list)."""
+    path = copy / LIBRARY_SUITE
+    if not path.is_file():
+        raise ValueError(f"expected {LIBRARY_SUITE} with LIBRARY_TESTS, the library's test files")
+    for node in ast.parse(path.read_text()).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == "LIBRARY_TESTS" for t in targets) and node.value is not None:
+            tests = ast.literal_eval(node.value)
+            if tests and all(isinstance(t, str) for t in tests):
+                return list(tests)
+    raise ValueError(f"expected {LIBRARY_SUITE} to assign LIBRARY_TESTS a literal list of paths")
+
+
+def pytest_arguments(tests: Sequence[str], installed: Path) -> List[str]:
+    """The test paths, the package's own folder standing for the installed copy (its doctests), whose
+    ``adapters`` subpackage is left out as the repository's own test paths leave out adapters/."""
+    arguments: List[str] = []
+    for test in tests:
+        if test == "fly_modules":
+            arguments += [str(installed), f"--ignore={installed / 'adapters'}"]
+        else:
+            arguments.append(test)
+    return arguments
+
+
+def _summary(output: str) -> str:
+    for line in reversed(output.splitlines()):
+        found = _PYTEST_SUMMARY.match(line.strip())
+        if found:
+            return re.sub(r" in [\d.]+s.*$", "", found.group(1))
+    lines = [line for line in output.splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"
+
+
+@timed
+def run_library_tests(built: Built, copy: Path) -> Outcome:
+    try:
+        tests = library_tests(copy)
+    except ValueError as error:
+        return Outcome("fail", str(error))
+    for folder in SOURCE_FOLDERS:
+        shutil.rmtree(copy / folder, ignore_errors=True)
+    where = subprocess.run([str(built.python), "-c", "import fly_modules, os; print(os.path.dirname("
+                            "fly_modules.__file__))"], capture_output=True, text=True, env=clean_env(), cwd=copy)
+    if where.returncode != 0:
+        return Outcome("fail", f"fly_modules does not import: {(where.stderr.strip().splitlines() or ['?'])[-1]}")
+    command = [str(built.python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               *pytest_arguments(tests, Path(where.stdout.strip()))]
+    done = subprocess.run(command, cwd=copy, capture_output=True, text=True, env=clean_env(built.python.parent))
+    (built.folder.parent / f"{built.folder.name}.tests.log").write_text(done.stdout + done.stderr)
+    return Outcome("pass" if done.returncode == 0 else "fail", _summary(done.stdout + done.stderr))
+
+
+@timed
+def run_quickstart(built: Built, readme: str) -> Outcome:
+    try:
+        quick = quickstart.extract(readme)
+    except ValueError as error:
+        return Outcome("fail", str(error))
+    with tempfile.TemporaryDirectory(prefix="fly_compat_quickstart_") as folder:
+        script = Path(folder) / "quick_start.py"
+        script.write_text(quick.code)
+        done = subprocess.run([str(built.python), str(script)], cwd=folder, capture_output=True, text=True,
+                              env=clean_env(), timeout=600)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return Outcome("fail", f"stopped: {last}"[:300])
+    problem = quickstart.difference(done.stdout, quick)
+    return Outcome("fail", problem) if problem else Outcome("pass", done.stdout.strip().splitlines()[-1])
+
+
+def _verdicts(harnesses: Sequence[Dict[str, Any]]) -> Dict[str, str]:
+    """harness -> its outcome and each check's status, in one comparable line."""
+    return {h["name"]: f"{h['outcome']}: " + " ".join(f"{c['check']}={c['status']}" for c in h["checks"])
+            for h in harnesses}
+
+
+def compare_verdicts(measured: Dict[str, str], committed: Dict[str, str]) -> List[str]:
+    """The harnesses whose verdicts differ from the committed ones, each with both lines."""
+    return [f"{name}: {line} (committed: {committed.get(name, 'none')})" for name, line in measured.items()
+            if line != committed.get(name)]
+
+
+@timed
+def run_upstream(built: Built, checkout: str, checkouts: Path) -> Outcome:
+    """``python -m benchmarks.upstream --only CHECKOUT --python ENV`` from this interpreter; the verdicts
+    of its harnesses compared with the committed table's (the current environment's)."""
+    if not (checkouts / checkout).is_dir():
+        return Outcome("skipped", f"no checkout {checkout} under --checkouts")
+    with tempfile.TemporaryDirectory(prefix="fly_compat_upstream_") as folder:
+        result = Path(folder) / "upstream.json"
+        command = [sys.executable, "-m", "benchmarks.upstream", "--checkouts", str(checkouts), "--only", checkout,
+                   "--python", str(built.python), "--threads", "1", "--json", str(result)]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if not result.is_file():
+            last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            return Outcome("fail", f"python -m benchmarks.upstream: {last}"[:300])
+        harnesses = json.loads(result.read_text())["harnesses"]
+    committed = _verdicts(json.loads(UPSTREAM_RESULTS.read_text())["harnesses"])
+    differences = compare_verdicts(_verdicts(harnesses), committed)
+    passed = done.returncode == 0 and not differences
+    names = ", ".join(h["name"] for h in harnesses)
+    detail = f"{names}: as committed" if passed else "; ".join(differences) or f"exit status {done.returncode}"
+    return Outcome("pass" if passed else "fail", detail[:600])
