@@ -7,9 +7,9 @@ imported, never the copy's sources) and returns an Outcome with one line of deta
 
 from __future__ import annotations
 
-import ast
 import json
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -28,17 +28,14 @@ _PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|error|errors|skipped)\b
 
 
 def library_tests(copy: Path) -> List[str]:
-    """``LIBRARY_TESTS`` of the copy's tests/library_suite.py, read without importing it (a literal list)."""
+    """``LIBRARY_TESTS`` of the copy's tests/library_suite.py: the library's test paths, relative to the root."""
     path = copy / LIBRARY_SUITE
     if not path.is_file():
         raise ValueError(f"expected {LIBRARY_SUITE} with LIBRARY_TESTS, the library's test files")
-    for node in ast.parse(path.read_text()).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if any(isinstance(t, ast.Name) and t.id == "LIBRARY_TESTS" for t in targets) and node.value is not None:
-            tests = ast.literal_eval(node.value)
-            if tests and all(isinstance(t, str) for t in tests):
-                return list(tests)
-    raise ValueError(f"expected {LIBRARY_SUITE} to assign LIBRARY_TESTS a literal list of paths")
+    tests = runpy.run_path(str(path)).get("LIBRARY_TESTS")
+    if not isinstance(tests, (list, tuple)) or not tests or not all(isinstance(t, str) for t in tests):
+        raise ValueError(f"expected {LIBRARY_SUITE} to define LIBRARY_TESTS, a list of paths, found {tests!r}"[:200])
+    return list(tests)
 
 
 def pytest_arguments(tests: Sequence[str], installed: Path) -> List[str]:

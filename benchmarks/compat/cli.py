@@ -37,8 +37,15 @@ def _check_list(text: str) -> Tuple[str, ...]:
     return tuple(name for name in CHECK_NAMES if name in names or name == "install")  # the others need it
 
 
+class _Parser(Parser):
+    """Its usage errors reach main() as UsageError, checked with the others (one line, exit status 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m benchmarks.compat", description=__doc__.split("\n\n")[1],
+    parser = _Parser(prog="python -m benchmarks.compat", description=__doc__.split("\n\n")[1],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="+", default=["all"], metavar="NAME",
                         help="all (default), oldest, or checkout folder names of docs/compatibility.md's table")
@@ -145,8 +152,8 @@ def execute(rows: Sequence[Environment], args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line; returns the exit status (2 with one line on stderr for a usage error)."""
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return execute(resolve(args), args)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)

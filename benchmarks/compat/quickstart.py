@@ -42,13 +42,18 @@ def _unit(number: str) -> float:
     return 10.0 ** -len(number.split(".")[1]) if "." in number else 1.0
 
 
+def _shape(line: str) -> str:
+    """The line with each number replaced by its number of decimals: what must match exactly."""
+    return _NUMBER.sub(lambda m: f"#{len(m.group().partition('.')[2])}", line)
+
+
 def difference(printed: str, quick_start: QuickStart) -> Optional[str]:
     """None when ``printed`` (the run's output) ends with the promised line, else what differs."""
     lines = [line for line in printed.splitlines() if line.strip()]
     if not lines:
         return "printed nothing"
     got, want = lines[-1].strip(), quick_start.expected
-    if _NUMBER.sub("#", got) != _NUMBER.sub("#", want):
+    if _shape(got) != _shape(want):
         return f"printed {got!r}, the README says {want!r}"
     tolerance: List[float] = [_unit(n) * 1.000001 if quick_start.last_digit_may_differ else 0.0
                               for n in _NUMBER.findall(want)]

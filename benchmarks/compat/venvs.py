@@ -41,7 +41,7 @@ def python_version(python: object) -> Optional[str]:
     """The interpreter's full version (3.8.18), or None when it does not run."""
     try:
         done = subprocess.run([str(python), "-c", "import platform; print(platform.python_version())"],
-                              capture_output=True, text=True, timeout=60, env=clean_env())
+                              capture_output=True, text=True, timeout=60, env=clean_env(), cwd=Path.home())
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -79,7 +79,9 @@ class Built:
 
 
 def _run_logged(command: Sequence[str], log: Path, **kwargs) -> subprocess.CompletedProcess:
-    done = subprocess.run(list(command), capture_output=True, text=True, **kwargs)
+    """``command`` run from the log's folder (never the tree: ``-m`` would put it on sys.path), its output
+    appended to ``log``."""
+    done = subprocess.run(list(command), capture_output=True, text=True, cwd=log.parent, **kwargs)
     with log.open("a") as handle:
         handle.write(f"$ {' '.join(map(str, command))}\n{done.stdout}{done.stderr}\n")
     return done
@@ -93,7 +95,7 @@ def _failure(done: subprocess.CompletedProcess, what: str) -> str:
 
 def installed_packages(python: Path) -> Dict[str, str]:
     done = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True,
-                          env=clean_env(), timeout=300, check=True)
+                          env=clean_env(), timeout=300, check=True, cwd=python.parent)
     return {entry["name"].lower().replace("_", "-"): entry["version"] for entry in json.loads(done.stdout)}
 
 

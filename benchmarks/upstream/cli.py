@@ -132,8 +132,11 @@ def environment(python: Path) -> Dict[str, Any]:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise UsageError(f"--python: {python} cannot import torch, timm and fly_modules ({last}); install them "
                          f"there first (pip install timm and this checkout)")
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return dict(date=date, **json.loads(done.stdout))
+    try:
+        versions = json.loads(done.stdout)
+    except ValueError:
+        raise UsageError(f"--python: expected a Python interpreter, {python} answered {done.stdout[:80]!r}") from None
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **versions)
 
 
 def markdown_report(results: Dict[str, Dict[str, Any]], env: Dict[str, Any]) -> str:
