@@ -238,7 +238,7 @@ BENCHMARK_LAYERS = {
     "studies": 4,
     "ablation": 5,
     "proxy": 6,
-    "fidelity": 7, "speed": 7, "gpu": 7, "upstream": 7,
+    "fidelity": 7, "speed": 7, "gpu": 7, "upstream": 7, "compat": 7,
     "cross_ablation": 8,
 }
 

@@ -165,7 +165,8 @@ def install_project(built: Built, copy: Path) -> Outcome:
     if done.returncode != 0:
         return Outcome("fail", _failure(done, "pip install ."))
     moved = changed_pins(before, installed_packages(built.python))
-    if moved:
+    if moved:  # the environment is no longer the pinned one: the next run builds it anew
+        (built.folder / MARKER).unlink()
         return Outcome("fail", f"pip install . changed the environment: {', '.join(moved)}")
     return Outcome("pass", "accepted; nothing else moved")
 
