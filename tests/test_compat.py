@@ -161,12 +161,17 @@ def test_the_library_suite_is_read_from_its_file(tmp_path):
 
 def test_the_upstream_verdicts_are_compared_harness_by_harness():
     committed = json.loads(checks.UPSTREAM_RESULTS.read_text())["harnesses"]
-    verdicts = checks._verdicts(committed)
-    assert checks.compare_verdicts(verdicts, verdicts) == []
-    changed = dict(committed[0], checks=[dict(c, status="FAIL") if c["check"] == "a" else c
-                                         for c in committed[0]["checks"]])
-    (difference,) = checks.compare_verdicts(checks._verdicts([changed]), verdicts)
-    assert difference.startswith(f"{committed[0]['name']}: ran: ") and "a=FAIL" in difference and "a=PASS" in difference
+    assert checks.verdict_differences(committed, committed) == []
+    first = committed[0]
+    changed = dict(first, checks=[dict(c, status="ERROR", detail="TypeError: x") if c["check"] == "a" else c
+                                  for c in first["checks"]])
+    assert checks.verdict_differences([changed], committed) == [
+        f"{first['name']}: a ERROR (committed a PASS): TypeError: x"]
+    crashed = dict(first, outcome="crashed", detail="crashed: ImportError: y", checks=[])
+    assert checks.verdict_differences([crashed], committed) == [f"{first['name']}: crashed: ImportError: y "
+                                                               "(committed: ran)"]
+    shorter = dict(first, checks=first["checks"][:-1])
+    assert checks.verdict_differences([shorter], committed)[0].startswith(f"{first['name']}: ")
 
 
 def test_the_install_check_sees_a_moved_or_removed_package():

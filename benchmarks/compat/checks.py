@@ -96,16 +96,27 @@ def run_quickstart(built: Built, readme: str) -> Outcome:
     return Outcome("fail", problem) if problem else Outcome("pass", done.stdout.strip().splitlines()[-1])
 
 
-def _verdicts(harnesses: Sequence[Dict[str, Any]]) -> Dict[str, str]:
-    """harness -> its outcome and each check's status, in one comparable line."""
-    return {h["name"]: f"{h['outcome']}: " + " ".join(f"{c['check']}={c['status']}" for c in h["checks"])
-            for h in harnesses}
-
-
-def compare_verdicts(measured: Dict[str, str], committed: Dict[str, str]) -> List[str]:
-    """The harnesses whose verdicts differ from the committed ones, each with both lines."""
-    return [f"{name}: {line} (committed: {committed.get(name, 'none')})" for name, line in measured.items()
-            if line != committed.get(name)]
+def verdict_differences(measured: Sequence[Dict[str, Any]], committed: Sequence[Dict[str, Any]]) -> List[str]:
+    """Per harness, what differs from the committed run: its outcome, or each check whose status differs
+    (checks paired in order; the measured check's detail said once)."""
+    before = {harness["name"]: harness for harness in committed}
+    found = []
+    for harness in measured:
+        old = before.get(harness["name"])
+        if old is None or harness["outcome"] != old["outcome"]:
+            found.append(f"{harness['name']}: {harness['detail'] or harness['outcome']} "
+                         f"(committed: {old['outcome'] if old else 'none'})")
+            continue
+        pairs = list(zip(harness["checks"], old["checks"]))
+        moved = [(new, was) for new, was in pairs if (new["check"], new["status"]) != (was["check"], was["status"])]
+        if len(harness["checks"]) != len(old["checks"]) and not moved:
+            moved = [(harness["checks"][-1], old["checks"][-1])]
+        if moved:
+            statuses = ", ".join(f"{new['check']} {new['status']} (committed {was['check']} {was['status']})"
+                                 for new, was in moved)
+            detail = next((new["detail"] for new, _ in moved if new.get("detail")), "")
+            found.append(f"{harness['name']}: {statuses}" + (f": {detail}" if detail else ""))
+    return found
 
 
 @timed
@@ -123,8 +134,7 @@ def run_upstream(built: Built, checkout: str, checkouts: Path) -> Outcome:
             last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
             return Outcome("fail", f"python -m benchmarks.upstream: {last}"[:300])
         harnesses = json.loads(result.read_text())["harnesses"]
-    committed = _verdicts(json.loads(UPSTREAM_RESULTS.read_text())["harnesses"])
-    differences = compare_verdicts(_verdicts(harnesses), committed)
+    differences = verdict_differences(harnesses, json.loads(UPSTREAM_RESULTS.read_text())["harnesses"])
     passed = done.returncode == 0 and not differences
     names = ", ".join(h["name"] for h in harnesses)
     detail = f"{names}: as committed" if passed else "; ".join(differences) or f"exit status {done.returncode}"
