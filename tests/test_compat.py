@@ -181,6 +181,14 @@ def test_the_install_check_sees_a_moved_or_removed_package():
         "numpy 1.21.6 -> removed", "torch 1.12.1 -> 2.0.0"]
 
 
+def test_the_dry_run_says_what_would_move():
+    output = "Processing ./fly-modules\nWould install fly-modules-0.1.0 nvidia-cublas-cu12-12.1.3.1 torch-2.14.1\n"
+    would = venvs.would_install(output)
+    assert would == {"fly-modules": "0.1.0", "nvidia-cublas-cu12": "12.1.3.1", "torch": "2.14.1"}
+    assert venvs.changed_pins({"torch": "1.13.0", "numpy": "1.23.4"}, dict({"numpy": "1.23.4"}, **would)) == [
+        "torch 1.13.0 -> 2.14.1"]
+
+
 def test_the_report_has_a_row_per_codebase_and_a_cell_per_check():
     old = Environment("a/b", "b", "3.8", ("torch==1.12.1", "timm==0.6.7"), "x")
     new = Environment("a/c", "c", "3.10", ("torch==2.0.1", "timm==0.6.12"), "y")

@@ -153,21 +153,38 @@ def changed_pins(before: Dict[str, str], after: Dict[str, str]) -> List[str]:
             if name != PROJECT and after.get(name) != version]
 
 
+def would_install(dry_run_output: str) -> Dict[str, str]:
+    """name -> version of pip's ``Would install a-1.0 b-2.0`` line (``pip install --dry-run``)."""
+    found: Dict[str, str] = {}
+    for line in dry_run_output.splitlines():
+        if line.startswith("Would install "):
+            for word in line.split()[2:]:
+                name, _, version = word.rpartition("-")
+                found[name.lower().replace("_", "-")] = version
+    return found
+
+
 @timed
 def install_project(built: Built, copy: Path) -> Outcome:
-    """``pip install COPY`` as a user would (no flag), then a check that none of the environment's
-    packages moved: a drop-in install must leave the user's torch, numpy and timm as they are."""
+    """``pip install COPY`` as a user would (no flag), and a check that none of the environment's packages
+    moved: a drop-in install must leave the user's torch, numpy and timm as they are. A dry run first: an
+    install that would move one is reported without being done, so the cached environment stays pinned."""
     log = built.folder.parent / f"{built.folder.name}.log"
     env = clean_env(built.python.parent)
     _run_logged([str(built.python), "-m", "pip", "uninstall", "-y", PROJECT], log, env=env)
     before = installed_packages(built.python)
-    done = _run_logged([str(built.python), "-m", "pip", "install", str(copy)], log, env=env)
-    if done.returncode != 0:
-        return Outcome("fail", _failure(done, "pip install ."))
-    moved = changed_pins(before, installed_packages(built.python))
-    if moved:  # the environment is no longer the pinned one: the next run builds it anew
-        (built.folder / MARKER).unlink()
-        return Outcome("fail", f"pip install . changed the environment: {', '.join(moved)}")
+    for dry_run in (True, False):
+        done = _run_logged([str(built.python), "-m", "pip", "install", *(["--dry-run"] if dry_run else []),
+                            str(copy)], log, env=env)
+        if done.returncode != 0:
+            return Outcome("fail", _failure(done, "pip install ."))
+        after = dict(before, **would_install(done.stdout)) if dry_run else installed_packages(built.python)
+        moved = changed_pins(before, after)
+        if moved:
+            if not dry_run:  # the environment is no longer the pinned one: the next run builds it anew
+                (built.folder / MARKER).unlink()
+            return Outcome("fail", f"pip install . {'would change' if dry_run else 'changed'} the environment: "
+                                   f"{', '.join(moved)}")
     return Outcome("pass", "accepted; nothing else moved")
 
 
