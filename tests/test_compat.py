@@ -207,6 +207,12 @@ def test_the_report_has_a_row_per_codebase_and_a_cell_per_check():
     assert report.failed(rows) == ["b: library", "c: install"]
 
 
+def test_the_report_names_no_folder_of_this_machine():
+    places = {"/home/u/.cache/fly-modules/envs": "CACHE", "/home/u": "~", "/tmp": "TMP", "": "never"}
+    text = "ImportError (/home/u/.cache/fly-modules/envs/py3.8/lib/x.py), /tmp/fly_x/a.py, /home/u/b"
+    assert report.scrub(text, places) == "ImportError (CACHE/py3.8/lib/x.py), TMP/fly_x/a.py, ~/b"
+
+
 def test_usage_errors_are_one_line_before_anything_is_built(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(venvs, "ensure_environment", lambda *a, **k: pytest.fail("built an environment"))
     assert "unknown 'nope'" in one_line_error(capsys, cli.main, ["--envs", "nope", "--checks", "library"])

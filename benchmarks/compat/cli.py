@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from benchmarks.compat import checks, venvs
 from benchmarks.compat.environments import Environment, load_environments, select
 from benchmarks.compat.outcome import Outcome
-from benchmarks.compat.report import CHECKS, Row, failed, markdown, to_json
+from benchmarks.compat.report import CHECKS, Row, failed, markdown, scrub, to_json
 from benchmarks.core.errors import UsageError
 from benchmarks.flags import Parser
 
@@ -139,11 +139,14 @@ def execute(rows: Sequence[Environment], args: argparse.Namespace) -> int:
     results.sort(key=lambda row: rows.index(row.environment))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     command, host = command_line(args), venvs.host_description()
-    print(markdown(results, command, date, host))
+    places = {str(args.cache): "CACHE", str(args.checkouts or ""): "DIR", str(venvs.ROOT): "REPO",
+              tempfile.gettempdir(): "TMP", str(Path.home()): "~"}
+    table = scrub(markdown(results, command, date, host), places)
+    print(table)
     if args.json is not None:
-        args.json.write_text(to_json(results, command, date, host))
+        args.json.write_text(scrub(to_json(results, command, date, host), places))
     if args.markdown is not None:
-        args.markdown.write_text(markdown(results, command, date, host))
+        args.markdown.write_text(table)
     bad = failed(results)
     if bad:
         print(f"failed: {', '.join(bad)}", file=sys.stderr)

@@ -58,6 +58,14 @@ def markdown(rows: Sequence[Row], command: str, date: str, host: str) -> str:
     return "\n".join(lines)
 
 
+def scrub(text: str, places: Dict[str, str]) -> str:
+    """``text`` with this machine's folders replaced by their names (``CACHE``, ``DIR``, ``~``), the longest
+    first: a committed report names no path of the machine that wrote it."""
+    for path in sorted((p for p in places if p), key=len, reverse=True):
+        text = text.replace(path.rstrip("/"), places[path])
+    return text
+
+
 def to_json(rows: Sequence[Row], command: str, date: str, host: str) -> str:
     return json.dumps(dict(command=command, date=date, host=host, rows=[row.to_dict() for row in rows]),
                       indent=2) + "\n"
