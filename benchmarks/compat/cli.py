@@ -119,7 +119,8 @@ def run_group(group: Sequence[Environment], args: argparse.Namespace, readme: st
             row.outcomes["upstream"] = (checks.run_upstream(built, row.environment.checkout, args.checkouts)
                                         if shared["install"].status == "pass" else Outcome("not run", ""))
         for name, outcome in row.outcomes.items():
-            _progress(row.environment, name, outcome)
+            if name != "install":  # said once, as soon as known
+                _progress(row.environment, name, outcome)
     return rows
 
 
