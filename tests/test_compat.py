@@ -112,6 +112,16 @@ def test_the_interpreter_is_pyenvs_newest_patch_then_the_paths(tmp_path, monkeyp
         venvs.find_interpreter("3.7")
 
 
+def test_only_environments_this_command_built_and_no_row_asks_for_are_removed(tmp_path):
+    for name, key in (("kept", "k1"), ("stale", "k0")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / venvs.MARKER).write_text(json.dumps(dict(key=key)))
+        (tmp_path / f"{name}.log").write_text("")
+    (tmp_path / "someone-elses").mkdir()
+    assert venvs.remove_stale(tmp_path, ["k1"]) == ["stale"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "kept.log", "someone-elses"]
+
+
 def test_the_quick_start_is_read_from_the_readme():
     quick = quickstart.extract((ROOT / "README.md").read_text())
     assert quick.code.startswith("import torch\n") and "hook.remove()" in quick.code

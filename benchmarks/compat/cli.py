@@ -132,8 +132,20 @@ def groups(rows: Sequence[Environment]) -> List[List[Environment]]:
     return list(shared.values())
 
 
+def remove_stale(cache: Path) -> None:
+    """Environments of rows whose pins changed since they were built, when every row's interpreter is here
+    (otherwise a row's key is unknown, and nothing is removed)."""
+    try:
+        keys = [venvs.environment_key(row) for row in load_environments()]
+    except UsageError:
+        return
+    for name in venvs.remove_stale(cache, keys):
+        print(f"removed {name} from {cache}: no row of the table asks for it any more", file=sys.stderr)
+
+
 def execute(rows: Sequence[Environment], args: argparse.Namespace) -> int:
     readme = (venvs.ROOT / "README.md").read_text()
+    remove_stale(args.cache)
     results: List[Row] = []
     for group in groups(rows):  # one environment at a time: each build takes the machine's cores
         results += run_group(group, args, readme)

@@ -107,7 +107,7 @@ def ensure_environment(row: Environment, cache: Path, rebuild: bool = False) -> 
     """The row's environment under ``cache``, built now unless a complete build with the same key exists.
     Raises RuntimeError with one line (the pip error) when the registry cannot satisfy the pins."""
     interpreter = find_interpreter(row.python)
-    key = cache_key(python_version(interpreter) or row.python, row.requirements)
+    key = environment_key(row)
     folder = cache / _folder_name(row, key)
     marker = folder / MARKER
     if marker.is_file() and not rebuild and json.loads(marker.read_text()).get("key") == key:
@@ -129,6 +129,26 @@ def ensure_environment(row: Environment, cache: Path, rebuild: bool = False) -> 
     marker.write_text(json.dumps(dict(key=key, python=row.python, requirements=list(row.requirements),
                                       packages=packages), indent=2) + "\n")
     return Built(folder, key, packages)
+
+
+def environment_key(row: Environment) -> str:
+    """The row's cache key, with the full version of the interpreter it would be built with."""
+    interpreter = find_interpreter(row.python)
+    return cache_key(python_version(interpreter) or row.python, row.requirements)
+
+
+def remove_stale(cache: Path, keys: Sequence[str]) -> List[str]:
+    """Remove the environments of ``cache`` that this command built (they hold its marker) and that no row
+    asks for any more (their pins changed); returns their names. Nothing else in ``cache`` is touched."""
+    removed = []
+    for marker in sorted(cache.glob(f"*/{MARKER}")):
+        if json.loads(marker.read_text()).get("key") not in keys:
+            folder = marker.parent
+            shutil.rmtree(folder)
+            for log in cache.glob(f"{folder.name}.*log"):
+                log.unlink()
+            removed.append(folder.name)
+    return removed
 
 
 def clean_copy(destination: Path) -> Path:
