@@ -73,6 +73,7 @@ def resolve(args: argparse.Namespace) -> List[Environment]:
             raise UsageError(f"--{option}: expected a file in an existing folder, found no folder {path.parent}")
     for python in sorted({row.python for row in rows}):
         venvs.find_interpreter(python)
+    args.files = venvs.tree_files()
     return rows
 
 
@@ -105,7 +106,7 @@ def run_group(group: Sequence[Environment], args: argparse.Namespace, readme: st
             row.installed = dict(python=python_version, **built.packages)
             row.folder, row.disk_mb = built.folder.name, built.disk_mb()
         with tempfile.TemporaryDirectory(prefix="fly_compat_tree_") as folder:
-            copy = venvs.clean_copy(Path(folder))
+            copy = venvs.clean_copy(Path(folder), args.files)
             shared["install"] = venvs.install_project(built, copy)
             _progress(first, "install", shared["install"])
             if shared["install"].status == "pass":
@@ -170,8 +171,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line; returns the exit status (2 with one line on stderr for a usage error)."""
     try:
         args = build_parser().parse_args(argv)
-        return execute(resolve(args), args)
+        rows = resolve(args)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    return execute(rows, args)
 

@@ -151,19 +151,22 @@ def remove_stale(cache: Path, keys: Sequence[str]) -> List[str]:
     return removed
 
 
-def clean_copy(destination: Path) -> Path:
-    """The tree as a fresh clone would have it (tracked and untracked-but-not-ignored files) under
-    ``destination/fly-modules``: no virtual environment, build folder or result of a local run."""
+def tree_files() -> List[str]:
+    """The tree's files as a fresh clone would have them (tracked, and untracked but not ignored): no virtual
+    environment, build folder or result of a local run. A UsageError when the tree is no git checkout."""
     listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True)
     if listed.returncode != 0:
         raise UsageError(f"expected a git checkout at {ROOT} (the project is copied from it), git said: "
                          f"{listed.stderr.decode().strip()}")
+    return [name for name in listed.stdout.decode().split("\0") if name and (ROOT / name).is_file()]
+
+
+def clean_copy(destination: Path, files: Sequence[str]) -> Path:
+    """``files`` of the tree copied under ``destination/fly-modules``."""
     copy = destination / "fly-modules"
-    for name in filter(None, listed.stdout.decode().split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, copy / name)
+    for name in files:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
     return copy
 
 
