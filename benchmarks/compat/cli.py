@@ -101,10 +101,9 @@ def run_group(group: Sequence[Environment], args: argparse.Namespace, readme: st
         shared["install"] = Outcome("fail", f"environment not built: {error}")
         built = None
     if built is not None:
-        python_version = venvs.python_version(built.python)
+        installed, disk_mb = dict(python=venvs.python_version(built.python), **built.packages), built.disk_mb()
         for row in rows:
-            row.installed = dict(python=python_version, **built.packages)
-            row.folder, row.disk_mb = built.folder.name, built.disk_mb()
+            row.installed, row.folder, row.disk_mb = installed, built.folder.name, disk_mb
         with tempfile.TemporaryDirectory(prefix="fly_compat_tree_") as folder:
             copy = venvs.clean_copy(Path(folder), args.files)
             shared["install"] = venvs.install_project(built, copy)
@@ -114,11 +113,14 @@ def run_group(group: Sequence[Environment], args: argparse.Namespace, readme: st
                     shared["quickstart"] = checks.run_quickstart(built, readme)
                 if "library" in args.checks:
                     shared["library"] = checks.run_library_tests(built, copy)
+    else:
+        _progress(first, "install", shared["install"])
+    skipped = Outcome("not run", "the install failed")
     for row in rows:
-        row.outcomes = {name: shared.get(name, Outcome("not run", "")) for name in args.checks if name != "upstream"}
+        row.outcomes = {name: shared.get(name, skipped) for name in args.checks if name != "upstream"}
         if "upstream" in args.checks:
             row.outcomes["upstream"] = (checks.run_upstream(built, row.environment.checkout, args.checkouts)
-                                        if shared["install"].status == "pass" else Outcome("not run", ""))
+                                        if shared["install"].status == "pass" else skipped)
         for name, outcome in row.outcomes.items():
             if name != "install":  # said once, as soon as known
                 _progress(row.environment, name, outcome)
