@@ -342,3 +342,20 @@ def test_the_child_side_modules_compile_under_a_real_python_38():
     done = subprocess.run([python, "-c", "import sys\nfor p in sys.argv[1:]: compile(open(p).read(), p, 'exec')",
                            *sources], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""))
     assert done.returncode == 0, done.stderr
+
+
+def test_an_environment_the_registry_cannot_build_is_a_failed_row_not_a_crash(tmp_path, monkeypatch, capsys):
+    def refuse(row, cache, rebuild=False):
+        raise RuntimeError("pip install torch==1.12.1: ERROR: No matching distribution found for torch==1.12.1")
+
+    monkeypatch.setattr(venvs, "find_interpreter", lambda minor: sys.executable)
+    monkeypatch.setattr(venvs, "ensure_environment", refuse)
+    output = tmp_path / "matrix.json"
+    status = cli.main(["--envs", "oldest", "--checks", "library,quickstart", "--cache", str(tmp_path / "cache"),
+                       "--json", str(output)])
+    assert status == 1
+    (row,) = json.loads(output.read_text())["rows"]
+    assert row["checks"]["install"]["status"] == "fail"
+    assert "No matching distribution found for torch==1.12.1" in row["checks"]["install"]["detail"]
+    assert row["checks"]["library"] == dict(status="not run", detail="the install failed", seconds=0.0)
+    assert "failed: l2p-pytorch: install" in capsys.readouterr().err
