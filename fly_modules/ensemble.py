@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from . import _compat
 from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._validation import (
     AGGREGATION_RULES,
@@ -265,7 +266,7 @@ class TemporalEnsembleHead(nn.Module):
             if ensemble is not None:
                 ensemble.update()
 
-        return optimizer.register_step_post_hook(_after_step)
+        return _compat.step_post_hook(optimizer, _after_step)
 
     # ------------------------------------------------------------------------------ inference
     def member_logits(self, features: Tensor, expert_ids: Union[int, Tensor]) -> Tensor:
