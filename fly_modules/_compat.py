@@ -9,6 +9,7 @@ below decide which path runs, so that tests can force the fallback on a recent t
 differs from the native path is written in docs/compatibility.md.
 """
 
+import inspect
 import pickle
 import re
 import types
@@ -22,12 +23,14 @@ from torch.utils.hooks import RemovableHandle
 __all__ = [
     "TORCH_VERSION", "NATIVE_STEP_HOOKS", "NATIVE_KWARGS_HOOKS", "NATIVE_WEIGHTS_ONLY",
     "step_post_hook", "global_step_post_hook", "forward_pre_hook", "forward_hook", "load_weights",
+    "step_post_hooks", "hook_counts", "stable_argsort",
 ]
 
 TORCH_VERSION: Tuple[int, int] = tuple(int(part) for part in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
 NATIVE_STEP_HOOKS = hasattr(torch.optim.Optimizer, "register_step_post_hook")
 NATIVE_KWARGS_HOOKS = TORCH_VERSION >= (2, 0)
 NATIVE_WEIGHTS_ONLY = TORCH_VERSION >= (2, 0)  # 1.13 has the flag but refuses files written by torch 2
+NATIVE_STABLE_ARGSORT = TORCH_VERSION >= (1, 13)
 
 _DISPATCH = "_fly_modules_hooks"  # the instance attribute holding an object's fallback dispatcher
 
@@ -55,6 +58,9 @@ class _Dispatcher:
         self.owner_dict = owner.__dict__
         self.had_own = self.method in owner.__dict__
         self.original = getattr(owner, self.method)
+        # What inspects the method (the adapters read forward's parameters) sees the original's signature.
+        self.__signature__ = inspect.signature(self.original)
+        self.__wrapped__ = self.original
         self.before: "OrderedDict[int, Callable[..., Any]]" = OrderedDict()
         self.after: "OrderedDict[int, Callable[..., Any]]" = OrderedDict()
 
@@ -140,6 +146,28 @@ def forward_hook(module: nn.Module, hook: Callable[..., Any]) -> RemovableHandle
         return module.register_forward_hook(hook, with_kwargs=True)
     dispatcher = _ForwardDispatcher.of(module)
     return dispatcher.add(dispatcher.after, hook)
+
+
+def step_post_hooks(optimizer: torch.optim.Optimizer) -> Dict[int, Callable[..., Any]]:
+    """The optimizer's own step post hooks (a copy), whichever path registered them."""
+    if NATIVE_STEP_HOOKS:
+        return dict(optimizer._optimizer_step_post_hooks)
+    dispatcher = optimizer.__dict__.get(_DISPATCH)
+    return dict(dispatcher.after) if dispatcher is not None else {}
+
+
+def hook_counts(module: nn.Module) -> Tuple[int, int]:
+    """``(forward hooks, forward pre-hooks)`` of one module, the keyword ones of either path included."""
+    dispatcher = module.__dict__.get(_DISPATCH)
+    extra = (len(dispatcher.after), len(dispatcher.before)) if dispatcher is not None else (0, 0)
+    return len(module._forward_hooks) + extra[0], len(module._forward_pre_hooks) + extra[1]
+
+
+def stable_argsort(values: torch.Tensor) -> torch.Tensor:
+    """``torch.argsort(values, stable=True)``; torch 1.12's argsort has no ``stable``, its sort has."""
+    if NATIVE_STABLE_ARGSORT:
+        return torch.argsort(values, stable=True)
+    return torch.sort(values, stable=True).indices
 
 
 class _GlobalStepHooks:

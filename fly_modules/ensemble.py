@@ -418,7 +418,7 @@ def _copies_all_experts(features: Tensor, bank: Tensor, ids: Tensor) -> Tensor:
 def _copies_grouped_by_expert(features: Tensor, bank: Tensor, ids: Tensor) -> Tensor:
     """Logits ``(N, D, C)`` of each sample's expert's copies: one matmul per expert on its samples."""
     experts, decays, classes, width = bank.shape
-    order = torch.argsort(ids, stable=True)
+    order = _compat.stable_argsort(ids)
     sizes = torch.bincount(ids, minlength=experts).tolist()
     groups = torch.split(features[order], sizes)
     flat_bank = bank.view(experts, decays * classes, width)

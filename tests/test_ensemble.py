@@ -16,6 +16,7 @@ from fly_modules import (
     ClassifierNotFoundError,
     InvalidParameterError,
     TemporalEnsembleHead,
+    _compat,
     aggregate_logits,
     find_classifier,
     locate_classifier,
@@ -215,7 +216,7 @@ def test_state_dict_round_trip_into_fresh_instance():
     torch.save(ensemble.state_dict(), buffer)
     buffer.seek(0)
     fresh = TemporalEnsembleHead(make_head(seed=1), 1)
-    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    fresh.load_state_dict(_compat.load_weights(buffer))
     assert fresh.num_experts == 3 and fresh.active_expert == 2
     x, ids = torch.randn(10, 6), torch.tensor([0, 1, 2, 2, 1, 0, 0, 1, 2, 2])
     assert torch.equal(fresh(x, ids), ensemble(x, ids))
