@@ -215,6 +215,8 @@ class Installation:
             for hooks, saved in dicts.values():
                 hooks.clear()
                 hooks.update(saved)
+            for handle, _ in self._hooks:
+                _compat.reinstate(handle)
             for obj, name, store, value, order in reversed(values):
                 _put_back(obj, name, store, value, order)
             self.removed = removed

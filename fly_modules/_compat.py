@@ -23,7 +23,7 @@ from torch.utils.hooks import RemovableHandle
 __all__ = [
     "TORCH_VERSION", "NATIVE_STEP_HOOKS", "NATIVE_KWARGS_HOOKS", "NATIVE_WEIGHTS_ONLY",
     "step_post_hook", "global_step_post_hook", "forward_pre_hook", "forward_hook", "load_weights",
-    "step_post_hooks", "hook_counts", "stable_argsort",
+    "step_post_hooks", "hook_counts", "stable_argsort", "reinstate", "lerp_",
 ]
 
 TORCH_VERSION: Tuple[int, int] = tuple(int(part) for part in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
@@ -44,8 +44,9 @@ class _Handle(RemovableHandle):
 
     def remove(self) -> None:
         super().remove()
-        if self._dispatcher is not None:
-            self._dispatcher.leave_if_empty()
+        dispatcher = getattr(self, "_dispatcher", None)  # a copied handle has none (RemovableHandle's pickling)
+        if dispatcher is not None:
+            dispatcher.leave_if_empty()
 
 
 class _Dispatcher:
@@ -76,6 +77,16 @@ class _Dispatcher:
         handle = _Handle(table, self)
         table[handle.id] = hook
         return handle
+
+    def enter(self) -> None:
+        """Installs itself again when its tables were refilled after it left (a snapshot restored)."""
+        if not (self.before or self.after) or self.owner_dict.get(self.method) is self:
+            return
+        self.had_own = self.method in self.owner_dict
+        if self.had_own:
+            self.original = self.owner_dict[self.method]
+        self.owner_dict[_DISPATCH] = self
+        self.owner_dict[self.method] = self
 
     def leave_if_empty(self) -> None:
         """Puts the original back once no hook is left, unless someone wrapped this dispatcher since (an
@@ -148,6 +159,13 @@ def forward_hook(module: nn.Module, hook: Callable[..., Any]) -> RemovableHandle
     return dispatcher.add(dispatcher.after, hook)
 
 
+def reinstate(handle: RemovableHandle) -> None:
+    """After a hook table was refilled by hand (a snapshot restored): the fallback's dispatcher back in place."""
+    dispatcher = getattr(handle, "_dispatcher", None)
+    if dispatcher is not None:
+        dispatcher.enter()
+
+
 def step_post_hooks(optimizer: torch.optim.Optimizer) -> Dict[int, Callable[..., Any]]:
     """The optimizer's own step post hooks (a copy), whichever path registered them."""
     if NATIVE_STEP_HOOKS:
@@ -168,6 +186,15 @@ def stable_argsort(values: torch.Tensor) -> torch.Tensor:
     if NATIVE_STABLE_ARGSORT:
         return torch.argsort(values, stable=True)
     return torch.sort(values, stable=True).indices
+
+
+def lerp_(target: torch.Tensor, end: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``target.lerp_(end, weight)``; torch < 2 has no CPU lerp for bfloat16 and float16, so there it is
+    computed in float32 (as torch 2's CPU kernel does inside) and rounded back."""
+    low = target.dtype in (torch.bfloat16, torch.float16) and target.device.type == "cpu"
+    if TORCH_VERSION >= (2, 0) or not low:
+        return target.lerp_(end, weight)
+    return target.copy_(target.float().lerp_(end.float(), weight.float()))
 
 
 class _GlobalStepHooks:
