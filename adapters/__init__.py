@@ -21,6 +21,7 @@ from ._family import Plan as Plan
 from ._handle import Retrofit as Retrofit
 from ._head import EnsembleLinear as EnsembleLinear
 from ._layout import Layout as Layout
+from ._log import DiagnosticsLog as DiagnosticsLog
 from ._options import RetrofitOptions as RetrofitOptions
 from ._options import Schedule
 from ._record import Record as Record
@@ -34,7 +35,7 @@ from .contract import SeamContract as SeamContract
 from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sdlora, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "AdapterFamily", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
+    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
     "register_family", "retrofit",
 ]
 

@@ -21,6 +21,7 @@ from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, T
 from fly_modules._validation import InvalidParameterError, check_int
 
 from . import _verify
+from ._log import DiagnosticsLog
 from ._options import Schedule
 from ._record import Record
 from ._restore import MARKER, Installation
@@ -418,6 +419,12 @@ class Retrofit:
         if strict and not report.ok:
             raise RuntimeError(f"Retrofit.verify failed:\n{report}")
         return report
+
+    # ------------------------------------------------------------------------------------ diagnostics
+    def log_to(self, writer: Any, *, num_classes: Optional[int] = None, prefix: str = "fly") -> DiagnosticsLog:
+        """A :class:`~fly_modules.adapters.DiagnosticsLog` writing this retrofit's routing accuracy and expert
+        use to ``writer`` (a ``SummaryWriter`` or any callable ``(tag, value, step)``); docs/diagnostics.md."""
+        return DiagnosticsLog(self, writer, num_classes=num_classes, prefix=prefix)
 
     # ----------------------------------------------------------------------------------------- undo
     def remove(self) -> None:

@@ -33,6 +33,7 @@ from fly_modules import SampleBudgetSchedule, SessionSchedule, batch_seen_class_
 
 from . import reference
 from ._handle import Retrofit
+from ._log import DiagnosticsLog
 
 __all__ = ["FlyPlugin"]
 
@@ -158,6 +159,9 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         self._train_logit_mask: Optional[Tensor] = None
         self._saved_logit_mask: Any = None
         self._mask_set = False
+        self.diagnostics: Optional[DiagnosticsLog] = None
+        self._log_request: Optional[Dict[str, Any]] = None
+        self.samples_trained = 0  # stream samples of first-epoch iterations: the diagnostics' step
 
     @classmethod
     def from_retrofit(
@@ -180,6 +184,14 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         plugin.handle = handle
         plugin.moves_ensemble = bool(update_ensemble)
         return plugin
+
+    def log_to(self, writer: Any, *, num_classes: Optional[int] = None, prefix: str = "fly") -> "FlyPlugin":
+        """Write the retrofit's routing accuracy and expert use (:class:`~fly_modules.adapters.DiagnosticsLog`)
+        to ``writer`` after every evaluation, at the number of stream samples trained; returns the plugin."""
+        self._log_request = dict(writer=writer, num_classes=num_classes, prefix=prefix)
+        if self.handle is not None:
+            self.diagnostics = self.handle.log_to(**self._log_request)
+        return self
 
     # -------------------------------------------------------------------------------------- helpers
     def _retrofit(self, model: nn.Module) -> Retrofit:
@@ -205,6 +217,8 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         """Retrofit the strategy's model on first use; check the model of a given handle."""
         if self.handle is None:
             self.handle = self._retrofit(strategy.model)
+        if self._log_request is not None and self.diagnostics is None:
+            self.diagnostics = self.handle.log_to(**self._log_request)
         elif self.handle.model is not strategy.model:
             raise ValueError(
                 f"FlyPlugin: the strategy's model ({type(strategy.model).__name__}) is not the retrofitted model "
@@ -323,6 +337,9 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         if strategy.clock.train_exp_epochs == 0:
             if self._model is not None and self._train_output is not None:
                 self._model.on_batch_end(strategy.mb_x, strategy.mb_y, self._train_output)
+            if self.diagnostics is not None:
+                self.diagnostics.add_training(strategy.mb_y)  # before end_batch may start the next expert
+            self.samples_trained += int(strategy.mb_y.shape[0])
             self.handle.end_batch(int(strategy.mb_y.shape[0]))
         else:
             # A later pass over samples the router already counted: drop the recorded query.
@@ -352,6 +369,8 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
             )
 
     def after_eval_forward(self, strategy: Any, **kwargs: Any) -> None:
+        if self.diagnostics is not None:
+            self.diagnostics.add_inference(strategy.mb_y)
         output = strategy.mb_output
         if _is_method_output(output):
             strategy.mb_output = self._method_scores(strategy.model, strategy.mb_x, output)
@@ -364,6 +383,8 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         if self._mask_set and self.handle is not None:
             self.handle.set_logit_mask(self._saved_logit_mask)
         self._saved_logit_mask, self._mask_set = None, False
+        if self.diagnostics is not None:
+            self.diagnostics.write(self.samples_trained)
 
     def __repr__(self) -> str:
         return (

@@ -327,6 +327,35 @@ def test_generic_retrofit_with_two_epochs_equals_the_loop_by_hand(scenario):
         assert torch.equal(g, w)
 
 
+def test_plugin_logs_routing_accuracy_and_expert_use_after_every_evaluation(scenario):
+    """``log_to``: after each ``strategy.eval``, at the stream samples trained, what the router chose for the
+    test stream scored against the expert that trained each class (classes 0-2: expert 0, 3-5: expert 1)."""
+    online, test_stream, _ = scenario
+    model, handle = toy_and_handle(SessionSchedule(2))
+    written = []
+    plugin = FlyPlugin.from_retrofit(handle).log_to(lambda tag, value, step: written.append((tag, value, step)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No loggers specified")
+        strategy = Naive(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), train_mb_size=MB,
+                         eval_mb_size=5, plugins=[plugin], evaluator=EvaluationPlugin())
+    x, y = (torch.cat(parts) for parts in zip(*(b for e in test_stream for b in batches(e.dataset, 5))))
+    for index, experience in enumerate(online):
+        strategy.train(experience, eval_streams=[], shuffle=False)
+        if index not in EVAL_AFTER:
+            continue
+        written.clear()
+        strategy.eval(test_stream)
+        with torch.no_grad():
+            experts = handle.route(model.query(x))
+        known = y < 3 * (1 + EVAL_AFTER.index(index))  # the classes trained so far
+        step = (index + 1) * EXP_SIZE
+        got = {tag: value for tag, value, at in written if at == step}
+        assert len(got) == len(written) == 5
+        assert got["fly/routing_accuracy"] == pytest.approx((experts == y // 3)[known].double().mean().item())
+        assert got["fly/expert_share/1"] == pytest.approx((experts == 1).double().mean().item())
+        assert got["fly/trained_share/1"] == pytest.approx(0.0 if index == EVAL_AFTER[0] else 0.5)
+
+
 def test_session_schedule_needs_task_boundaries(scenario):
     bench = scenario[2]
     hidden = next(iter(split_online_stream(bench.train_stream, EXP_SIZE, shuffle=False)))  # task-free stream

@@ -7,13 +7,15 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.proxy import summary
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "proxy.md"
-BLOCKS = [("docs/results/proxy", "cifar100-like"), ("docs/results/proxy-10", "synthetic")]
+BLOCKS = [("docs/results/proxy", "cifar100-like"), ("docs/results/proxy", "imagenet-r-like"),
+          ("docs/results/proxy", "cub-like"), ("docs/results/proxy-10", "synthetic")]
 
 
 @pytest.mark.parametrize("results, dataset", BLOCKS)
@@ -22,11 +24,11 @@ def test_the_pages_blocks_are_computed_from_the_committed_runs(results, dataset,
     assert summary.main(["--results", results, "--dataset", dataset, "--check", str(PAGE)]) == 0, capsys.readouterr()
 
 
-def _write_runs(root: Path, scores: dict) -> None:
+def _write_runs(root: Path, scores: dict, dataset: str = "toy") -> None:
     for (method, variant, seed), a_auc in scores.items():
-        path = root / "runs" / "toy" / method / variant / f"seed{seed}.json"
+        path = root / "runs" / dataset / method / variant / f"seed{seed}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"spec": {"method": method, "variant": variant, "dataset": "toy", "seed": seed},
+        record = {"spec": {"method": method, "variant": variant, "dataset": dataset, "seed": seed},
                   "metrics": {"A_auc": a_auc / 100}}
         path.write_text(json.dumps(record))
 
@@ -79,8 +81,9 @@ def test_every_number_the_results_list_quotes_is_a_committed_one():
     page = PAGE.read_text()
     _, end = summary.markers("docs/results/proxy", "cifar100-like")
     quoted_part = page.split("## Results")[1].split(end)[1].split("## The paper's studies on the proxy")[0]
-    committed = " ".join([page.split("## Results")[1].split(end)[0],
-                          page.split(summary.markers("docs/results/proxy-10", "synthetic")[0])[1],
+    blocks = [page.split(summary.markers(results, dataset)[0])[1].split(summary.markers(results, dataset)[1])[0]
+              for results, dataset in BLOCKS]
+    committed = " ".join([*blocks, page.split(summary.markers("docs/results/proxy-10", "synthetic")[0])[1],
                           (REPO / "docs" / "results" / "proxy" / "table.md").read_text()])
     numbers = re.findall(r"[+-]?\d+\.\d\d\b", quoted_part)
     assert len(numbers) > 20
@@ -97,3 +100,19 @@ def test_every_number_the_studies_section_quotes_is_in_a_committed_study_table()
     assert len(numbers) > 20
     missing = [n for n in numbers if n not in tables]
     assert not missing, f"docs/proxy.md's studies section quotes numbers no study table has: {missing}"
+
+
+def test_the_paper_sign_counts_follow_the_paper_delta_and_every_seed(tmp_path):
+    """DualPrompt's +REAR on the paper's sign on both seeds, MVP's against it on one seed: 2 of 2 on the mean,
+    1 on every seed; a method with no paper delta (FlyPrompt) is not counted."""
+    signs = {m: np.sign(summary._paper_delta(m, "router", "baseline", "cifar100")) for m in ("dualprompt", "mvp")}
+    assert all(signs.values()), "the paper prints a +REAR delta for both methods"
+    scores = {}
+    for method, seed_deltas in (("dualprompt", (2.0, 3.0)), ("mvp", (4.0, -1.0))):
+        for seed, delta in enumerate(seed_deltas, 1):
+            scores[(method, "baseline", seed)] = 50.0
+            scores[(method, "router", seed)] = 50.0 + signs[method] * delta
+    scores[("flyprompt", "full", 1)] = scores[("flyprompt", "full", 2)] = 60.0
+    _write_runs(tmp_path, scores, dataset="cifar100-like")
+    result = summary.ProxySummary(summary.load_runs(tmp_path, "cifar100-like"), "cifar100-like")
+    assert result.paper_sign("+REAR") == "+REAR: the paper's sign for 2 of 2 methods on the mean, for 1 on every seed"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from benchmarks.ablation.expert_schedules import EXPERT_SCHEDULES
+from benchmarks.ablation.loggers import LOGGERS, parse_loggers
 from benchmarks.ablation.logit_masks import TRAIN_MASKS
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
 from benchmarks.ablation.shard import parse_shard
@@ -244,6 +245,9 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint each training after every anytime evaluation ('evaluation'), every N "
                              "stream batches, or never ('off' or 0; SIGTERM/SIGUSR1 still save one before the "
                              f"sweep exits with status {RESUMABLE_EXIT_CODE}); docs/checkpoints.md")
+    parser.add_argument("--log", type=parse_loggers, default=None,
+                        help="comma-separated dashboards the runs are logged to as they train, from "
+                             + ", ".join(LOGGERS) + ", into <output>/logs (default: none); docs/benchmark.md")
 
 
 def add_cost_flags(group: Any) -> None:

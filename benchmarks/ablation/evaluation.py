@@ -183,6 +183,7 @@ class VariantEvaluator:
             v.name: [EvaluationLog() for _ in self.member_names] for v in self.variants if v.head == "ensemble"
         }
         self.routing: List[Dict[str, Any]] = []
+        self.expert_use: Dict[str, Tensor] = {}  # own / rear: (experts,) test samples each selected, last evaluation
         self.expert_matrix: Optional[Dict[str, Any]] = None
         self.true_experts: Optional[List[int]] = None  # modal expert of each class at the end of the stream
         self.selections = sorted({v.selection for v in self.variants} | {"own"})
@@ -241,6 +242,7 @@ class VariantEvaluator:
                            correct=counts[name].cpu(), total=counts["total"].cpu())
             self.routing.append(self._routing_entry(kind, samples_seen, counts, all_targets, trained_any, trained,
                                                     self.routing_counts))
+            self.expert_use = {who: counts[f"{who}_use"].cpu() for who in _USE_COUNTS}
         if final:
             self.expert_matrix = expert_matrix_summary(counts["matrix"], counts["group_sizes"], trained)
             if self.cka_moments is not None:
@@ -304,6 +306,8 @@ class VariantEvaluator:
             tally.add_total(labels)
             tally.add_routing("own", own_experts, true_expert, first[labels], trained_any[labels])
             tally.add_routing("rear", rear_experts, true_expert, first[labels], trained_any[labels])
+            tally.add_use("own", own_experts)
+            tally.add_use("rear", rear_experts)
         if self.router_logs:
             with timer("eval/study_routers"):
                 self._score_routers(images, query, labels, mask, (true_expert, first[labels], trained_any[labels]),
@@ -432,6 +436,7 @@ class VariantEvaluator:
 
 
 _ROUTING_COUNTS = tuple(f"{who}_{version}" for who in ("own", "rear") for version in ROUTING_VERSIONS)
+_USE_COUNTS = ("own", "rear")  # the selections whose experts' use is counted (the dashboards', run_log.py)
 
 
 class _Tally:
@@ -445,6 +450,7 @@ class _Tally:
         self.exposed, self.num_experts = exposed, num_experts
         shapes: Dict[str, Tuple[int, ...]] = {name: (exposed,) for name in ("total", *per_class)}
         shapes.update({name: () for name in routing})
+        shapes.update({f"{who}_use": (num_experts,) for who in _USE_COUNTS})
         shapes.update(matrix=(num_experts, num_experts), group_sizes=(num_experts,))
         self.counts = {name: torch.zeros(shape, dtype=torch.long, device=device) for name, shape in shapes.items()}
 
@@ -458,6 +464,9 @@ class _Tally:
         self.counts[f"{who}_modal"] += (experts == true_expert).sum()
         self.counts[f"{who}_first"] += (experts == first).sum()
         self.counts[f"{who}_any"] += trained_any.gather(1, experts.unsqueeze(1)).sum()
+
+    def add_use(self, who: str, experts: Tensor) -> None:
+        self.counts[f"{who}_use"] += torch.bincount(experts, minlength=self.num_experts)
 
     def add_groups(self, true_expert: Tensor) -> None:
         self.counts["group_sizes"] += torch.bincount(true_expert, minlength=self.num_experts)

@@ -22,6 +22,7 @@ from benchmarks.ablation.arguments import UsageError, command_line
 from benchmarks.ablation.claims import Claims
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE, RunInterrupted, StopSignals, any_process
 from benchmarks.ablation.report import add_failures, plot_curves, plot_paper_deltas, summarize_results, write_tables
+from benchmarks.ablation.run_log import training_log
 from benchmarks.ablation.run_specs import run_specs
 from benchmarks.ablation.runner import CheckpointPolicy, run_training
 from benchmarks.ablation.sweep import Sweep, run_setting
@@ -156,11 +157,14 @@ class SweepProcess:
         if checkpointing.resume is not None:
             variants = checkpointing.resume["run"]["variants"]
         started = time.perf_counter()
+        log = training_log(self.sweep.log if self.lead else (), self.sweep.output, method=first.method,
+                           dataset=first.dataset, seed=first.seed, variants=variants,
+                           settings={"preset": self.sweep.preset, **self.settings[first.dataset]})
         try:
             records = run_training(first.method, first.dataset, first.seed, variants, self.sweep.protocol, train,
                                    test, device=self.device, progress=self.progress, checkpointing=checkpointing,
                                    routers=self.sweep.routers, aggregations=self.sweep.aggregations,
-                                   heads=self.sweep.heads, cka=self.sweep.study == "cka")
+                                   heads=self.sweep.heads, cka=self.sweep.study == "cka", log=log)
         except RunInterrupted:
             raise
         except Exception as error:  # one failed training must not lose the others' results

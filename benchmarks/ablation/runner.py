@@ -33,6 +33,7 @@ from .components import AddedComponents, BuiltinComponents, RetrofitComponents, 
 from .diagnostics import ExpertUsage
 from .evaluation import PredictEvaluator, VariantEvaluator
 from .preemption import RunInterrupted, any_process
+from .run_log import TrainingLog
 from .training import OnlineTrainer
 
 __all__ = ["CheckpointPolicy", "Run", "build_run", "run_training", "run_reference"]
@@ -75,6 +76,7 @@ def run_training(
     process_group: Optional[Any] = None,
     checkpointing: Optional[CheckpointPolicy] = None,
     routers: Sequence[str] = (), aggregations: Sequence[str] = (), heads: Sequence[str] = (), cka: bool = False,
+    log: Optional[TrainingLog] = None,
 ) -> Dict[str, Dict[str, Any]]:
     """Train ``method`` once on the Si-Blurry stream of ``train``; score every variant on ``test``.
 
@@ -98,29 +100,52 @@ def run_training(
     ``routers``, ``aggregations`` and ``heads`` add the studies (docs/benchmark.md, "Studies"): each router
     trained beside REAR, scored in the routed variants; each TE2 rule, and each subset of the ensemble's heads,
     scored in the ensemble variants. ``cka`` adds the linear CKA between the experts at the end of the stream
-    (``benchmarks.studies.cka``).
+    (``benchmarks.studies.cka``). ``log`` shows the training in dashboards as it goes (``--log``,
+    ``benchmarks.ablation.run_log``); it changes no number of the records.
     """
     built = build_run(method, dataset, seed, variants, protocol, train, test, device=device, process_group=process_group,
                       routers=routers, aggregations=aggregations, heads=heads, cka=cka)
-    cls, variants, parallel = method_class(method), built.variants, built.parallel
-    trainer, evaluator, stream, exposure, specs = built.trainer, built.evaluator, built.stream, built.exposure, built.specs
-    key = f"{dataset}/{method}/{'+'.join(variants)}/seed{seed}"
-    checkpointer = None
-    if checkpointing is not None:
-        run = {"dataset": dataset, "method": method, "seed": seed, "variants": variants}
-        checkpointer = _CheckpointHook(checkpointing, trainer, evaluator, run=run, parallel=parallel, device=device,
-                                     key=f"{dataset}/{method}/seed{seed}")
-        checkpointer.resume()
-    measured = _train(trainer, stream, protocol, device, progress, key, boundary=checkpointer)
+    trainer, key = built.trainer, f"{dataset}/{method}/{'+'.join(built.variants)}/seed{seed}"
+    checkpointer = _resumed(checkpointing, built, device)
+    try:
+        if log is not None:
+            log.open(built.evaluator, samples_seen=trainer.position.samples_seen,
+                     train_seconds=trainer.position.train_seconds)
+        measured = _train(trainer, built.stream, protocol, device, progress, key, boundary=checkpointer, watch=log)
+        records = _records(built, protocol, measured, checkpointer)
+        if log is not None:
+            log.finish(records, trainer.position.samples_seen)
+    finally:
+        if log is not None:
+            log.close()
+    return records
+
+
+def _records(built: "Run", protocol: Protocol, measured: "_Measured",
+             checkpointer: Optional["_CheckpointHook"]) -> Dict[str, Dict[str, Any]]:
+    """The record of each variant of a finished training."""
+    notes = method_class(next(iter(built.specs.values())).method).protocol_notes(protocol)
     records = {}
-    for name, spec in specs.items():
-        record = _record(spec, protocol, evaluator.logs[name], stream, exposure, measured, notes=cls.protocol_notes(protocol))
-        record["variants_trained_together"] = variants
-        record["diagnostics"] = evaluator.diagnostics(name)
+    for name, spec in built.specs.items():
+        record = _record(spec, protocol, built.evaluator.logs[name], built.stream, built.exposure, measured, notes=notes)
+        record["variants_trained_together"] = built.variants
+        record["diagnostics"] = built.evaluator.diagnostics(name)
         if checkpointer is not None:
             record["checkpoints"] = dict(checkpointer.history)
         records[name] = record
     return records
+
+
+def _resumed(checkpointing: Optional[CheckpointPolicy], built: "Run", device: torch.device) -> Optional["_CheckpointHook"]:
+    """The checkpoint hook of a run built by :func:`build_run`, its checkpoint loaded (``None``: no checkpoints)."""
+    if checkpointing is None:
+        return None
+    spec = next(iter(built.specs.values()))
+    run = {"dataset": spec.dataset, "method": spec.method, "seed": spec.seed, "variants": built.variants}
+    checkpointer = _CheckpointHook(checkpointing, built.trainer, built.evaluator, run=run, parallel=built.parallel,
+                                   device=device, key=f"{spec.dataset}/{spec.method}/seed{spec.seed}")
+    checkpointer.resume()
+    return checkpointer
 
 
 @dataclass
@@ -263,13 +288,14 @@ class _Measured:
 def _train(
     trainer: OnlineTrainer, stream: SiBlurryStream, protocol: Protocol, device: torch.device,
     progress: Optional[Callable[..., Any]], key: str, boundary: Optional[Callable[[bool], None]] = None,
+    watch: Optional[TrainingLog] = None,
 ) -> _Measured:
     """Run the trainer over (the rest of) the stream, with a progress bar, and measure it."""
     memory = _PeakMemory(device)
     num_batches = stream.num_batches(protocol.batch_size)
     bar = progress(total=num_batches, initial=trainer.position.batches, desc=key, leave=False) if progress else None
     try:
-        trainer.train(bar, boundary)
+        trainer.train(bar, boundary, watch)
     finally:
         if bar is not None:
             bar.close()

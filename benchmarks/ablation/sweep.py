@@ -49,6 +49,7 @@ class Sweep:
     study: Optional[str] = None
     aggregations: List[str] = field(default_factory=list)  # the aggregation study's rules
     heads: List[str] = field(default_factory=list)  # the EMA-decay study's subsets of heads (head_sets.py)
+    log: List[str] = field(default_factory=list)  # dashboards the runs are logged to (--log, loggers.py)
 
 
 def resolve(args: argparse.Namespace) -> Sweep:
@@ -97,7 +98,7 @@ def resolve(args: argparse.Namespace) -> Sweep:
         seeds=args.seeds or list(preset["seeds"]), threads=args.threads if args.threads is not None else
         preset["threads"], output=Path(args.output or Path("results") / args.preset), device=args.device, data=data,
         routers=_routers(args), study=getattr(args, "study", None), aggregations=_aggregations(args),
-        heads=_heads(args, protocol),
+        heads=_heads(args, protocol), log=list(getattr(args, "log", None) or []),
     )
 
 

@@ -114,11 +114,14 @@ class OnlineTrainer:
         self.timer = timer
 
     # ---------------------------------------------------------------------------- the stream
-    def train(self, progress: Optional[Any] = None, boundary: Optional[Callable[[bool], None]] = None) -> None:
+    def train(self, progress: Optional[Any] = None, boundary: Optional[Callable[[bool], None]] = None,
+              watch: Optional[Any] = None) -> None:
         """The rest of the stream (all of it, or what follows a restored :meth:`load_state_dict`).
 
         ``progress`` is a tqdm-like bar (``update``, ``set_postfix``); ``boundary(evaluated)`` is called
-        after every batch, ``evaluated`` saying whether an anytime evaluation followed it (checkpoints).
+        after every batch, ``evaluated`` saying whether an anytime evaluation followed it (checkpoints);
+        ``watch`` (``benchmarks.ablation.run_log.TrainingLog``) is given each batch's loss and called after
+        each anytime evaluation, before the boundary.
         """
         self.model.train()
         for batch in self.stream.batches(self.protocol.batch_size, rank=None):  # whole global batches
@@ -126,7 +129,11 @@ class OnlineTrainer:
                 continue  # trained before the checkpoint this run resumed from
             self.advance_to(batch.session)
             loss = self.train_batch(batch)
+            if watch is not None:
+                watch.batch_trained(loss)
             evaluated = self.after_batch(batch)
+            if watch is not None and evaluated:
+                watch.evaluated(self)
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{float(loss):.3f}", session=batch.session)

@@ -118,6 +118,22 @@ class ProxySummary:
                 f"({', '.join(f'{d:+.2f}' for d in deltas)}; mean {np.mean(deltas):+.2f}, seeds' standard deviation "
                 f"{spread})")
 
+    def paper_sign(self, column: str) -> str:
+        """A sentence: for how many methods ``column``'s mean delta has the sign of the paper's delta, and for how
+        many of those every seed's delta has it too (methods the paper has no delta for are left out)."""
+        variant, reference = DELTAS[column]
+        agree = every_seed = compared = 0
+        for method in self.methods:
+            deltas, paper = self.deltas(method, column), _paper_delta(method, variant, reference, self.dataset)
+            if deltas is None or paper is None or paper == 0:
+                continue
+            compared += 1
+            sign = np.sign(paper)
+            agree += bool(np.sign(np.mean(deltas)) == sign)
+            every_seed += bool(all(np.sign(d) == sign for d in deltas))
+        return (f"{column}: the paper's sign for {agree} of {compared} methods on the mean, for {every_seed} on "
+                "every seed")
+
     def best_rows(self) -> List[Tuple[str, str, float]]:
         """Every (method, variant) by mean A_auc, best first (oracle variants left out: they need the labels)."""
         rows = [(m, v, float(np.mean(list(s.values())))) for (m, v), s in self.runs.items() if "oracle" not in v]
@@ -157,6 +173,8 @@ def render(summary: ProxySummary, results: str, dataset: str) -> str:
     lines += ["", "REAR alone (+REAR):", ""]
     lines += [f"- {summary.positive_on_every_seed(method, '+REAR')}" for method in summary.methods
               if summary.deltas(method, "+REAR") is not None]
+    lines += ["", "Against the paper's deltas on the dataset the shape stands for:", ""]
+    lines += [f"- {summary.paper_sign(column)}" for column in DELTAS if column != "oracle"]
     lines += ["", summary.flyprompt_rank(), "", end]
     return "\n".join(lines)
 
