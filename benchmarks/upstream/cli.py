@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.flags import add_common_flag
+from benchmarks.requirements import UPSTREAM_CHILD
 from benchmarks.upstream.registry import HARNESSES, REPOSITORIES, checkout_commit
 from benchmarks.upstream.table import markdown_table, status_line, summarise
 
@@ -109,7 +110,7 @@ def benchmarks_only(folder: Path) -> Path:
 
 def child_env(threads: int) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    return dict(env, OMP_NUM_THREADS=str(threads), PYTHONDONTWRITEBYTECODE="1")
+    return dict(env, OMP_NUM_THREADS=str(threads), PYTHONDONTWRITEBYTECODE="1", **{UPSTREAM_CHILD: "1"})
 
 
 # Run by --python's interpreter (any Python >= 3.8): what the harnesses need, and its versions.
