@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from fly_modules import _compat
+
 __all__ = ["MARKER", "Installation", "Snapshot", "shared"]
 
 #: Instance attribute holding a weak reference to a model's live retrofit.
@@ -124,26 +126,22 @@ class Installation:
     # -------------------------------------------------------------------------------------- install
     def forward_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
         hook = _guarded(hook, self, None)
-        handle = module.register_forward_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
-            else module.register_forward_hook(hook)
+        handle = _compat.forward_hook(module, hook) if with_kwargs else module.register_forward_hook(hook)
         self._keep(handle, f"forward hook on {type(module).__name__}", module)
 
     def forward_pre_hook(self, module: nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> None:
         hook = _guarded(hook, self, None)
-        handle = module.register_forward_pre_hook(hook, with_kwargs=with_kwargs) if with_kwargs \
-            else module.register_forward_pre_hook(hook)
+        handle = _compat.forward_pre_hook(module, hook) if with_kwargs else module.register_forward_pre_hook(hook)
         self._keep(handle, f"forward pre-hook on {type(module).__name__}", module)
 
     def step_post_hook(self, optimizer: torch.optim.Optimizer, hook: Callable[..., Any]) -> RemovableHandle:
-        handle = optimizer.register_step_post_hook(hook)
+        handle = _compat.step_post_hook(optimizer, hook)
         self._keep(handle, f"step hook on {type(optimizer).__name__}", None)
         return handle
 
     def global_step_post_hook(self, hook: Callable[..., Any]) -> None:
         """A hook run after every optimizer's step (``torch.optim.optimizer.register_optimizer_step_post_hook``)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self._keep(register_optimizer_step_post_hook(hook), "step hook on every optimizer", None)
+        self._keep(_compat.global_step_post_hook(hook), "step hook on every optimizer", None)
 
     def set_attribute(self, obj: Any, name: str, value: Any) -> None:
         """``setattr`` on an instance, undone by :meth:`remove` into the very dict that held the old
@@ -217,6 +215,8 @@ class Installation:
             for hooks, saved in dicts.values():
                 hooks.clear()
                 hooks.update(saved)
+            for handle, _ in self._hooks:
+                _compat.reinstate(handle)
             for obj, name, store, value, order in reversed(values):
                 _put_back(obj, name, store, value, order)
             self.removed = removed

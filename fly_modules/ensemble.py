@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from . import _compat
 from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._validation import (
     AGGREGATION_RULES,
@@ -235,9 +236,9 @@ class TemporalEnsembleHead(nn.Module):
         weight = self.online.weight.detach().to(self.ema_weight.dtype)
         bias = None if self.ema_bias is None else self.online.bias.detach().to(self.ema_bias.dtype)
         if experts is None:
-            self.ema_weight[self.active_expert].lerp_(weight.unsqueeze(0), rate.view(-1, 1, 1))
+            _compat.lerp_(self.ema_weight[self.active_expert], weight.unsqueeze(0), rate.view(-1, 1, 1))
             if bias is not None:
-                self.ema_bias[self.active_expert].lerp_(bias.unsqueeze(0), rate.view(-1, 1))
+                _compat.lerp_(self.ema_bias[self.active_expert], bias.unsqueeze(0), rate.view(-1, 1))
             self.num_updates[self.active_expert] += 1
             return
         if not isinstance(experts, Tensor):
@@ -265,7 +266,7 @@ class TemporalEnsembleHead(nn.Module):
             if ensemble is not None:
                 ensemble.update()
 
-        return optimizer.register_step_post_hook(_after_step)
+        return _compat.step_post_hook(optimizer, _after_step)
 
     # ------------------------------------------------------------------------------ inference
     def member_logits(self, features: Tensor, expert_ids: Union[int, Tensor]) -> Tensor:
@@ -395,7 +396,7 @@ def _ema_step_listed(bank: Tensor, target: Tensor, rate: Tensor, ids: Tensor) ->
     """``bank[e] <- lerp(bank[e], target, rate)`` for each expert ``e`` in ``ids`` (duplicates once);
     returns the ``(E,)`` long count of steps taken (0 or 1 per expert)."""
     listed = ids.unique()
-    bank.index_copy_(0, listed, bank[listed].lerp_(target, rate))
+    bank.index_copy_(0, listed, _compat.lerp_(bank[listed], target, rate))
     return torch.zeros(bank.shape[0], dtype=torch.long, device=bank.device).index_fill_(0, listed, 1)
 
 
@@ -417,7 +418,7 @@ def _copies_all_experts(features: Tensor, bank: Tensor, ids: Tensor) -> Tensor:
 def _copies_grouped_by_expert(features: Tensor, bank: Tensor, ids: Tensor) -> Tensor:
     """Logits ``(N, D, C)`` of each sample's expert's copies: one matmul per expert on its samples."""
     experts, decays, classes, width = bank.shape
-    order = torch.argsort(ids, stable=True)
+    order = _compat.stable_argsort(ids)
     sizes = torch.bincount(ids, minlength=experts).tolist()
     groups = torch.split(features[order], sizes)
     flat_bank = bank.view(experts, decays * classes, width)

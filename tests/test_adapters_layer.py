@@ -27,7 +27,7 @@ from fly_modules.adapters import (
 )
 from torch import Tensor, nn
 
-from fly_modules import InvalidParameterError, SampleBudgetSchedule
+from fly_modules import InvalidParameterError, SampleBudgetSchedule, _compat
 
 pytest.importorskip("timm")  # the stand-in module builds timm ViTs
 from upstream_standins import Tiny  # noqa: E402
@@ -210,8 +210,7 @@ def test_forcing_routes_the_given_experts_inside_the_block_only():
     handle = generic.retrofit(model, num_experts=2, query_module=model.query, route_module=model.route,
                               route_kwarg="expert", expansion_dim=16, ridge=1.0)
     seen = []
-    model.route.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("expert")),
-                                          with_kwargs=True)
+    _compat.forward_pre_hook(model.route, lambda module, args, kwargs: seen.append(kwargs.get("expert")))
     model.eval()
     x = torch.randn(3, 4)
     model(x)

@@ -18,7 +18,7 @@ from fly_modules.adapters.contract import SEAM_MEMBERS, missing_seams  # noqa: E
 
 from benchmarks.methods import list_methods, method_class  # noqa: E402
 from benchmarks.methods.base import PromptMethod, QueryFeatures, create_method  # noqa: E402
-from fly_modules import InvalidParameterError, SessionSchedule  # noqa: E402
+from fly_modules import InvalidParameterError, SessionSchedule, _compat  # noqa: E402
 
 EMBED, CLASSES = 32, 5
 METHODS = ["l2p", "dualprompt", "misa", "mvp", "hide", "norga"]
@@ -64,7 +64,7 @@ def batch(seed: int = 1, n: int = 8) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def hook_counts(module: nn.Module) -> List[Tuple[int, int]]:
-    return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in module.modules()]
+    return [_compat.hook_counts(m) for m in module.modules()]
 
 
 # ------------------------------------------------------------------------------ the contract
@@ -218,11 +218,11 @@ def test_undo_restores_everything(name, tmp_path):
     hooks = hook_counts(method)
     handle = retrofit(method, "reference", optimizer=optimizer, **SMALL_ROUTER)
     assert "predict" in vars(method) and hook_counts(method) != hooks
-    assert len(optimizer._optimizer_step_post_hooks) == 1
+    assert len(_compat.step_post_hooks(optimizer)) == 1
     handle.remove()
     handle.remove()  # idempotent
     assert "predict" not in vars(method) and method.get_classifier() is head
-    assert hook_counts(method) == hooks and len(optimizer._optimizer_step_post_hooks) == 0
+    assert hook_counts(method) == hooks and len(_compat.step_post_hooks(optimizer)) == 0
 
 
 # ----------------------------------------------------------------------------------- online run

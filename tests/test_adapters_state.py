@@ -12,7 +12,7 @@ from torch import Tensor
 pytest.importorskip("timm")
 from upstream_cases import CASES, adapt, batch, trainable  # noqa: E402
 
-from fly_modules import InvalidParameterError, SampleBudgetSchedule, SessionSchedule  # noqa: E402
+from fly_modules import InvalidParameterError, SampleBudgetSchedule, SessionSchedule, _compat  # noqa: E402
 
 BATCHES, ITERATIONS = 6, 2
 
@@ -82,7 +82,7 @@ def test_resume_mid_stream_is_bit_identical(name, mid_batch, tmp_path):
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "retrofit": handle.state_dict()}, path)
 
     case, model, original, optimizer, handle = _build(name)  # a new process would build everything again
-    checkpoint = torch.load(path, weights_only=True)
+    checkpoint = _compat.load_weights(path)
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     handle.load_state_dict(checkpoint["retrofit"])

@@ -24,7 +24,7 @@ from upstream_standins import (  # noqa: E402
     norga_train_forward,
 )
 
-from fly_modules import SampleBudgetSchedule, SessionSchedule  # noqa: E402
+from fly_modules import SampleBudgetSchedule, SessionSchedule, _compat  # noqa: E402
 
 
 def _state(model: nn.Module, handle, optimizer) -> Dict[str, Any]:
@@ -302,14 +302,14 @@ def test_a_recreated_optimizer_is_followed_and_a_missing_one_warns():
     step(second)
     handle.end_batch()
     assert int(handle.ensemble.num_updates.sum()) == 2 and handle.optimizer is second
-    assert not first._optimizer_step_post_hooks and len(second._optimizer_step_post_hooks) == 1
+    assert not _compat.step_post_hooks(first) and len(_compat.step_post_hooks(second)) == 1
     task = handle.current_expert  # verify() starts experts: the task id must follow the handle, as in the loop
     report = handle.verify(batch()[0], forward=lambda x: model(x, task_id=handle.current_expert, train=model.training,
                                                                prompt_id=torch.full((len(x), 1), task)))
     assert report.ok, str(report)
-    assert handle.optimizer is second and len(second._optimizer_step_post_hooks) == 1
+    assert handle.optimizer is second and len(_compat.step_post_hooks(second)) == 1
     handle.remove()
-    assert not second._optimizer_step_post_hooks
+    assert not _compat.step_post_hooks(second)
     step(second)
     assert int(handle.ensemble.num_updates.sum()) == 2
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fly_modules import AnalyticRouter
+from fly_modules import AnalyticRouter, _compat
 from fly_modules.distributed import all_gather_update, all_reduce_statistics
 
 pytestmark = pytest.mark.distributed
@@ -68,7 +68,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 def test_all_reduce_and_gathered_updates_equal_one_router_fed_the_union(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     features, ids = _data()
-    shards = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+    shards = [_compat.load_weights(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
 
     union = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
     union.update(features, torch.cat([shards[0]["ids"], shards[1]["ids"]]))

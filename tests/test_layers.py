@@ -204,10 +204,11 @@ def test_the_family_rule_can_fail():
 
 
 # The core's private modules other layers may import: the argument checks with the table of shared
-# parameters (fly_modules/_validation.py says it is supported), and, for the speed benchmarks that time
+# parameters (fly_modules/_validation.py says it is supported), the torch-version fallbacks the adapters
+# register their hooks through (fly_modules/_compat.py), and, for the speed benchmarks that time
 # them, the kernels and solvers. The most specific layer listed decides.
 SUPPORTED_PRIVATE_CORE = {
-    "fly_modules.adapters": {"fly_modules._validation"},
+    "fly_modules.adapters": {"fly_modules._validation", "fly_modules._compat"},
     "benchmarks": {"fly_modules._validation"},
     "benchmarks.speed": {"fly_modules._validation", "fly_modules._ridge", "fly_modules._blocked"},
 }
@@ -231,6 +232,7 @@ def test_other_layers_import_only_the_supported_private_core_modules():
 # tables and figures), so the runner imports them and never the other way round; the commands on top do not
 # import one another (what two of them share lives lower down).
 BENCHMARK_LAYERS = {
+    "requirements": 0,  # the Python and torch the benchmarks need, read first by benchmarks/__init__.py
     "flags": 0,  # the command-line flags from the library's rules, under every command (backbone's included)
     "data": 1, "parallel": 1, "backbone": 1,
     "core": 2,
@@ -238,7 +240,7 @@ BENCHMARK_LAYERS = {
     "studies": 4,
     "ablation": 5,
     "proxy": 6,
-    "fidelity": 7, "speed": 7, "gpu": 7, "upstream": 7,
+    "fidelity": 7, "speed": 7, "gpu": 7, "upstream": 7, "compat": 7,
     "cross_ablation": 8,
 }
 

@@ -22,6 +22,7 @@ from fly_modules import (
     RandomExpansion,
     RouterConditioningWarning,
     RouterSolveError,
+    _compat,
     _ridge,
 )
 
@@ -265,7 +266,7 @@ def test_state_dict_round_trip_into_fresh_router_and_copies():
     buffer = io.BytesIO()
     torch.save(router.state_dict(), buffer)
     buffer.seek(0)
-    state = torch.load(buffer, weights_only=True)
+    state = _compat.load_weights(buffer)
     assert "_solution" not in state  # the cache is not saved
     fresh = AnalyticRouter(6, 0, expansion_dim=30, ridge=1.5, seed=0)  # other seed, no experts
     fresh.load_state_dict(state)
@@ -496,7 +497,7 @@ def test_settings_travel_with_the_checkpoint_and_the_seed_is_adopted():
     buffer = io.BytesIO()
     torch.save(source.state_dict(), buffer)
     buffer.seek(0)
-    state = torch.load(buffer, weights_only=True)
+    state = _compat.load_weights(buffer)
     assert state["_extra_state"] == {
         "ridge": "auto", "ridge_grid": [1.0, 10.0], "solver": "eigh", "activation": "relu", "seed": 7
     }

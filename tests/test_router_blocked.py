@@ -9,7 +9,7 @@ import io
 import pytest
 import torch
 
-from fly_modules import AnalyticRouter, InvalidParameterError, _blocked, _ridge
+from fly_modules import AnalyticRouter, InvalidParameterError, _blocked, _compat, _ridge
 
 D, M, EXPERTS = 6, 40, 3
 
@@ -98,7 +98,7 @@ def test_state_dict_holds_every_row_and_a_resumed_run_is_bit_identical():
     buffer.seek(0)
     resumed = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
     resumed.update(features[:3], ids[:3])  # rows of another run, replaced by the checkpoint's statistics
-    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    resumed.load_state_dict(_compat.load_weights(buffer))
     assert resumed.pending_rows == 0
     assert_float64_statistics(resumed, features[:35], ids[:35])
     for router in (run, resumed):

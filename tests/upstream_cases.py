@@ -35,6 +35,8 @@ from upstream_standins import (
     norga_train_forward,
 )
 
+from fly_modules import _compat
+
 ROUTER = dict(expansion_dim=128, ridge=1e-4)
 
 
@@ -399,7 +401,7 @@ def batch(seed: int = 1, n: int = 8, shift: float = 0.0) -> Tuple[Tensor, Tensor
 
 
 def hook_counts(*modules: Optional[nn.Module]):
-    return [(len(m._forward_hooks), len(m._forward_pre_hooks)) for module in modules if module is not None
+    return [_compat.hook_counts(m) for module in modules if module is not None
             for m in module.modules()]
 
 

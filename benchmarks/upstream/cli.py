@@ -1,10 +1,13 @@
-"""``python -m benchmarks.upstream --checkouts DIR [--only NAME ...] [--json FILE] [--markdown FILE] [--threads N]``
+"""``python -m benchmarks.upstream --checkouts DIR [--only NAME ...] [--python PATH] [--json FILE]
+[--markdown FILE] [--threads N]``
 
 Runs every harness (or those named: a harness name or a checkout folder name) in its own process,
 one after the other, with the checkout ``DIR/<folder>``; prints a progress line per harness, the
 table of ``docs/adapters.md`` and each harness's check statuses. A missing checkout makes its rows
-"skipped". Exit status 0 when no check failed, 1 when a check failed or a harness crashed, 2 (one line
-on stderr) for a usage error.
+"skipped". The harnesses run under ``--python`` (default: this interpreter), which must have torch, timm
+and fly-modules installed: the installed fly-modules is the one checked, never this checkout's sources.
+Exit status 0 when no check failed, 1 when a check failed or a harness crashed, 2 (one line on stderr)
+for a usage error.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.core.results import write_text_atomic
 from benchmarks.flags import add_common_flag, add_output_flag
+from benchmarks.requirements import UPSTREAM_CHILD
 from benchmarks.upstream.registry import HARNESSES, REPOSITORIES, checkout_commit
 from benchmarks.upstream.table import markdown_table, status_line, summarise
 
@@ -45,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=f"checkout folders: {folders}; harnesses: {', '.join(HARNESSES)}")
     parser.add_argument("--checkouts", required=True, type=Path, help="folder holding one checkout per repository")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="harness or checkout folder names")
+    parser.add_argument("--python", type=Path, default=Path(sys.executable),
+                        help="the interpreter the harnesses run under (your environment's python; default this one)")
     add_output_flag(parser, "--json", "file", default=None, help="write every harness's rows and metadata here")
     add_output_flag(parser, "--markdown", "file", default=None,
                     help="write the table, each harness's statuses and the versions here (for docs/results/)")
@@ -78,13 +83,11 @@ def run_harness(name: str, checkout: Path, args: argparse.Namespace) -> Dict[str
         return dict(name=name, outcome="skipped", detail=f"skipped (no checkout at {checkout})", meta={}, checks=[])
     with tempfile.TemporaryDirectory(prefix="fly_upstream_result_") as folder:
         output = Path(folder) / "result.json"
-        command = [sys.executable, "-m", "benchmarks.upstream.child", name, "--checkout", str(checkout.resolve()),
+        command = [str(args.python), "-m", "benchmarks.upstream.child", name, "--checkout", str(checkout.resolve()),
                    "--json", str(output), "--threads", str(args.threads), "--seed", str(args.seed)]
         if args.verbose:
             command.append("--verbose")
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONDONTWRITEBYTECODE="1")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-        process = subprocess.run(command, cwd=ROOT, env=env, text=True,
+        process = subprocess.run(command, cwd=benchmarks_only(Path(folder)), env=child_env(args.threads), text=True,
                                  capture_output=not args.verbose)
         if process.returncode == 0 and output.is_file():
             result = json.loads(output.read_text())
@@ -96,15 +99,46 @@ def run_harness(name: str, checkout: Path, args: argparse.Namespace) -> Dict[str
                 meta=dict(upstream_commit=checkout_commit(checkout)), checks=[])
 
 
-def environment() -> Dict[str, Any]:
-    import timm
-    import torch
+def benchmarks_only(folder: Path) -> Path:
+    """``folder`` holding a link to this checkout's ``benchmarks/`` and nothing else: the child's working
+    folder, so that ``-m`` finds the harnesses while fly_modules comes from the interpreter's installation
+    (this checkout's ``fly_modules/`` would shadow it, and it lacks ``fly_modules.adapters``)."""
+    link = folder / "benchmarks"
+    if not link.exists():
+        link.symlink_to(ROOT / "benchmarks", target_is_directory=True)
+    return folder
 
-    import fly_modules
 
-    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=platform.python_version(), torch=torch.__version__, timm=timm.__version__,
-                fly_modules=getattr(fly_modules, "__version__", "unknown"), platform=platform.platform())
+def child_env(threads: int) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return dict(env, OMP_NUM_THREADS=str(threads), PYTHONDONTWRITEBYTECODE="1", **{UPSTREAM_CHILD: "1"})
+
+
+# Run by --python's interpreter (any Python >= 3.8): what the harnesses need, and its versions.
+_PROBE = """import json, platform, sys
+import torch, timm, fly_modules, fly_modules.adapters
+print(json.dumps(dict(python=platform.python_version(), torch=torch.__version__, timm=timm.__version__,
+                     fly_modules=getattr(fly_modules, "__version__", "unknown"), platform=platform.platform())))
+"""
+
+
+def environment(python: Path) -> Dict[str, Any]:
+    """The versions ``python`` runs the harnesses with; a UsageError (one line) when it cannot run them."""
+    with tempfile.TemporaryDirectory(prefix="fly_upstream_probe_") as folder:
+        try:
+            done = subprocess.run([str(python), "-c", _PROBE], cwd=folder, env=child_env(1), capture_output=True,
+                                  text=True, timeout=300)
+        except OSError as error:
+            raise UsageError(f"--python: expected an interpreter, could not run {python}: {error}") from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise UsageError(f"--python: {python} cannot import torch, timm and fly_modules ({last}); install them "
+                         f"there first (pip install timm and this checkout)")
+    try:
+        versions = json.loads(done.stdout)
+    except ValueError:
+        raise UsageError(f"--python: expected a Python interpreter, {python} answered {done.stdout[:80]!r}") from None
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **versions)
 
 
 def markdown_report(results: Dict[str, Dict[str, Any]], env: Dict[str, Any]) -> str:
@@ -121,6 +155,7 @@ def markdown_report(results: Dict[str, Dict[str, Any]], env: Dict[str, Any]) -> 
 
 
 def execute(names: Sequence[str], args: argparse.Namespace) -> int:
+    env = environment(args.python)
     results: Dict[str, Dict[str, Any]] = {}
     for index, name in enumerate(names, 1):
         checkout = args.checkouts / HARNESSES[name]
@@ -138,7 +173,6 @@ def execute(names: Sequence[str], args: argparse.Namespace) -> int:
         documented = REPOSITORIES[HARNESSES[name]].commit
         note = f" (documented: {documented[:10]})" if commit and commit != documented else ""
         print(f"{name} {commit[:10]}{note}: {status_line(result)}")
-    env = environment()
     if args.json is not None:
         write_text_atomic(args.json, json.dumps(dict(environment=env, harnesses=list(results.values()),
                                              table=markdown_table(results)), indent=2) + "\n")
@@ -153,8 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line; returns the exit status (2 with one line on stderr for a usage error)."""
     try:
         args = build_parser().parse_args(argv)
-        names = resolve(args)
+        return execute(resolve(args), args)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return execute(names, args)

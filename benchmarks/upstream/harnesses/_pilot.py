@@ -2,7 +2,7 @@
 DualPrompt learners (retrofit target ``learner._network.backbone``).
 
 In memory only: ``timm.models.layers.weight_init`` (moved in timm 1.0) is aliased to
-``timm.layers.weight_init``; ``easydict`` becomes a stand-in when missing. The Learner is made without its
+``timm.layers.weight_init`` where it is gone; ``easydict`` becomes a stand-in when missing. The Learner is made without its
 ``__init__`` (which builds ViT-B/16 with pretrained weights): ``BaseLearner.__init__`` runs with a small
 argument dict and the network holds two harness-size ViTs of the backbone class. At a task start the
 harness makes the calls ``incremental_train`` / ``_train`` make (``after_task``, the task counters,
@@ -29,9 +29,12 @@ from benchmarks.upstream.task_stream import CLASSES_PER_TASK
 
 
 def import_pilot(checkout: Path, modules: Sequence[str]) -> List[str]:
-    import timm.layers.weight_init as weight_init
+    try:  # the path PILOT imports, as timm < 1.0 (the 0.6.12 PILOT pins) has it
+        import timm.models.layers.weight_init  # noqa: F401
+    except ImportError:
+        import timm.layers.weight_init as weight_init
 
-    sys.modules.setdefault("timm.models.layers.weight_init", weight_init)
+        sys.modules.setdefault("timm.models.layers.weight_init", weight_init)
     return import_upstream(checkout, modules, allowed_stubs=["easydict"])
 
 

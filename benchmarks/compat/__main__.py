@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.compat.cli import main
+
+sys.exit(main())
