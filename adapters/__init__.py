@@ -28,6 +28,7 @@ from ._record import Record as Record
 from ._registry import install, list_families
 from ._registry import register_family as register_family
 from ._seams import SeamError as SeamError
+from ._verify import UnrestorableStateError as UnrestorableStateError
 from ._verify import VerifyReport as VerifyReport
 from .contract import SeamContract as SeamContract
 
@@ -35,7 +36,7 @@ from .contract import SeamContract as SeamContract
 from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sdlora, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
+    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "UnrestorableStateError", "VerifyReport", "list_families",
     "register_family", "retrofit",
 ]
 

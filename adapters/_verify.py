@@ -16,10 +16,14 @@ from torch import Tensor
 from ._batch_independence import HINT, batch_independence, batch_size, take_rows
 from ._restore import MARKER, Installation, Snapshot
 
-__all__ = ["Check", "VerifyReport", "verify"]
+__all__ = ["Check", "UnrestorableStateError", "VerifyReport", "verify"]
 
 _SEED = 20260
 _BATCH_SAMPLES = 8  # batch independence: the first samples of the batch, each also run alone
+
+
+class UnrestorableStateError(RuntimeError):
+    """``verify`` refuses a model holding state it could not put back exactly; nothing was run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +137,11 @@ def verify(
     record = handle.record
     with record.observing():  # on in the snapshot: every restore keeps it on until the end
         snapshot = Snapshot(modules, [handle, handle.schedule, *record.parts()])
+        if snapshot.unrestorable:
+            raise UnrestorableStateError(
+                f"Retrofit.verify: cannot put back {', '.join(snapshot.unrestorable[:4])} (inference-mode tensors); "
+                "verify after creating them outside torch.inference_mode(), or do not verify this model"
+            )
         try:
             handle.discard_batch()
             removed = _trial_removal(handle, run, snapshot, checks)
@@ -356,12 +365,13 @@ def _check_routing(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[C
         f"the model's outputs show it used the forced expert's prompts (experts {', '.join(usage)})" if usage else
         "this family's outputs do not show which prompt was used; judged by the logits below",
     ))
-    same = [e for e in range(1, len(outputs)) if torch.equal(outputs[e], outputs[0])]
+    same = [(a, b) for a in range(len(outputs)) for b in range(a + 1, len(outputs)) if torch.equal(outputs[a], outputs[b])]
+    pairs = len(outputs) * (len(outputs) - 1) // 2
     checks.append(Check(
         "forcing each expert changes the logits", (not same) if len(outputs) > 1 else None,
-        f"the {len(outputs)} experts give {len(outputs)} different outputs" if not same and len(outputs) > 1 else
-        "only one expert" if len(outputs) < 2 else
-        f"expert(s) {same} give the same logits as expert 0: the model ignores the routed value",
+        f"the {len(outputs)} experts give {len(outputs)} different outputs (all {pairs} pairs compared)"
+        if not same and len(outputs) > 1 else "only one expert" if len(outputs) < 2 else
+        f"expert pair(s) {same[:6]} give identical logits: the model ignores the routed value",
     ))
     fitted = router.num_samples
     checks.append(Check("router fitted", None if fitted == 0 else True, (
