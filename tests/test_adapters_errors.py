@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import pytest
+from fly_modules.adapters import SeamError
+from fly_modules.adapters._seams import find_head
 from torch import nn
 
 from fly_modules import AnalyticRouter, InvalidParameterError, NotFittedError
-from fly_modules.adapters import SeamError
-from fly_modules.adapters._seams import find_head
 
 
 class _Headless(nn.Module):
@@ -30,7 +30,7 @@ def test_no_refusal_is_an_attribute_error(error):
 
 def test_a_seam_error_inside_a_module_property_reaches_the_caller():
     with pytest.raises(SeamError, match="classifier"):
-        _Headless().head_name
+        _ = _Headless().head_name
     with pytest.raises(SeamError):
         hasattr(_Headless(), "head_name")
     with pytest.raises(SeamError):
@@ -40,6 +40,6 @@ def test_a_seam_error_inside_a_module_property_reaches_the_caller():
 def test_an_unfitted_router_property_names_the_fix_not_a_missing_attribute():
     router = AnalyticRouter(4, 2, expansion_dim=0)
     with pytest.raises(NotFittedError, match="call update"):
-        router.weight
+        _ = router.weight
     with pytest.raises(NotFittedError):
         hasattr(router, "weight")
