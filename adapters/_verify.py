@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fly_modules._validation import InvalidParameterError
+
 from ._batch_independence import HINT, batch_independence, batch_size, take_rows
 from ._restore import MARKER, Installation, Snapshot
 
@@ -128,6 +130,7 @@ def verify(
     loss: Optional[Callable[[Tensor, Tensor], Tensor]] = None,
     targets: Optional[Tensor] = None,
 ) -> VerifyReport:
+    _refuse_a_loop_pair(batch, forward)
     title = f"Retrofit of {type(handle.model).__name__} (family {handle.family!r})"
     if handle.removed:
         return VerifyReport(title, [Check("retrofit installed", False, "remove() was called on this handle")])
@@ -154,6 +157,15 @@ def verify(
         finally:
             snapshot.restore(final=True)
     return VerifyReport(title, checks)
+
+
+def _refuse_a_loop_pair(batch: Any, forward: Optional[Callable[[Any], Any]]) -> None:
+    """A loop's ``(x, y)`` would reach ``model((x, y))`` and fail deep inside: say what to pass instead."""
+    if forward is None and isinstance(batch, (tuple, list)):
+        raise InvalidParameterError(
+            f"Retrofit.verify: batch must be the model's input, got a {type(batch).__name__} of {len(batch)}; for a "
+            "loop's (x, y) pass handle.verify(x, targets=y), or forward=... that takes the whole batch"
+        )
 
 
 @dataclasses.dataclass

@@ -18,6 +18,8 @@ from fly_modules.adapters import UnrestorableStateError  # noqa: E402
 from test_adapters_verify import _flat  # noqa: E402
 from upstream_cases import CASES, adapt, batch, trainable  # noqa: E402
 
+from fly_modules import InvalidParameterError  # noqa: E402
+
 CASE = CASES["generic"]
 
 
@@ -133,3 +135,15 @@ def test_verify_refuses_state_it_cannot_put_back():
         model.register_buffer("made_in_inference", torch.zeros(3))
     with pytest.raises(UnrestorableStateError, match="cannot put back .*made_in_inference"):
         handle.verify(batch(seed=9)[0])
+
+
+def test_a_loops_pair_is_refused_in_one_line_saying_what_to_pass():
+    model, original, optimizer, handle = _build()
+    x, y = batch(seed=9)
+    before = _everything(model, optimizer, handle)
+    with pytest.raises(InvalidParameterError, match=r"got a tuple of 2; .* handle.verify\(x, targets=y\)") as error:
+        handle.verify((x, y))
+    assert "\n" not in str(error.value)
+    _assert_same(before, _everything(model, optimizer, handle))
+    forward = lambda pair: CASE.forward(model, original, pair[0], task=handle.current_expert)[0]  # noqa: E731
+    assert handle.verify((x, y), forward=forward).ok
