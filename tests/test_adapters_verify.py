@@ -350,3 +350,19 @@ class _Framework(nn.Module):
 def test_a_seam_one_level_down_is_named_in_the_error():
     with pytest.raises(SeamError, match=r"submodule `model` has it: retrofit that one \(model\.model\)"):
         retrofit(_Framework(), "l2p", num_experts=E)
+
+
+def test_generic_bank_from_output_without_a_router_says_what_it_reads_and_works_with_its_module():
+    case = CASES["generic"]
+    model, original = case.build()
+    kwargs = {k: v for k, v in case.adapter_kwargs(model, original).items()
+              if k not in ("query_module", "query_from_output", "route_kwarg", "route_value")}
+    route_module = kwargs.pop("route_module")
+    with pytest.raises(SeamError, match="bank ids from the output of route_module, the module it hooks"):
+        generic.retrofit(model, router=False, ensemble=True, **kwargs)
+    handle = generic.retrofit(model, router=False, ensemble=True, route_module=route_module, **kwargs)
+    x = batch(seed=3)[0]
+    model.eval()
+    out = case.forward(model, original, x)
+    assert torch.equal(handle.record.ensembled, out[1])  # the banks read from the route module's output
+    assert handle.verify(x, forward=lambda x: case.forward(model, original, x)[0]).ok
