@@ -17,9 +17,8 @@ from torch import nn
 from fly_modules._validation import InvalidParameterError, check_choice
 
 from ._family import AdapterFamily
-from ._handle import Retrofit, already_retrofitted, live_retrofit
+from ._handle import Retrofit, already_retrofitted, live_retrofit, registered_retrofit
 from ._options import RetrofitOptions
-from ._restore import MARKER
 from .contract import missing_seams
 
 __all__ = ["Family", "canonical_method", "install", "list_families", "method_names", "register_family", "spelling_key"]
@@ -164,12 +163,11 @@ def install(method: str, model: nn.Module, options: RetrofitOptions, family_opti
 
 def _undo_on_failure(cls: Type[AdapterFamily], method: str, model: nn.Module, options: RetrofitOptions,
                      arguments: Dict[str, Any]) -> Retrofit:
-    before = getattr(model, MARKER, None)
+    before = registered_retrofit(model)
     try:
         return cls.retrofit(model, options, arguments, method=method)
     except BaseException:
-        after = getattr(model, MARKER, None)
-        handle = after() if after is not None and after is not before else None
-        if handle is not None:
+        handle = registered_retrofit(model)
+        if handle is not None and handle is not before:
             handle.remove()
         raise

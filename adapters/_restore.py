@@ -1,7 +1,7 @@
 """Putting the user's objects back exactly: what a retrofit installs, and snapshots for probes and ``verify()``.
 
-An :class:`Installation` registers hooks and swaps instance attributes; :meth:`Installation.remove`
-undoes them, :meth:`Installation.leftovers` lists what a removal failed to restore, and
+Which retrofit a model carries is held here, beside the model, never in it. An :class:`Installation`
+registers hooks and swaps instance attributes; :meth:`Installation.remove` undoes them, :meth:`Installation.leftovers` lists what a removal failed to restore, and
 :meth:`Installation.snapshot` lets ``verify()`` run the real removal and then put everything back. A
 :class:`Snapshot` holds the tensors, stores, attributes and gradients of some modules and objects, for
 the probes and checks that must leave everything as they found them.
@@ -21,10 +21,38 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["MARKER", "Installation", "RandomState", "Snapshot", "shared"]
+__all__ = [
+    "Installation", "RandomState", "Snapshot", "forget_retrofit", "register_retrofit", "registered_retrofit", "shared",
+]
 
-#: Instance attribute holding a weak reference to a model's live retrofit.
-MARKER = "_fly_modules_retrofit"
+
+class _LiveRetrofits:
+    """Which retrofit each model carries, held beside the models (weakly: neither is kept alive), so that
+    nothing is written into the user's model: its ``__dict__``, deep copies, pickles and ``state_dict`` hold
+    exactly its own attributes. Keyed by identity, not by ``hash``/``==``, which a model may override."""
+
+    def __init__(self) -> None:
+        self._entries: Dict[int, Tuple["weakref.ref[nn.Module]", "weakref.ref[Any]"]] = {}
+
+    def add(self, model: nn.Module, handle: Any) -> None:
+        self._entries[id(model)] = (weakref.ref(model, functools.partial(self._collected, id(model))), weakref.ref(handle))
+
+    def _collected(self, key: int, ref: "weakref.ref[nn.Module]") -> None:
+        if key in self._entries and self._entries[key][0] is ref:
+            del self._entries[key]
+
+    def get(self, model: nn.Module) -> Any:
+        entry = self._entries.get(id(model))
+        return entry[1]() if entry is not None and entry[0]() is model else None
+
+    def discard(self, model: nn.Module, handle: Any) -> None:
+        if self.get(model) is handle:
+            del self._entries[id(model)]
+
+
+_LIVE = _LiveRetrofits()
+#: The retrofit registered for a model, removed or not (``None``: none); recording one; forgetting it.
+registered_retrofit, register_retrofit, forget_retrofit = _LIVE.get, _LIVE.add, _LIVE.discard
 
 
 def shared(value: Any) -> Any:

@@ -16,7 +16,7 @@ from torch import Tensor
 from fly_modules._validation import InvalidParameterError
 
 from ._batch_independence import HINT, batch_independence, batch_size, take_rows
-from ._restore import MARKER, Installation, Snapshot
+from ._restore import Installation, Snapshot, register_retrofit
 
 __all__ = ["Check", "UnrestorableStateError", "VerifyReport", "verify"]
 
@@ -181,7 +181,7 @@ class _Unretrofitted:
 def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> _Unretrofitted:
     """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly."""
     model = handle.model
-    restore_install = handle._install.snapshot(extra=((model, MARKER),))
+    restore_install = handle._install.snapshot()
     removed = _Unretrofitted()
     try:
         handle._install.remove()
@@ -203,6 +203,7 @@ def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[C
             fixes.remove()
     finally:
         restore_install()
+        register_retrofit(model, handle)  # remove() forgot it
         snapshot.restore()
     return removed
 
