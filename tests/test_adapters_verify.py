@@ -366,3 +366,15 @@ def test_generic_bank_from_output_without_a_router_says_what_it_reads_and_works_
     out = case.forward(model, original, x)
     assert torch.equal(handle.record.ensembled, out[1])  # the banks read from the route module's output
     assert handle.verify(x, forward=lambda x: case.forward(model, original, x)[0]).ok
+
+
+def test_verify_compares_every_pair_of_experts_not_only_with_expert_0():
+    case = CASES["generic"]
+    model, original = case.build()
+    kwargs = case.adapter_kwargs(model, original)
+    # experts 1, 2, ... all select the prompts of expert 1: each differs from expert 0, not from each other
+    kwargs.update(num_experts=E + 1, route_value=lambda experts, *rest: experts.clamp(max=1).unsqueeze(1))
+    handle = generic.retrofit(model, **{**kwargs, **ROUTER})
+    check = handle.verify(batch()[0], forward=lambda x: case.forward(model, original, x)[0])[
+        "forcing each expert changes the logits"]
+    assert check.ok is False and "(1, 2)" in check.detail and "ignores the routed value" in check.detail
