@@ -401,8 +401,12 @@ class Retrofit:
         and one by one for batch independence) and puts the model, its gradients,
         the random number generators, the user's optimizer and this handle back exactly as they were.
 
+        Raises :class:`~fly_modules.adapters.UnrestorableStateError`, before running anything, when the model
+        holds state it could not put back (inference-mode tensors).
+
         Args:
-            batch: the model's input (what your loop passes first).
+            batch: the model's input (``x`` of your loop's ``(x, y)``; a tuple or list is refused unless
+                ``forward`` takes it).
             forward: ``forward(batch) -> output`` as your loop calls the model (default ``model(batch)``);
                 the output is the logits, or a dict with ``"logits"``, or a tuple starting with them. It is
                 called in training and in eval mode: read ``handle.model.training`` where your loop passes
