@@ -25,9 +25,10 @@ from ._log import DiagnosticsLog as DiagnosticsLog
 from ._options import RetrofitOptions as RetrofitOptions
 from ._options import Schedule
 from ._record import Record as Record
-from ._registry import install, list_families
+from ._registry import canonical_method, install, list_families, method_names, spelling_key
 from ._registry import register_family as register_family
 from ._seams import SeamError as SeamError
+from ._verify import UnrestorableStateError as UnrestorableStateError
 from ._verify import VerifyReport as VerifyReport
 from .contract import SeamContract as SeamContract
 
@@ -35,8 +36,8 @@ from .contract import SeamContract as SeamContract
 from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sdlora, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "VerifyReport", "list_families",
-    "register_family", "retrofit",
+    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "UnrestorableStateError", "VerifyReport", "canonical_method", "list_families", "method_names",
+    "register_family", "retrofit", "spelling_key",
 ]
 
 
@@ -61,7 +62,8 @@ def retrofit(
     Args:
         model: the user's model (its ``training`` flag tells training from inference).
         method: a name of :func:`list_families` (``"l2p"``, ``"dualprompt"``, ``"misa"``, ``"mvp"``,
-            ``"hide"``, ``"norga"``, ``"sprompt"``, ``"coda_prompt"``, ``"sdlora"``, ``"generic"``, ``"reference"``). A model
+            ``"hide"``, ``"norga"``, ``"sprompt"``, ``"coda_prompt"``, ``"sdlora"``, ``"generic"``, ``"reference"``), in any spelling
+            :func:`spelling_key` folds to one (``"coda-prompt"``; :func:`method_names` is the table). A model
             implementing :class:`SeamContract` goes to ``"reference"``: the families that recognise upstream code
             refuse it.
         router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate,

@@ -10,8 +10,8 @@ follow sessions).
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
-import weakref
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -24,7 +24,7 @@ from . import _verify
 from ._log import DiagnosticsLog
 from ._options import Schedule
 from ._record import Record
-from ._restore import MARKER, Installation
+from ._restore import Installation, forget_retrofit, register_retrofit, registered_retrofit
 from ._verify import VerifyReport
 
 __all__ = ["Retrofit", "StepCounter", "live_retrofit"]
@@ -53,8 +53,7 @@ class StepCounter:
 
 def live_retrofit(model: nn.Module) -> Optional["Retrofit"]:
     """The retrofit installed on ``model`` now (``None``: none, or only a deep copy's, or removed)."""
-    marker = getattr(model, MARKER, None)
-    previous = marker() if marker is not None else None
+    previous = registered_retrofit(model)
     if previous is not None and not previous.removed and previous.model is model:
         return previous
     return None
@@ -136,8 +135,8 @@ class Retrofit:
         self._step_counter = step_counter
         self._optimizer_hook: Any = None
         self._following = False
-        model.__dict__[MARKER] = weakref.ref(self)
-        self._install.add_undo(lambda: model.__dict__.pop(MARKER, None))
+        register_retrofit(model, self)
+        self._install.add_undo(functools.partial(forget_retrofit, model, self))
         for correct in self._corrections:
             correct(self._install)
 
@@ -402,8 +401,12 @@ class Retrofit:
         and one by one for batch independence) and puts the model, its gradients,
         the random number generators, the user's optimizer and this handle back exactly as they were.
 
+        Raises :class:`~fly_modules.adapters.UnrestorableStateError`, before running anything, when the model
+        holds state it could not put back (inference-mode tensors).
+
         Args:
-            batch: the model's input (what your loop passes first).
+            batch: the model's input (``x`` of your loop's ``(x, y)``; a tuple or list is refused unless
+                ``forward`` takes it).
             forward: ``forward(batch) -> output`` as your loop calls the model (default ``model(batch)``);
                 the output is the logits, or a dict with ``"logits"``, or a tuple starting with them. It is
                 called in training and in eval mode: read ``handle.model.training`` where your loop passes

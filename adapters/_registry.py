@@ -17,12 +17,11 @@ from torch import nn
 from fly_modules._validation import InvalidParameterError, check_choice
 
 from ._family import AdapterFamily
-from ._handle import Retrofit, already_retrofitted, live_retrofit
+from ._handle import Retrofit, already_retrofitted, live_retrofit, registered_retrofit
 from ._options import RetrofitOptions
-from ._restore import MARKER
 from .contract import missing_seams
 
-__all__ = ["Family", "install", "list_families", "register_family"]
+__all__ = ["Family", "canonical_method", "install", "list_families", "method_names", "register_family", "spelling_key"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,9 +44,39 @@ class Family:
 _FAMILIES: Dict[str, Family] = {}
 
 
+def spelling_key(name: str) -> str:
+    """The one rule of method spellings: case, ``-`` and ``_`` do not matter (``"coda-prompt"``,
+    ``"CODA_Prompt"`` and ``"codaprompt"`` are one method); the benchmarks read method names by it too."""
+    return name.lower().replace("-", "").replace("_", "")
+
+
 def list_families() -> List[str]:
-    """Method names ``retrofit`` accepts."""
+    """Method names ``retrofit`` accepts (each also in any spelling :func:`spelling_key` folds to it)."""
     return sorted(_FAMILIES)
+
+
+def method_names() -> Dict[str, Tuple[str, ...]]:
+    """The table of method names: each canonical name (what a handle reports as its ``family``) and its
+    registered aliases; any spelling :func:`spelling_key` folds to one of them is that method
+    (``"coda-prompt"`` is ``"coda_prompt"``). ``"misa"`` and ``"dualprompt"`` are two methods of one family."""
+    table: Dict[str, Tuple[str, ...]] = {}
+    for family in dict.fromkeys(_FAMILIES.values()):
+        for name in family.names:
+            canonical = next(n for n in family.names if spelling_key(n) == spelling_key(name))
+            table.setdefault(canonical, ())
+            if name != canonical:
+                table[canonical] += (name,)
+    return dict(sorted(table.items()))
+
+
+def canonical_method(method: Any, *, caller: str = "fly_modules.adapters.retrofit") -> str:
+    """The canonical name (:func:`method_names`) that ``method`` spells, else :class:`InvalidParameterError`
+    listing the names."""
+    if isinstance(method, str):
+        found = [name for name in method_names() if spelling_key(name) == spelling_key(method)]
+        if found:
+            return found[0]
+    return check_choice(method, "method", list_families(), caller=caller)
 
 
 def register_family(cls: type) -> Callable[..., Retrofit]:
@@ -76,7 +105,8 @@ def _family_parameters(function: Callable[..., Any], leading: int, expected: str
 
 
 def _register(family: Family, parameters: List[inspect.Parameter]) -> Callable[..., Retrofit]:
-    clash = sorted(set(family.names) & set(_FAMILIES))
+    taken = {spelling_key(name) for name in _FAMILIES}
+    clash = sorted(name for name in family.names if spelling_key(name) in taken)
     if clash:
         raise InvalidParameterError(f"register_family: {clash} are already registered")
     for name in family.names:
@@ -109,7 +139,9 @@ def _public(family: Family, family_parameters: List[inspect.Parameter]) -> Calla
 def install(method: str, model: nn.Module, options: RetrofitOptions, family_options: Mapping[str, Any]) -> Retrofit:
     """Refuse a live retrofit, check the family options, then wire ``model``; a failed wiring is undone
     before the error propagates."""
-    check_choice(method, "method", list_families(), caller="fly_modules.adapters.retrofit")
+    # A registered name is kept as given (the handle's `family`, which its checkpoints carry); another spelling
+    # becomes its canonical name.
+    method = method if isinstance(method, str) and method in _FAMILIES else canonical_method(method)
     previous = live_retrofit(model)
     if previous is not None:  # before any seam check: the seams now show the first retrofit's wrappers
         raise already_retrofitted(model, previous)
@@ -131,12 +163,11 @@ def install(method: str, model: nn.Module, options: RetrofitOptions, family_opti
 
 def _undo_on_failure(cls: Type[AdapterFamily], method: str, model: nn.Module, options: RetrofitOptions,
                      arguments: Dict[str, Any]) -> Retrofit:
-    before = getattr(model, MARKER, None)
+    before = registered_retrofit(model)
     try:
         return cls.retrofit(model, options, arguments, method=method)
     except BaseException:
-        after = getattr(model, MARKER, None)
-        handle = after() if after is not None and after is not before else None
-        if handle is not None:
+        handle = registered_retrofit(model)
+        if handle is not None and handle is not before:
             handle.remove()
         raise

@@ -1,7 +1,7 @@
 """Putting the user's objects back exactly: what a retrofit installs, and snapshots for probes and ``verify()``.
 
-An :class:`Installation` registers hooks and swaps instance attributes; :meth:`Installation.remove`
-undoes them, :meth:`Installation.leftovers` lists what a removal failed to restore, and
+Which retrofit a model carries is held here, beside the model, never in it. An :class:`Installation`
+registers hooks and swaps instance attributes; :meth:`Installation.remove` undoes them, :meth:`Installation.leftovers` lists what a removal failed to restore, and
 :meth:`Installation.snapshot` lets ``verify()`` run the real removal and then put everything back. A
 :class:`Snapshot` holds the tensors, stores, attributes and gradients of some modules and objects, for
 the probes and checks that must leave everything as they found them.
@@ -11,20 +11,50 @@ from __future__ import annotations
 
 import copy
 import functools
+import random
 import types
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+import numpy
 import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from fly_modules import _compat
 
-__all__ = ["MARKER", "Installation", "Snapshot", "shared"]
+__all__ = [
+    "Installation", "RandomState", "Snapshot", "forget_retrofit", "register_retrofit", "registered_retrofit", "shared",
+]
 
-#: Instance attribute holding a weak reference to a model's live retrofit.
-MARKER = "_fly_modules_retrofit"
+
+class _LiveRetrofits:
+    """Which retrofit each model carries, held beside the models (weakly: neither is kept alive), so that
+    nothing is written into the user's model: its ``__dict__``, deep copies, pickles and ``state_dict`` hold
+    exactly its own attributes. Keyed by identity, not by ``hash``/``==``, which a model may override."""
+
+    def __init__(self) -> None:
+        self._entries: Dict[int, Tuple["weakref.ref[nn.Module]", "weakref.ref[Any]"]] = {}
+
+    def add(self, model: nn.Module, handle: Any) -> None:
+        self._entries[id(model)] = (weakref.ref(model, functools.partial(self._collected, id(model))), weakref.ref(handle))
+
+    def _collected(self, key: int, ref: "weakref.ref[nn.Module]") -> None:
+        if key in self._entries and self._entries[key][0] is ref:
+            del self._entries[key]
+
+    def get(self, model: nn.Module) -> Any:
+        entry = self._entries.get(id(model))
+        return entry[1]() if entry is not None and entry[0]() is model else None
+
+    def discard(self, model: nn.Module, handle: Any) -> None:
+        if self.get(model) is handle:
+            del self._entries[id(model)]
+
+
+_LIVE = _LiveRetrofits()
+#: The retrofit registered for a model, removed or not (``None``: none); recording one; forgetting it.
+registered_retrofit, register_retrofit, forget_retrofit = _LIVE.get, _LIVE.add, _LIVE.discard
 
 
 def shared(value: Any) -> Any:
@@ -229,16 +259,25 @@ class Installation:
 _INTERNAL = frozenset(vars(nn.Module())) - {"training"}
 
 
-class _Value:
-    """An attribute value put back by identity, its contents too when it is a tensor or a container."""
+def _library_object(value: Any) -> bool:
+    """A plain object of this library (a router's pending rows, a record, a schedule): snapshotted field
+    by field, recursively; any other object is put back by identity (its contents when a container)."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (nn.Module, Tensor, type, types.ModuleType))
+            and type(value).__module__.split(".")[0] == "fly_modules")
 
-    def __init__(self, value: Any) -> None:
+
+class _Value:
+    """An attribute value put back by identity, its contents too when it is a tensor, a container or a
+    plain object of this library (``memo``: such objects already captured, so that cycles end)."""
+
+    def __init__(self, value: Any, memo: Dict[int, "_Fields"]) -> None:
         self.value = value
         tracked = isinstance(value, Tensor) and not value.is_inference()
         self.version = value._version if tracked else None
         self.data = value.detach().clone() if isinstance(value, Tensor) else (
             copy.copy(value) if isinstance(value, (list, dict, set)) else None
         )
+        self.fields = _Fields.of(value, memo) if _library_object(value) and id(value) not in memo else None
 
     def restore(self) -> Any:
         value = self.value
@@ -250,12 +289,59 @@ class _Value:
         elif isinstance(value, (dict, set)):
             value.clear()
             value.update(self.data)
+        if self.fields is not None:
+            self.fields.restore()
         return value
 
 
+class _Fields:
+    """The instance attributes of one object (a module's, less its own bookkeeping)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.internal = _INTERNAL if isinstance(obj, nn.Module) else frozenset()
+        self.saved: Dict[str, _Value] = {}
+
+    @classmethod
+    def of(cls, obj: Any, memo: Dict[int, "_Fields"]) -> "_Fields":
+        fields = memo[id(obj)] = cls(obj)
+        fields.saved = {name: _Value(value, memo) for name, value in vars(obj).items() if name not in fields.internal}
+        return fields
+
+    def restore(self) -> None:
+        live = vars(self.obj)
+        for name in [n for n in live if n not in self.internal and n not in self.saved]:
+            del live[name]
+        for name, value in self.saved.items():
+            live[name] = value.restore()
+
+
+class RandomState:
+    """Every global random number generator: torch's CPU one, each initialised CUDA device's, numpy's and
+    Python's ``random``; :meth:`restore` puts them back as they were at construction."""
+
+    def __init__(self) -> None:
+        self.cpu = torch.random.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.numpy = numpy.random.get_state()
+        self.python = random.getstate()
+
+    def restore(self) -> None:
+        torch.random.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+        numpy.random.set_state(self.numpy)
+        random.setstate(self.python)
+
+
 class Snapshot:
-    """Tensors, stores and plain attributes of some modules (with their submodules) and objects, and the
-    parameters' gradients, which are set to ``None`` until :meth:`restore` with ``final=True``."""
+    """Tensors, stores and attributes of some modules (with their submodules) and objects (this library's
+    plain objects among them field by field), the global random number generators, and the parameters'
+    gradients, which are set to ``None`` until :meth:`restore` with ``final=True``.
+
+    :attr:`unrestorable` names what cannot be put back (inference-mode tensors: they cannot be written
+    outside inference mode); a caller that must restore everything refuses when it is not empty.
+    """
 
     def __init__(self, modules: Iterable[nn.Module], objects: Iterable[Any]) -> None:
         unique: Dict[int, nn.Module] = {}
@@ -265,16 +351,17 @@ class Snapshot:
         self.modules = list(unique.values())
         self.stores = [(store, dict(store)) for m in self.modules for store in (m._parameters, m._buffers, m._modules)]
         tensors = {id(t): t for m in self.modules for t in (*m._parameters.values(), *m._buffers.values()) if t is not None}
-        self.tensors = [_Value(t) for t in tensors.values()]
-        self.attributes = [(obj, self._attributes(obj)) for obj in [*self.modules, *objects] if obj is not None]
+        memo: Dict[int, _Fields] = {}
+        self.tensors = [_Value(t, memo) for t in tensors.values()]
+        self.attributes = [_Fields.of(obj, memo) for obj in [*self.modules, *objects]
+                           if obj is not None and id(obj) not in memo]
+        self.unrestorable = sorted({f"{type(m).__name__}.{name}" for m in self.modules
+                                    for name, t in (*m._parameters.items(), *m._buffers.items())
+                                    if t is not None and t.is_inference()})
+        self.random = RandomState()
         self.grads = [(p, p.grad) for p in tensors.values() if isinstance(p, nn.Parameter)]
         for parameter, _ in self.grads:
             parameter.grad = None
-
-    @staticmethod
-    def _attributes(obj: Any) -> Dict[str, _Value]:
-        internal = _INTERNAL if isinstance(obj, nn.Module) else frozenset()
-        return {name: _Value(value) for name, value in vars(obj).items() if name not in internal}
 
     def restore(self, *, final: bool = False) -> None:
         for store, saved in self.stores:
@@ -282,12 +369,8 @@ class Snapshot:
             store.update(saved)
         for value in self.tensors:
             value.restore()
-        for obj, saved in self.attributes:
-            internal = _INTERNAL if isinstance(obj, nn.Module) else frozenset()
-            live = vars(obj)
-            for name in [n for n in live if n not in internal and n not in saved]:
-                del live[name]
-            for name, value in saved.items():
-                live[name] = value.restore()
+        for fields in self.attributes:
+            fields.restore()
+        self.random.restore()
         for parameter, grad in self.grads:
             parameter.grad = grad if final else None

@@ -24,9 +24,14 @@ GENERIC_CALL = (
 )
 
 
-class SeamError(AttributeError):
+class SeamError(TypeError):
     """A model lacks a seam an adapter needs, or offers one the adapter cannot use; the message says why
-    and shows the generic call."""
+    and shows the generic call.
+
+    A ``TypeError`` (the model is not of the kind the family reads, as for ``ClassifierNotFoundError``),
+    never an ``AttributeError``: that one is swallowed by ``nn.Module.__getattr__`` when raised inside a
+    property, and by ``hasattr`` and ``getattr(obj, name, default)``.
+    """
 
 
 def missing_seam(model: Any, path: str, what: str, *, family: str) -> SeamError:

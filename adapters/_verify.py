@@ -13,13 +13,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._batch_independence import HINT, batch_independence, batch_size, take_rows
-from ._restore import MARKER, Installation, Snapshot
+from fly_modules._validation import InvalidParameterError
 
-__all__ = ["Check", "VerifyReport", "verify"]
+from ._batch_independence import HINT, batch_independence, batch_size, take_rows
+from ._restore import Installation, Snapshot, register_retrofit
+
+__all__ = ["Check", "UnrestorableStateError", "VerifyReport", "verify"]
 
 _SEED = 20260
 _BATCH_SAMPLES = 8  # batch independence: the first samples of the batch, each also run alone
+
+
+class UnrestorableStateError(RuntimeError):
+    """``verify`` refuses a model holding state it could not put back exactly; nothing was run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +130,7 @@ def verify(
     loss: Optional[Callable[[Tensor, Tensor], Tensor]] = None,
     targets: Optional[Tensor] = None,
 ) -> VerifyReport:
+    _refuse_a_loop_pair(batch, forward)
     title = f"Retrofit of {type(handle.model).__name__} (family {handle.family!r})"
     if handle.removed:
         return VerifyReport(title, [Check("retrofit installed", False, "remove() was called on this handle")])
@@ -133,6 +140,11 @@ def verify(
     record = handle.record
     with record.observing():  # on in the snapshot: every restore keeps it on until the end
         snapshot = Snapshot(modules, [handle, handle.schedule, *record.parts()])
+        if snapshot.unrestorable:
+            raise UnrestorableStateError(
+                f"Retrofit.verify: cannot put back {', '.join(snapshot.unrestorable[:4])} (inference-mode tensors); "
+                "verify after creating them outside torch.inference_mode(), or do not verify this model"
+            )
         try:
             handle.discard_batch()
             removed = _trial_removal(handle, run, snapshot, checks)
@@ -145,6 +157,15 @@ def verify(
         finally:
             snapshot.restore(final=True)
     return VerifyReport(title, checks)
+
+
+def _refuse_a_loop_pair(batch: Any, forward: Optional[Callable[[Any], Any]]) -> None:
+    """A loop's ``(x, y)`` would reach ``model((x, y))`` and fail deep inside: say what to pass instead."""
+    if forward is None and isinstance(batch, (tuple, list)):
+        raise InvalidParameterError(
+            f"Retrofit.verify: batch must be the model's input, got a {type(batch).__name__} of {len(batch)}; for a "
+            "loop's (x, y) pass handle.verify(x, targets=y), or forward=... that takes the whole batch"
+        )
 
 
 @dataclasses.dataclass
@@ -160,7 +181,7 @@ class _Unretrofitted:
 def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> _Unretrofitted:
     """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly."""
     model = handle.model
-    restore_install = handle._install.snapshot(extra=((model, MARKER),))
+    restore_install = handle._install.snapshot()
     removed = _Unretrofitted()
     try:
         handle._install.remove()
@@ -182,6 +203,7 @@ def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[C
             fixes.remove()
     finally:
         restore_install()
+        register_retrofit(model, handle)  # remove() forgot it
         snapshot.restore()
     return removed
 
@@ -356,12 +378,13 @@ def _check_routing(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[C
         f"the model's outputs show it used the forced expert's prompts (experts {', '.join(usage)})" if usage else
         "this family's outputs do not show which prompt was used; judged by the logits below",
     ))
-    same = [e for e in range(1, len(outputs)) if torch.equal(outputs[e], outputs[0])]
+    same = [(a, b) for a in range(len(outputs)) for b in range(a + 1, len(outputs)) if torch.equal(outputs[a], outputs[b])]
+    pairs = len(outputs) * (len(outputs) - 1) // 2
     checks.append(Check(
         "forcing each expert changes the logits", (not same) if len(outputs) > 1 else None,
-        f"the {len(outputs)} experts give {len(outputs)} different outputs" if not same and len(outputs) > 1 else
-        "only one expert" if len(outputs) < 2 else
-        f"expert(s) {same} give the same logits as expert 0: the model ignores the routed value",
+        f"the {len(outputs)} experts give {len(outputs)} different outputs (all {pairs} pairs compared)"
+        if not same and len(outputs) > 1 else "only one expert" if len(outputs) < 2 else
+        f"expert pair(s) {same[:6]} give identical logits: the model ignores the routed value",
     ))
     fitted = router.num_samples
     checks.append(Check("router fitted", None if fitted == 0 else True, (

@@ -52,7 +52,8 @@ class Generic(AdapterFamily):
         head_owner, head_name: where the ``nn.Linear`` classifier lives; default: the model's
             ``get_classifier()`` / ``head`` / ``fc``. It becomes an :class:`EnsembleLinear` sharing its
             parameters: online logits in training, the ensemble's log-probabilities at inference.
-        bank_from_output: ``(B,)`` bank ids from the route module's output; default: the routed expert
+        bank_from_output: ``(B,)`` bank ids from the output of ``route_module`` (which it then needs, with
+            ``router=False`` too: it is the module hooked, nothing is routed); default: the routed expert
             at inference (the active bank when not routed), the current expert in training.
         start_expert: the method's own expert start, called with the expert id; default: nothing.
         router_dim: width of the query features; default the classifier's ``in_features``.
@@ -82,7 +83,11 @@ class Generic(AdapterFamily):
                                       ("route_kwarg", route_kwarg)) if v is None]
             raise SeamError(f"{self.caller}: router=True needs {', '.join(missing)}")
         if bank_from_output is not None and route_module is None:
-            raise SeamError(f"{self.caller}: bank_from_output reads the route module's output; pass route_module")
+            raise SeamError(
+                f"{self.caller}: bank_from_output reads the bank ids from the output of route_module, the module it "
+                "hooks (router=False too: nothing is routed); pass route_module=<the module whose output names the "
+                "banks>, or drop bank_from_output for the default banks"
+            )
         layout = _Seams(self, query_module, query_from_output or default_query, route_module, route_kwarg, route_value,
                         bank_from_output)
         return Plan(head=head, num_experts=num_experts, layout=layout, start_expert=start_expert, router_dim=router_dim)

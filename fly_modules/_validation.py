@@ -281,11 +281,12 @@ def check_choice(value: Any, name: str, choices: Collection[Any], *, caller: str
     return OneOf(tuple(choices)).check(value, name, caller=caller)
 
 
-class NotFittedError(ValueError, AttributeError):
+class NotFittedError(ValueError):
     """Raised when a router or ensemble is used before it has the state it needs.
 
-    Subclasses both ``ValueError`` and ``AttributeError`` so that callers written against either
-    keep working (scikit-learn's convention).
+    A ``ValueError`` and, unlike scikit-learn's, not an ``AttributeError``: raised inside a property
+    (``AnalyticRouter.weight``), an ``AttributeError`` is swallowed by ``nn.Module.__getattr__``,
+    ``hasattr`` and ``getattr(obj, name, default)``, which then report a different, missing attribute.
     """
 
 

@@ -350,3 +350,31 @@ class _Framework(nn.Module):
 def test_a_seam_one_level_down_is_named_in_the_error():
     with pytest.raises(SeamError, match=r"submodule `model` has it: retrofit that one \(model\.model\)"):
         retrofit(_Framework(), "l2p", num_experts=E)
+
+
+def test_generic_bank_from_output_without_a_router_says_what_it_reads_and_works_with_its_module():
+    case = CASES["generic"]
+    model, original = case.build()
+    kwargs = {k: v for k, v in case.adapter_kwargs(model, original).items()
+              if k not in ("query_module", "query_from_output", "route_kwarg", "route_value")}
+    route_module = kwargs.pop("route_module")
+    with pytest.raises(SeamError, match="bank ids from the output of route_module, the module it hooks"):
+        generic.retrofit(model, router=False, ensemble=True, **kwargs)
+    handle = generic.retrofit(model, router=False, ensemble=True, route_module=route_module, **kwargs)
+    x = batch(seed=3)[0]
+    model.eval()
+    out = case.forward(model, original, x)
+    assert torch.equal(handle.record.ensembled, out[1])  # the banks read from the route module's output
+    assert handle.verify(x, forward=lambda x: case.forward(model, original, x)[0]).ok
+
+
+def test_verify_compares_every_pair_of_experts_not_only_with_expert_0():
+    case = CASES["generic"]
+    model, original = case.build()
+    kwargs = case.adapter_kwargs(model, original)
+    # experts 1, 2, ... all select the prompts of expert 1: each differs from expert 0, not from each other
+    kwargs.update(num_experts=E + 1, route_value=lambda experts, *rest: experts.clamp(max=1).unsqueeze(1))
+    handle = generic.retrofit(model, **{**kwargs, **ROUTER})
+    check = handle.verify(batch()[0], forward=lambda x: case.forward(model, original, x)[0])[
+        "forcing each expert changes the logits"]
+    assert check.ok is False and "(1, 2)" in check.detail and "ignores the routed value" in check.detail
