@@ -115,12 +115,6 @@ def _put_back(obj: Any, name: str, store: Optional[dict], value: Any, order: Lis
         store.update((key, items[key]) for key in [*(k for k in order if k in items), *(k for k in items if k not in order)])
 
 
-def _hook_dicts(handle: RemovableHandle) -> List[dict]:
-    refs = [getattr(handle, "hooks_dict_ref", None), *getattr(handle, "extra_dict_ref", ())]
-    dicts = [ref() for ref in refs if ref is not None]
-    return [d for d in dicts if d is not None]
-
-
 class _Swap:
     """One replaced attribute: where the old value lived, the old value, the value put in."""
 
@@ -207,7 +201,7 @@ class Installation:
         return list(self._modules.values())
 
     def has_hook(self, handle: RemovableHandle) -> bool:
-        return any(handle.id in d for d in _hook_dicts(handle))
+        return any(handle.id in d for d in _compat.handle_dicts(handle))
 
     # --------------------------------------------------------------------------------------- remove
     def remove(self) -> None:
@@ -233,7 +227,7 @@ class Installation:
         """A restorer putting every hook dict, swapped attribute and ``extra`` attribute back as now."""
         dicts: Dict[int, Tuple[dict, dict]] = {}
         for handle, _ in self._hooks:
-            for hooks in _hook_dicts(handle):
+            for hooks in _compat.handle_dicts(handle):
                 dicts.setdefault(id(hooks), (hooks, hooks.copy()))
         places = [(swap.obj, swap.name) for swap in self._swaps] + list(extra)
         values = [(obj, name, _holder(obj, name)) for obj, name in places]

@@ -14,7 +14,7 @@ import pickle
 import re
 import types
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from torch.utils.hooks import RemovableHandle
 __all__ = [
     "TORCH_VERSION", "NATIVE_STEP_HOOKS", "NATIVE_KWARGS_HOOKS", "NATIVE_WEIGHTS_ONLY",
     "step_post_hook", "global_step_post_hook", "forward_pre_hook", "forward_hook", "load_weights",
-    "step_post_hooks", "hook_counts", "stable_argsort", "reinstate", "lerp_",
+    "step_post_hooks", "hook_counts", "stable_argsort", "reinstate", "lerp_", "handle_dicts",
 ]
 
 TORCH_VERSION: Tuple[int, int] = tuple(int(part) for part in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
@@ -164,6 +164,15 @@ def reinstate(handle: RemovableHandle) -> None:
     dispatcher = getattr(handle, "_dispatcher", None)
     if dispatcher is not None:
         dispatcher.enter()
+
+
+def handle_dicts(handle: RemovableHandle) -> List[dict]:
+    """The live hook tables a handle removes its hook from. ``extra_dict_ref`` is a tuple of weak references
+    from torch 2.1, a single one (or ``None``) in 2.0, and absent before."""
+    extra = getattr(handle, "extra_dict_ref", None)
+    extra = () if extra is None else extra if isinstance(extra, tuple) else (extra,)
+    dicts = [ref() for ref in (getattr(handle, "hooks_dict_ref", None), *extra) if ref is not None]
+    return [d for d in dicts if d is not None]
 
 
 def step_post_hooks(optimizer: torch.optim.Optimizer) -> Dict[int, Callable[..., Any]]:

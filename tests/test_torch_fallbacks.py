@@ -160,3 +160,22 @@ def test_weights_loading_reads_a_state_dict_and_refuses_other_globals(path):
     buffer.seek(0)
     with pytest.raises(pickle.UnpicklingError):
         _compat.load_weights(buffer)
+
+
+def test_the_hook_tables_of_a_handle_whatever_torch_version_stores_them():
+    """torch 2.1+ keeps a tuple of extra tables, 2.0 a single weak reference or None, older none at all."""
+    import weakref
+    from collections import OrderedDict
+
+    from torch.utils.hooks import RemovableHandle
+
+    from fly_modules import _compat
+
+    main, extra = OrderedDict(), OrderedDict()  # torch's hook tables: a plain dict takes no weak reference
+    handle = RemovableHandle(main)
+    for stored in ((weakref.ref(extra),), weakref.ref(extra), None):
+        handle.extra_dict_ref = stored
+        expected = [main] if stored is None else [main, extra]
+        assert [id(d) for d in _compat.handle_dicts(handle)] == [id(d) for d in expected]
+    del handle.extra_dict_ref
+    assert [id(d) for d in _compat.handle_dicts(handle)] == [id(main)]
