@@ -23,7 +23,8 @@ from benchmarks.compat.environments import Environment, load_environments, selec
 from benchmarks.compat.outcome import Outcome
 from benchmarks.compat.report import CHECKS, Row, failed, markdown, scrub, to_json
 from benchmarks.core.errors import UsageError
-from benchmarks.flags import Parser
+from benchmarks.core.results import write_text_atomic
+from benchmarks.flags import Parser, add_output_flag
 
 DEFAULT_CACHE = Path.home() / ".cache" / "fly-modules" / "envs"
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
@@ -56,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                         help=f"where the environments are built and kept (default {DEFAULT_CACHE})")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the environments even when cached")
-    parser.add_argument("--json", type=Path, default=None, help="write every row, version and outcome here")
-    parser.add_argument("--markdown", type=Path, default=None, help="write the table here (for docs/results/)")
+    add_output_flag(parser, "--json", "file", default=None, help="write every row, version and outcome here")
+    add_output_flag(parser, "--markdown", "file", default=None, help="write the table here (for docs/results/)")
     return parser
 
 
@@ -67,10 +68,6 @@ def resolve(args: argparse.Namespace) -> List[Environment]:
     if "upstream" in args.checks and (args.checkouts is None or not args.checkouts.is_dir()):
         raise UsageError("--checkouts: expected the folder holding the upstream checkouts (the upstream check "
                          f"needs it), found {args.checkouts or 'none'}; or leave upstream out of --checks")
-    for option in ("json", "markdown"):
-        path = getattr(args, option)
-        if path is not None and not path.parent.is_dir():
-            raise UsageError(f"--{option}: expected a file in an existing folder, found no folder {path.parent}")
     for python in sorted({row.python for row in rows}):
         venvs.find_interpreter(python)
     args.files = venvs.tree_files()
@@ -160,9 +157,9 @@ def execute(rows: Sequence[Environment], args: argparse.Namespace) -> int:
     table = scrub(markdown(results, command, date, host), places)
     print(table)
     if args.json is not None:
-        args.json.write_text(scrub(to_json(results, command, date, host), places))
+        write_text_atomic(args.json, scrub(to_json(results, command, date, host), places))
     if args.markdown is not None:
-        args.markdown.write_text(table)
+        write_text_atomic(args.markdown, table)
     bad = failed(results)
     if bad:
         print(f"failed: {', '.join(bad)}", file=sys.stderr)
