@@ -299,4 +299,12 @@ def load_weights(file: Any, map_location: Any = None) -> Any:
     but a state_dict's, by a restricted unpickler (1.12 has no ``weights_only``; 1.13's refuses torch 2 files)."""
     if NATIVE_WEIGHTS_ONLY:
         return torch.load(file, map_location=map_location, weights_only=True)
-    return torch.load(file, map_location=map_location, pickle_module=_WEIGHTS_PICKLE)
+    # torch.load's own path is not taken: 1.13's replaces any pickle_module by pickle unless weights_only.
+    from torch import serialization
+
+    with serialization._open_file_like(file, "rb") as opened:
+        if not serialization._is_zipfile(opened):
+            raise pickle.UnpicklingError("weights-only loading of torch's legacy (pre-1.6) file format needs "
+                                         f"torch >= 2.0; this is torch {torch.__version__}")
+        with serialization._open_zipfile_reader(opened) as archive:
+            return serialization._load(archive, map_location, _WEIGHTS_PICKLE, encoding="utf-8")

@@ -160,3 +160,12 @@ def test_weights_loading_reads_a_state_dict_and_refuses_other_globals(path):
     buffer.seek(0)
     with pytest.raises(pickle.UnpicklingError):
         _compat.load_weights(buffer)
+
+
+def test_the_fallback_refuses_the_legacy_format_in_one_line(monkeypatch):
+    monkeypatch.setattr(_compat, "NATIVE_WEIGHTS_ONLY", False)
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buffer, _use_new_zipfile_serialization=False)
+    buffer.seek(0)
+    with pytest.raises(pickle.UnpicklingError, match=r"legacy \(pre-1.6\) file format needs torch >= 2.0"):
+        _compat.load_weights(buffer)
