@@ -31,6 +31,7 @@ NATIVE_STEP_HOOKS = hasattr(torch.optim.Optimizer, "register_step_post_hook")
 NATIVE_KWARGS_HOOKS = TORCH_VERSION >= (2, 0)
 NATIVE_WEIGHTS_ONLY = TORCH_VERSION >= (2, 0)  # 1.13 has the flag but refuses files written by torch 2
 NATIVE_STABLE_ARGSORT = TORCH_VERSION >= (1, 13)
+NATIVE_LOW_PRECISION_LERP = TORCH_VERSION >= (2, 1)  # the CPU lerp of bfloat16 and float16
 
 _DISPATCH = "_fly_modules_hooks"  # the instance attribute holding an object's fallback dispatcher
 
@@ -189,10 +190,10 @@ def stable_argsort(values: torch.Tensor) -> torch.Tensor:
 
 
 def lerp_(target: torch.Tensor, end: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``target.lerp_(end, weight)``; torch < 2 has no CPU lerp for bfloat16 and float16, so there it is
-    computed in float32 (as torch 2's CPU kernel does inside) and rounded back."""
+    """``target.lerp_(end, weight)``; torch < 2.1 has no CPU lerp for float16 (< 1.13: nor bfloat16), so
+    there it is computed in float32 (as torch's later CPU kernel does inside) and rounded back."""
     low = target.dtype in (torch.bfloat16, torch.float16) and target.device.type == "cpu"
-    if TORCH_VERSION >= (2, 0) or not low:
+    if NATIVE_LOW_PRECISION_LERP or not low:
         return target.lerp_(end, weight)
     return target.copy_(target.float().lerp_(end.float(), weight.float()))
 
