@@ -6,7 +6,7 @@ optimizer) and forward (pre-)hooks ``with_kwargs``; torch 1.12 has no ``torch.lo
 torch 1.13's refuses files written by torch 2. On a torch that has them the native API is called (nothing
 changes there); otherwise one small dispatcher per object runs the hooks in registration order. The flags
 below decide which path runs, so that tests can force the fallback on a recent torch. Where each fallback
-differs from the native path is written in docs/compatibility.md.
+differs from the native path is written in docs/checkpoints.md ("Older torch").
 """
 
 import inspect
@@ -31,6 +31,7 @@ NATIVE_STEP_HOOKS = hasattr(torch.optim.Optimizer, "register_step_post_hook")
 NATIVE_KWARGS_HOOKS = TORCH_VERSION >= (2, 0)
 NATIVE_WEIGHTS_ONLY = TORCH_VERSION >= (2, 0)  # 1.13 has the flag but refuses files written by torch 2
 NATIVE_STABLE_ARGSORT = TORCH_VERSION >= (1, 13)
+NATIVE_LOW_PRECISION_LERP = TORCH_VERSION >= (2, 1)  # the CPU lerp of bfloat16 and float16
 
 _DISPATCH = "_fly_modules_hooks"  # the instance attribute holding an object's fallback dispatcher
 
@@ -198,10 +199,10 @@ def stable_argsort(values: torch.Tensor) -> torch.Tensor:
 
 
 def lerp_(target: torch.Tensor, end: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``target.lerp_(end, weight)``; torch < 2 has no CPU lerp for bfloat16 and float16, so there it is
-    computed in float32 (as torch 2's CPU kernel does inside) and rounded back."""
+    """``target.lerp_(end, weight)``; torch < 2.1 has no CPU lerp for float16 (< 1.13: nor bfloat16), so
+    there it is computed in float32 (as torch's later CPU kernel does inside) and rounded back."""
     low = target.dtype in (torch.bfloat16, torch.float16) and target.device.type == "cpu"
-    if TORCH_VERSION >= (2, 0) or not low:
+    if NATIVE_LOW_PRECISION_LERP or not low:
         return target.lerp_(end, weight)
     return target.copy_(target.float().lerp_(end.float(), weight.float()))
 
@@ -308,4 +309,12 @@ def load_weights(file: Any, map_location: Any = None) -> Any:
     but a state_dict's, by a restricted unpickler (1.12 has no ``weights_only``; 1.13's refuses torch 2 files)."""
     if NATIVE_WEIGHTS_ONLY:
         return torch.load(file, map_location=map_location, weights_only=True)
-    return torch.load(file, map_location=map_location, pickle_module=_WEIGHTS_PICKLE)
+    # torch.load's own path is not taken: 1.13's replaces any pickle_module by pickle unless weights_only.
+    from torch import serialization
+
+    with serialization._open_file_like(file, "rb") as opened:
+        if not serialization._is_zipfile(opened):
+            raise pickle.UnpicklingError("weights-only loading of torch's legacy (pre-1.6) file format needs "
+                                         f"torch >= 2.0; this is torch {torch.__version__}")
+        with serialization._open_zipfile_reader(opened) as archive:
+            return serialization._load(archive, map_location, _WEIGHTS_PICKLE, encoding="utf-8")

@@ -223,18 +223,7 @@ def test_state_dict_round_trip_into_fresh_instance():
     assert torch.equal(copy.deepcopy(ensemble)(x, ids), ensemble(x, ids))
 
 
-def _cpu_supports_half_lerp() -> bool:
-    try:
-        torch.zeros(1, dtype=torch.float16).lerp_(torch.ones(1, dtype=torch.float16), 0.5)
-    except RuntimeError:  # torch < 2.1 on the CPU
-        return False
-    return True
-
-
-@pytest.mark.parametrize("cast", [
-    torch.bfloat16,
-    pytest.param(torch.float16, marks=pytest.mark.skipif(not _cpu_supports_half_lerp(), reason="no float16 lerp on this CPU build")),
-])
+@pytest.mark.parametrize("cast", [torch.bfloat16, torch.float16])  # torch < 2.1: through _compat.lerp_
 def test_low_precision_heads_keep_exact_float64_decays(cast):
     ensemble = TemporalEnsembleHead(make_head(), 1, decays=(0.99, 0.9999)).to(cast)
     assert ensemble.ema_weight.dtype == cast and ensemble.decays.dtype == torch.float64
@@ -423,7 +412,7 @@ def test_accelerator_path_reads_no_values_on_the_host():
         ensemble.aggregate = rule
         assert ensemble(features, torch.zeros(8, dtype=torch.long, device="meta")).shape == (8, 5)
     assert ensemble(features).shape == (8, 5)
-    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):  # value checks read the features
+    with pytest.raises((RuntimeError, NotImplementedError), match="(?i)meta"):  # value checks read the features
         TemporalEnsembleHead(make_head(), 3, check_values=True).to("meta")(features, 0)
 
 

@@ -179,3 +179,12 @@ def test_the_hook_tables_of_a_handle_whatever_torch_version_stores_them():
         assert [id(d) for d in _compat.handle_dicts(handle)] == [id(d) for d in expected]
     del handle.extra_dict_ref
     assert [id(d) for d in _compat.handle_dicts(handle)] == [id(main)]
+
+
+def test_the_fallback_refuses_the_legacy_format_in_one_line(monkeypatch):
+    monkeypatch.setattr(_compat, "NATIVE_WEIGHTS_ONLY", False)
+    buffer = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buffer, _use_new_zipfile_serialization=False)
+    buffer.seek(0)
+    with pytest.raises(pickle.UnpicklingError, match=r"legacy \(pre-1.6\) file format needs torch >= 2.0"):
+        _compat.load_weights(buffer)
