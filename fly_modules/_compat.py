@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
-    "TORCH_VERSION", "NATIVE_STEP_HOOKS", "NATIVE_KWARGS_HOOKS", "NATIVE_WEIGHTS_ONLY",
+    "TORCH_VERSION", "NATIVE_STEP_HOOKS", "NATIVE_KWARGS_HOOKS", "NATIVE_WEIGHTS_ONLY", "FALLBACK_MODULE_ATTRIBUTES",
     "step_post_hook", "global_step_post_hook", "forward_pre_hook", "forward_hook", "load_weights",
     "step_post_hooks", "hook_counts", "stable_argsort", "reinstate", "lerp_", "handle_dicts",
 ]
@@ -34,6 +34,8 @@ NATIVE_STABLE_ARGSORT = TORCH_VERSION >= (1, 13)
 NATIVE_LOW_PRECISION_LERP = TORCH_VERSION >= (2, 1)  # the CPU lerp of bfloat16 and float16
 
 _DISPATCH = "_fly_modules_hooks"  # the instance attribute holding an object's fallback dispatcher
+#: what the fallback writes into a hooked module's ``__dict__`` while one of its keyword hooks is registered
+FALLBACK_MODULE_ATTRIBUTES = ("forward", _DISPATCH)
 
 
 class _Handle(RemovableHandle):
@@ -57,6 +59,9 @@ class _Dispatcher:
     method = ""
 
     def __init__(self, owner: Any) -> None:
+        # The owner itself, not the original's __self__: the original may be a plain function (torch 1.x's
+        # LR schedulers put a wrapper of ``optimizer.step`` on the instance).
+        self.owner = owner
         self.owner_dict = owner.__dict__
         self.had_own = self.method in owner.__dict__
         self.original = getattr(owner, self.method)
@@ -106,7 +111,7 @@ class _StepDispatcher(_Dispatcher):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self.original(*args, **kwargs)
-        optimizer = self.original.__self__
+        optimizer = self.owner
         for hook in list(self.after.values()):
             hook(optimizer, (optimizer, *args), kwargs)  # as torch 2's: the step's arguments, self first
         return result
@@ -116,7 +121,7 @@ class _ForwardDispatcher(_Dispatcher):
     method = "forward"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module = self.original.__self__
+        module = self.owner
         for hook in list(self.before.values()):
             changed = hook(module, args, kwargs)
             if changed is not None:

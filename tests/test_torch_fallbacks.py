@@ -57,6 +57,24 @@ def test_the_fallback_leaves_once_the_last_step_hook_is_removed(path):
     assert type(optimizer).step is not None
 
 
+def test_a_step_wrapped_on_the_instance_before_the_hook_still_runs_it(path):
+    """torch 1.x's LR schedulers put a plain-function wrapper of ``optimizer.step`` on the instance."""
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    bound, calls = optimizer.step, []
+
+    def wrapper(*args, **kwargs):
+        calls.append("wrapper")
+        return bound(*args, **kwargs)
+
+    optimizer.step = wrapper
+    _compat.step_post_hook(optimizer, lambda opt, args, kwargs: calls.append(opt is optimizer))
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert calls == ["wrapper", True]
+
+
 def _train_ensemble(attached):
     """Three steps of a head; the EMA update by the attached hook or, for the reference, called by hand."""
     torch.manual_seed(1)

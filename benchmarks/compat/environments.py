@@ -22,7 +22,7 @@ TABLE_HEADING = "## The environments"
 COLUMNS = ("codebase", "checkout", "Python", "requirements", "pinned by")
 #: what every environment gets beside its pins, to run the library's tests (installed with the pins, in one
 #: resolver call, so that they bend to the pins and never the other way round)
-TEST_TOOLS = ("pytest", "hypothesis", "scipy")
+TEST_TOOLS = ("pytest", "hypothesis", "scipy", "tensorboard")  # tensorboard: the adapters' log_to test
 #: a new value rebuilds every cached environment (the way they are built changed)
 BUILD_FORMAT = 1
 
