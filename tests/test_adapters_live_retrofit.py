@@ -11,9 +11,10 @@ import weakref
 
 import pytest
 import torch
-from fly_modules import _compat
 from fly_modules.adapters import generic
 from upstream_standins import Tiny
+
+from fly_modules import _compat
 
 
 def _retrofit(model: Tiny):
