@@ -6,7 +6,7 @@ optimizer) and forward (pre-)hooks ``with_kwargs``; torch 1.12 has no ``torch.lo
 torch 1.13's refuses files written by torch 2. On a torch that has them the native API is called (nothing
 changes there); otherwise one small dispatcher per object runs the hooks in registration order. The flags
 below decide which path runs, so that tests can force the fallback on a recent torch. Where each fallback
-differs from the native path is written in docs/checkpoints.md ("Older torch").
+differs from the native path is written in docs/compatibility.md.
 """
 
 import inspect

@@ -21,8 +21,9 @@ TABLE_PAGE = ROOT / "docs" / "compatibility.md"
 TABLE_HEADING = "## The environments"
 COLUMNS = ("codebase", "checkout", "Python", "requirements", "pinned by")
 #: what every environment gets beside its pins, to run the library's tests (installed with the pins, in one
-#: resolver call, so that they bend to the pins and never the other way round)
-TEST_TOOLS = ("pytest", "hypothesis", "scipy", "tensorboard")  # tensorboard: the adapters' log_to test
+#: resolver call, so that they bend to the pins and never the other way round); tensorboard for the adapters'
+#: log_to test, six because torch 1.12's torch.utils.tensorboard imports it
+TEST_TOOLS = ("pytest", "hypothesis", "scipy", "tensorboard", "six")
 #: a new value rebuilds every cached environment (the way they are built changed)
 BUILD_FORMAT = 1
 
