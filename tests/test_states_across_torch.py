@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from fly_modules.adapters import generic
 from torch import nn
 from upstream_standins import Tiny
 
 from fly_modules import AnalyticRouter, TemporalEnsembleHead, _compat
-from fly_modules.adapters import generic
 
 STATES = Path(__file__).resolve().parent / "fixtures" / "states_across_torch"
 DIM, EXPERTS, CLASSES = 8, 3, 6

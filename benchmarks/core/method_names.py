@@ -1,6 +1,8 @@
 """The methods' names: the one each has in the benchmarks' flags, files and tables, the other spellings
 every ``--methods`` accepts for it, the names in tables and figures, and the order of their rows."""
 
+from fly_modules.adapters import spelling_key
+
 __all__ = ["METHOD_ALIASES", "METHOD_NAMES", "METHOD_ORDER", "canonical_method"]
 
 #: Rows follow the paper's method order (its main table, then its cross-ablation), FlyPrompt last.
@@ -12,16 +14,17 @@ METHOD_NAMES = {"seq-ft": "Seq FT", "seq-ft-sl": "Seq FT w/ SL", "l2p": "L2P", "
                 "norga": "NoRGa", "hide-lora": "HiDe-LoRA", "hide-adapter": "HiDe-Adapter", "sd-lora": "SD-LoRA",
                 "ranpac": "RanPAC†", "ranpac-frozen": "RanPAC‡", "ranpac-collect": "RanPAC*", "linear-probe": "Linear probe",
                 "flyprompt": "FlyPrompt"}
-#: Spellings of a method beside its name (after :func:`canonical_method` lower-cases it and reads ``_`` as
-#: ``-``): the library's registry writes some names in one word (``retrofit(method="codaprompt")``), the
-#: official code others (``--method sdlora``).
-METHOD_ALIASES = {"codaprompt": "coda-prompt", "coda-p": "coda-prompt", "sprompt": "s-prompt", "sdlora": "sd-lora",
-                  "seqft": "seq-ft", "hide-prompt": "hide", "hidelora": "hide-lora", "hideadapter": "hide-adapter",
-                  "sprompt++": "s-prompt", "s-prompt++": "s-prompt"}
+#: The paper's and the official code's labels that the library's spelling rule does not fold into a name
+#: (:func:`fly_modules.adapters.spelling_key`: case, ``-`` and ``_`` do not matter, so ``codaprompt``,
+#: ``SD_LoRA`` and ``seqft`` need no entry).
+METHOD_ALIASES = {"coda-p": "coda-prompt", "s-prompt++": "s-prompt", "hide-prompt": "hide"}
+
+_BY_KEY = {spelling_key(spelt): name for spelt, name in [*((n, n) for n in METHOD_ORDER), *METHOD_ALIASES.items()]}
 
 
 def canonical_method(name: str) -> str:
-    """The benchmarks' name of the method spelt ``name`` (``coda_prompt``, ``CODA-P`` -> ``coda-prompt``); a
-    name of no method comes back as spelt, lower-cased, for the registry to refuse with its list."""
-    spelt = name.strip().lower().replace("_", "-")
-    return METHOD_ALIASES.get(spelt, spelt)
+    """The benchmarks' name of the method spelt ``name`` (``coda_prompt``, ``CODA-P`` -> ``coda-prompt``), by
+    the library's spelling rule; a name of no method comes back as spelt, lower-cased, for the registry to
+    refuse with its list."""
+    spelt = name.strip()
+    return _BY_KEY.get(spelling_key(spelt), spelt.lower())
