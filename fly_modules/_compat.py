@@ -10,6 +10,7 @@ differs from the native path is written in docs/compatibility.md.
 """
 
 import inspect
+import os
 import pickle
 import re
 import types
@@ -27,11 +28,14 @@ __all__ = [
 ]
 
 TORCH_VERSION: Tuple[int, int] = tuple(int(part) for part in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
-NATIVE_STEP_HOOKS = hasattr(torch.optim.Optimizer, "register_step_post_hook")
-NATIVE_KWARGS_HOOKS = TORCH_VERSION >= (2, 0)
-NATIVE_WEIGHTS_ONLY = TORCH_VERSION >= (2, 0)  # 1.13 has the flag but refuses files written by torch 2
-NATIVE_STABLE_ARGSORT = TORCH_VERSION >= (1, 13)
-NATIVE_LOW_PRECISION_LERP = TORCH_VERSION >= (2, 1)  # the CPU lerp of bfloat16 and float16
+#: ``FLY_MODULES_FORCE_COMPAT=1`` takes every fallback on any torch: the library's tests run on the paths
+#: torch < 2 takes wherever a recent torch is installed (as torch's own TORCH_FORCE_WEIGHTS_ONLY_LOAD).
+FORCED = os.environ.get("FLY_MODULES_FORCE_COMPAT", "") == "1"
+NATIVE_STEP_HOOKS = hasattr(torch.optim.Optimizer, "register_step_post_hook") and not FORCED
+NATIVE_KWARGS_HOOKS = TORCH_VERSION >= (2, 0) and not FORCED
+NATIVE_WEIGHTS_ONLY = TORCH_VERSION >= (2, 0) and not FORCED  # 1.13 has the flag but refuses torch 2's files
+NATIVE_STABLE_ARGSORT = TORCH_VERSION >= (1, 13) and not FORCED
+NATIVE_LOW_PRECISION_LERP = TORCH_VERSION >= (2, 1) and not FORCED  # the CPU lerp of bfloat16 and float16
 
 _DISPATCH = "_fly_modules_hooks"  # the instance attribute holding an object's fallback dispatcher
 #: what the fallback writes into a hooked module's ``__dict__`` while one of its keyword hooks is registered

@@ -5,7 +5,10 @@ scenario is replayed on it and the two records must be equal.
 """
 
 import io
+import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -207,3 +210,12 @@ def test_the_fallback_refuses_the_legacy_format_in_one_line(monkeypatch):
     buffer.seek(0)
     with pytest.raises(pickle.UnpicklingError, match=r"legacy \(pre-1.6\) file format needs torch >= 2.0"):
         _compat.load_weights(buffer)
+
+
+def test_the_environment_variable_forces_every_fallback():
+    flags = ("NATIVE_STEP_HOOKS", "NATIVE_KWARGS_HOOKS", "NATIVE_WEIGHTS_ONLY", "NATIVE_STABLE_ARGSORT",
+             "NATIVE_LOW_PRECISION_LERP")
+    code = f"from fly_modules import _compat; print([getattr(_compat, f) for f in {flags!r}])"
+    env = {**os.environ, "FLY_MODULES_FORCE_COMPAT": "1"}
+    printed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert printed.strip() == str([False] * len(flags))
