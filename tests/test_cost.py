@@ -189,7 +189,9 @@ def test_shard_without_a_plan_balances_counted_work(tmp_path, capsys, monkeypatc
     # One training and two shards: the second has nothing to do.
     assert cross_ablation.main([*sweep, "--shard", "2/2"]) == 0
     assert "0 of 1 trainings, balanced by counted work (no plan.json" in capsys.readouterr().out
-    (output / "plan.json").write_text(json.dumps({"format": PLAN_FORMAT, "protocol": {}, "trainings": []}))
+    other = {"format": PLAN_FORMAT, "protocol": {"test_batch_size": 1}, "trainings": [], "probes": [],
+             "total_seconds": {"ours": 0.0}}
+    (output / "plan.json").write_text(json.dumps(other))
     assert cross_ablation.main([*sweep, "--shard", "1/2"]) == 2
     assert "was made for another protocol" in capsys.readouterr().err
 

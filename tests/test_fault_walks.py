@@ -28,8 +28,9 @@ from run_records import run_record
 from tiny_sweep import TINY
 
 from benchmarks.ablation import cli
+from benchmarks.core import plan_file, run_file
 from benchmarks.core import results as results_module
-from benchmarks.core import run_file
+from benchmarks.core.errors import UsageError
 from benchmarks.flags import OutputPath, Parser
 from benchmarks.proxy import summary
 from benchmarks.studies import cost, routing_oracle
@@ -37,7 +38,7 @@ from benchmarks.studies import cost, routing_oracle
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SPEC = {"method": "l2p", "variant": "baseline", "dataset": "synthetic", "seed": 1}
 #: a value of another type than each kind of field
-WRONG = {dict: "a string", list: "a string", str: 5, int: 1.5, run_file._NUMBER: "5"}
+WRONG = {dict: "a string", list: "a string", str: 5, int: 1.5, run_file.NUMBER: "5"}
 
 
 def files_of(folder: Path) -> Dict[str, bytes]:
@@ -89,6 +90,62 @@ def test_every_field_of_a_run_file_removed_or_retyped_is_named(tmp_path):
             if str(path) not in str(error) or f"'{name}'" not in str(error) or "\n" in str(error):
                 wrong.append(f"{name} {fault}: {error}")
     assert len(faults) > 40 and not wrong, "\n".join(wrong)
+
+
+# ------------------------------------------------------------------------------------------ plan files
+WHOLE_PLAN = {"format": plan_file.PLAN_FORMAT, "protocol": {"test_batch_size": 8},
+              "trainings": [{"key": "synthetic/l2p/baseline/seed1", "estimate": {"ours": 2.0}}],
+              "probes": [{"method": "l2p", "dataset": "synthetic", "device": "cpu", "frozen_per_image": 0.0,
+                          "prompted_per_image": 0.1, "eval_parts": {"eval/query": 0.01}}],
+              "total_seconds": {"ours": 2.0}}
+
+
+def _holder(document: Dict[str, Any], parents: List[str]) -> Any:
+    """The object holding a field named ``a.b[0].c``'s last part, the list items' ``[0]`` followed."""
+    for parent in parents:
+        key, _, index = parent.partition("[")
+        document = document[key][int(index[:-1])] if index else document[key]
+    return document
+
+
+def test_every_field_of_a_plan_file_removed_or_retyped_is_named(tmp_path):
+    path = tmp_path / plan_file.PLAN_FILE
+    path.write_text(json.dumps(WHOLE_PLAN))
+    assert plan_file.read_plan(path) == WHOLE_PLAN
+    wrong, names = [], run_file.field_names(plan_file.PLAN_FIELDS)
+    for name, field in names:
+        *parents, key = name.split(".")
+        for fault in ("removed", "wrong type"):
+            document = copy.deepcopy(WHOLE_PLAN)
+            holder = _holder(document, parents)
+            if fault == "removed":
+                del holder[key]
+            else:
+                holder[key] = WRONG[field.kind]
+            path.write_text(json.dumps(document))
+            try:
+                plan_file.read_plan(path)
+                wrong.append(f"{name} {fault}: read without a word")
+            except UsageError as error:
+                if str(path) not in str(error) or f"'{name}'" not in str(error) or "\n" in str(error):
+                    wrong.append(f"{name} {fault}: {error}")
+    assert len(names) > 12 and not wrong, "\n".join(wrong)
+
+
+def test_every_reader_of_plan_files_is_one_line_on_a_damaged_one(tmp_path, capsys, no_work):
+    readers = {"--shard": (cli.main, [*TINY, "--shard", "1/2", "--output", "{out}"]),
+               "cost table": (cost.main, ["--results", "{out}", "--methods", "l2p", "--output", "{out}/tables"])}
+    wrong = []
+    for reader, (main, argv) in readers.items():
+        for damage in ("{bad", json.dumps({**WHOLE_PLAN, "probes": [{"method": "l2p"}]})):
+            out = tmp_path / f"{reader.strip('-').split()[0]}-{len(damage)}"
+            out.mkdir()
+            (out / plan_file.PLAN_FILE).write_text(damage)
+            capsys.readouterr()
+            status = _status(main, [a.replace("{out}", str(out)) for a in argv])
+            problems = one_line_problems(status, capsys.readouterr().err, str(out / plan_file.PLAN_FILE))
+            wrong += [f"{reader}, {damage[:10]}: {problem}" for problem in problems]
+    assert not wrong, "\n".join(wrong)
 
 
 def _results_folder(root: Path, record: Dict[str, Any]) -> Path:

@@ -11,11 +11,11 @@ the tables once every job has finished (docs/benchmark.md, "Several GPUs").
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..core.plan_file import PLAN_FILE, PLAN_FORMAT
+from ..core.errors import UsageError
+from ..core.plan_file import PLAN_FILE, read_plan
 from .plan import TrainingWork
 
 __all__ = ["parse_shard", "split", "work_costs", "plan_costs"]
@@ -68,9 +68,12 @@ def plan_costs(output: Path, keys: Sequence[str], protocol: dict) -> Optional[Di
     path = Path(output) / PLAN_FILE
     if not path.exists():
         return None
-    plan = json.loads(path.read_text())
-    if plan.get("format") != PLAN_FORMAT or plan.get("protocol") != protocol:
-        raise ValueError(f"{path} was made for another protocol (or plan format); run the command with --plan again")
+    try:
+        plan = read_plan(path)
+    except UsageError as error:
+        raise ValueError(str(error)) from None
+    if plan["protocol"] != protocol:
+        raise ValueError(f"{path} was made for another protocol; run the command with --plan again")
     costs = {entry["key"]: float(entry["estimate"]["ours"]) for entry in plan["trainings"]}
     missing = [key for key in keys if key not in costs]
     if missing:

@@ -8,7 +8,6 @@ command in one line before any work. ``--plan`` prices each point and prints the
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -22,6 +21,7 @@ from benchmarks.ablation.sweep import Sweep, resolve
 from benchmarks.ablation.sweep_values import point_arguments
 from benchmarks.ablation.work_plan import run_plan
 from benchmarks.backbone import downloads_allowed
+from benchmarks.core.plan_file import PLAN_FILE, read_plan
 from benchmarks.core.results import load_results
 from benchmarks.studies.registry import Study, SweepPoint
 from benchmarks.studies.sweep_table import write_points
@@ -53,7 +53,7 @@ class PointsRun:
         for point, sweep in self.sweeps:
             print(f"== {self.study.name}: {point.label} ({sweep.output})", flush=True)
             run_plan(sweep, data_root=self.args.data_root, argv=argv)
-            total += json.loads((sweep.output / "plan.json").read_text())["total_seconds"]["ours"]
+            total += read_plan(sweep.output / PLAN_FILE)["total_seconds"]["ours"]
         print(f"{self.study.name}: {len(self.sweeps)} points, {total / 3600:.2f} device-hours in all (the sum of "
               "each point's plan above)")
         return 0

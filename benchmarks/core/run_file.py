@@ -11,44 +11,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-__all__ = ["FAILURE_FILE", "METRICS", "Field", "RUN_FILE", "SPEC", "field_names", "run_file_problem"]
+__all__ = ["FAILURE_FILE", "METRICS", "NUMBER", "Field", "RUN_FILE", "SPEC", "field_names", "run_file_problem"]
 
-_NUMBER = (int, float)
-_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", _NUMBER: "a number",
+NUMBER = (int, float)
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", NUMBER: "a number",
                bool: "true or false"}
 
 
 @dataclass(frozen=True)
 class Field:
-    """One field: its type, whether every run file has it, the fields of an object (``fields``) or the
-    type of each of its values (``values``)."""
+    """One field: its type, whether every run file has it, the fields of an object (``fields``), the type
+    of each of its values (``values``) or the field each item of a list is (``items``)."""
 
     kind: Any
     required: bool = True
     fields: Optional[Mapping[str, "Field"]] = None
     values: Any = None
+    items: Optional["Field"] = None  # each item of a list
 
 
 #: what a result is of: ``spec`` in every run file
 SPEC: Dict[str, Field] = {"method": Field(str), "variant": Field(str), "dataset": Field(str), "seed": Field(int)}
 #: a run's metrics (fractions; NaN where undefined), in both definitions (``metrics``, ``metrics_paper``)
-METRICS: Dict[str, Field] = {name: Field(_NUMBER) for name in ("A_auc", "A_last", "A_avg", "F_last", "BWT")}
+METRICS: Dict[str, Field] = {name: Field(NUMBER) for name in ("A_auc", "A_last", "A_avg", "F_last", "BWT")}
 #: the run file's fields, as ``benchmarks.ablation.runner`` and ``execution`` write them
 RUN_FILE: Dict[str, Field] = {
     "spec": Field(dict, fields=SPEC),
     "protocol": Field(dict),
-    "metrics": Field(dict, fields=METRICS, values=_NUMBER),
-    "metrics_paper": Field(dict, fields=METRICS, values=_NUMBER),
+    "metrics": Field(dict, fields=METRICS, values=NUMBER),
+    "metrics_paper": Field(dict, fields=METRICS, values=NUMBER),
     "log": Field(dict, fields={"records": Field(list)}),
     "num_batches": Field(int),
     "stream_length": Field(int),
-    "seconds_per_batch": Field(_NUMBER),
-    "peak_memory_mb": Field(_NUMBER),
+    "seconds_per_batch": Field(NUMBER),
+    "peak_memory_mb": Field(NUMBER),
     "device": Field(str),
     "notes": Field(str),
     "variants_trained_together": Field(list),
     "diagnostics": Field(dict),
-    "wall_seconds": Field(_NUMBER),
+    "wall_seconds": Field(NUMBER),
     "world_size": Field(int),
     "setting": Field(dict, required=False, fields={"protocol": Field(dict), "data": Field(dict, required=False)}),
     "checkpoints": Field(dict, required=False),
@@ -74,6 +75,10 @@ def _problem(value: Any, field: Field, name: str) -> Optional[str]:
         for key, item in value.items():
             if not _is(item, field.values):
                 return f"'{name}.{key}' is {type(item).__name__} {str(item)[:40]!r}; expected {_TYPE_NAMES[field.values]}"
+    for index, item in enumerate(value if field.items is not None else ()):
+        found = _problem(item, field.items, f"{name}[{index}]")
+        if found:
+            return found
     return None
 
 
@@ -101,4 +106,5 @@ def field_names(table: Mapping[str, Field] = RUN_FILE, prefix: str = "") -> Tupl
     for key, field in table.items():
         found.append((prefix + key, field))
         found += field_names(field.fields, f"{prefix}{key}.") if field.fields else []
+        found += field_names(field.items.fields, f"{prefix}{key}[0].") if field.items and field.items.fields else []
     return tuple(found)

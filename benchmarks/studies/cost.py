@@ -27,7 +27,7 @@ from benchmarks.flags import Parser, add_output_flag
 
 from ..core.errors import UsageError
 from ..core.method_names import canonical_method
-from ..core.plan_file import PLAN_FILE, inference_per_image
+from ..core.plan_file import PLAN_FILE, inference_per_image, read_plan
 from ..core.results import read_result
 from .paper_numbers import COST
 from .study_tables import table_cell
@@ -79,7 +79,7 @@ def _inference(results: Optional[Path], method: str) -> Dict[str, Any]:
     path = results / PLAN_FILE if results else None
     if path is None or not path.is_file():
         return {"infer_s": None, "infer_on": None}
-    document = json.loads(path.read_text())
+    document = read_plan(path)
     probes = sorted((p for p in document["probes"] if p["method"] == method), key=lambda p: p["dataset"] != "cifar100")
     if not probes:
         return {"infer_s": None, "infer_on": None}
