@@ -122,6 +122,25 @@ def test_only_environments_this_command_built_and_no_row_asks_for_are_removed(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "kept.log", "someone-elses"]
 
 
+def test_a_damaged_record_of_a_built_environment_is_rebuilt_not_a_traceback(tmp_path, monkeypatch):
+    """An interrupted build leaves a half-written marker: that environment counts as not built."""
+    row = environments.Environment("o/r", "r", "3.11", ("torch==2.0",), "test")
+    monkeypatch.setattr(venvs, "find_interpreter", lambda python: sys.executable)
+    key = venvs.environment_key(row)
+    folder = tmp_path / venvs._folder_name(row, key)
+    folder.mkdir()
+    (folder / venvs.MARKER).write_text('{"key": "' + key)
+    ran = []
+    monkeypatch.setattr(venvs, "_run_logged", lambda command, *a, **k: ran.append(command) or subprocess.CompletedProcess(
+        command, 1, "", "stopped here"))
+    with pytest.raises(RuntimeError):
+        venvs.ensure_environment(row, tmp_path)
+    assert ran and ran[0][1:3] == ["-m", "venv"]  # rebuilt from the start
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / venvs.MARKER).write_text("[1, 2")
+    assert venvs.remove_stale(tmp_path, [key]) == ["other"]
+
+
 def test_the_quick_start_is_read_from_the_readme():
     quick = quickstart.extract((ROOT / "README.md").read_text())
     assert quick.code.startswith("import torch\n") and "hook.remove()" in quick.code

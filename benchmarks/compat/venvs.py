@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.compat.environments import TEST_TOOLS, Environment, cache_key
 from benchmarks.compat.outcome import Outcome, timed
@@ -110,8 +110,9 @@ def ensure_environment(row: Environment, cache: Path, rebuild: bool = False) -> 
     key = environment_key(row)
     folder = cache / _folder_name(row, key)
     marker = folder / MARKER
-    if marker.is_file() and not rebuild and json.loads(marker.read_text()).get("key") == key:
-        return Built(folder, key, json.loads(marker.read_text())["packages"])
+    recorded = _read_marker(marker)
+    if not rebuild and recorded.get("key") == key and isinstance(recorded.get("packages"), dict):
+        return Built(folder, key, recorded["packages"])
     if folder.exists():
         shutil.rmtree(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -131,6 +132,15 @@ def ensure_environment(row: Environment, cache: Path, rebuild: bool = False) -> 
     return Built(folder, key, packages)
 
 
+def _read_marker(marker: Path) -> Dict[str, Any]:
+    """A built environment's record; empty when absent or damaged (an interrupted write): then rebuilt."""
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
 def environment_key(row: Environment) -> str:
     """The row's cache key, with the full version of the interpreter it would be built with."""
     interpreter = find_interpreter(row.python)
@@ -142,7 +152,7 @@ def remove_stale(cache: Path, keys: Sequence[str]) -> List[str]:
     asks for any more (their pins changed); returns their names. Nothing else in ``cache`` is touched."""
     removed = []
     for marker in sorted(cache.glob(f"*/{MARKER}")):
-        if json.loads(marker.read_text()).get("key") not in keys:
+        if _read_marker(marker).get("key") not in keys:
             folder = marker.parent
             shutil.rmtree(folder)
             for log in cache.glob(f"{folder.name}.*log"):
