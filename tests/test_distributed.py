@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 from datetime import timedelta
 
 import pytest
@@ -30,39 +32,49 @@ def _data():
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    """Each rank leaves with os._exit, so the process group is never torn down: before torch 2.8 its gloo
+    destructor can deadlock on the GIL with a worker thread still dropping a finished collective's
+    tensor (docs/router.md), whatever the barrier before it; the rank's result is on disk by then."""
+    try:
+        _collectives(rank, init_file, out_dir)
+    except BaseException:  # noqa: BLE001 - shown, then a non-zero exit for mp.spawn to report
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)
+
+
+def _collectives(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     # A broken collective fails after the timeout instead of hanging the suite.
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=TIMEOUT)
+    features, ids = _data()
+    # 1) Disjoint shards, merged once by an all-reduce. Rank 1 declares fewer experts.
+    shard = slice(rank * 25, (rank + 1) * 25)
+    reduced = AnalyticRouter(6, 3 - rank, expansion_dim=40, ridge=1.0, seed=5)
+    local_ids = ids[shard].clamp_max(reduced.num_experts - 1)
+    reduced.update(features[shard], local_ids)
+    all_reduce_statistics(reduced)
+    # 2) Per-step gather: unequal batch sizes (rank 1 gets the shorter tail of each step).
+    gathered = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
+    for start in range(0, 50, 10):
+        own = slice(start, start + 6) if rank == 0 else slice(start + 6, start + 10)
+        # Rank 1 sends float32 in the last steps: a float64 batch anywhere makes every rank gather float64.
+        share = features[own].float() if rank == 1 and start >= 30 else features[own]
+        all_gather_update(gathered, share, ids[own])
+    # 3) One rank's bad batch: every rank raises (no one blocks in the gather), nothing is added.
+    bad = torch.full((2, 6), float("nan")) if rank == 1 else features[:2]
     try:
-        features, ids = _data()
-        # 1) Disjoint shards, merged once by an all-reduce. Rank 1 declares fewer experts.
-        shard = slice(rank * 25, (rank + 1) * 25)
-        reduced = AnalyticRouter(6, 3 - rank, expansion_dim=40, ridge=1.0, seed=5)
-        local_ids = ids[shard].clamp_max(reduced.num_experts - 1)
-        reduced.update(features[shard], local_ids)
-        all_reduce_statistics(reduced)
-        # 2) Per-step gather: unequal batch sizes (rank 1 gets the shorter tail of each step).
-        gathered = AnalyticRouter(6, 3, expansion_dim=40, ridge=1.0, seed=5)
-        for start in range(0, 50, 10):
-            own = slice(start, start + 6) if rank == 0 else slice(start + 6, start + 10)
-            # Rank 1 sends float32 in the last steps: a float64 batch anywhere makes every rank gather float64.
-            share = features[own].float() if rank == 1 and start >= 30 else features[own]
-            all_gather_update(gathered, share, ids[own])
-        # 3) One rank's bad batch: every rank raises (no one blocks in the gather), nothing is added.
-        bad = torch.full((2, 6), float("nan")) if rank == 1 else features[:2]
-        try:
-            all_gather_update(gathered, bad, 0)
-            rejected = None
-        except (RuntimeError, ValueError) as error:  # the bad batch's InvalidParameterError is a ValueError
-            rejected = "ValueError" if isinstance(error, ValueError) else type(error).__name__
-        torch.save(
-            {"reduced": reduced.state_dict(), "gathered": gathered.state_dict(), "ids": local_ids,
-             "rejected": rejected},
-            os.path.join(out_dir, f"rank{rank}.pt"),
-        )
-        dist.barrier()  # see the note in fly_modules/distributed.py: torch < 2.8 can hang in destroy otherwise
-    finally:
-        dist.destroy_process_group()
+        all_gather_update(gathered, bad, 0)
+        rejected = None
+    except (RuntimeError, ValueError) as error:  # the bad batch's InvalidParameterError is a ValueError
+        rejected = "ValueError" if isinstance(error, ValueError) else type(error).__name__
+    torch.save(
+        {"reduced": reduced.state_dict(), "gathered": gathered.state_dict(), "ids": local_ids,
+         "rejected": rejected},
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
+    dist.barrier()  # no rank leaves while another still needs it
 
 
 def test_all_reduce_and_gathered_updates_equal_one_router_fed_the_union(tmp_path):
