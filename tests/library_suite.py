@@ -9,6 +9,7 @@ benchmarks are not listed (they need Python >= 3.10 and torch >= 2).
 LIBRARY_TESTS = [
     "tests/test_router.py",
     "tests/test_router_blocked.py",
+    "tests/test_router_solvers.py",
     "tests/test_states_across_torch.py",
     "tests/test_ensemble.py",
     "tests/test_masks_schedule.py",
