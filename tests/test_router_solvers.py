@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from ridge_bounds import assert_same_solution
 from test_router import clustered, reference_solution
 
 from fly_modules import AnalyticRouter, RouterConditioningWarning, RouterSolveError, _ridge
@@ -20,11 +21,8 @@ def test_mixed_precision_solver_reaches_float64_accuracy():
     with_mixed = router.solve().clone()
     assert router.solver_ == "mixed"
     expected = reference_solution(router, features, ids, 1e3)
-    # Norm-wise, as a float64 solve is accurate: both answers within cond * eps64 of the exact one (a float32
-    # solve is off by cond * 2^-24, ~1e8 times more); elementwise digits depend on the CPU's rounding.
-    eigenvalues = np.linalg.eigvalsh(router.gram_matrix().numpy() + 1e3 * np.eye(400))
-    bound = 2 * eigenvalues.max() / eigenvalues.min() * np.finfo(np.float64).eps
-    assert np.abs(with_mixed.numpy() - expected).max() <= bound * np.abs(expected).max()
+    # As a float64 solve is accurate (a float32 one is off by cond * 2^-24, ~1e8 times more).
+    assert_same_solution(with_mixed, expected, router.gram_matrix(), 1e3)
 
 
 def test_mixed_precision_falls_back_on_ill_conditioned_system():

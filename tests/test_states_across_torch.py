@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from fly_modules.adapters import generic
+from ridge_bounds import assert_same_solution
 from torch import nn
 from upstream_standins import Tiny
 
@@ -115,10 +116,7 @@ def test_the_router_routes_identically(written):
     router = _router()
     router.load_state_dict(written["router"])
     assert torch.equal(router.route(written["queries"]), written["routes"]), written["torch"]
-    # The same G and Q solved by another torch (and CPU): equal to float64 rounding, norm-wise, cond * eps64.
-    eigenvalues = torch.linalg.eigvalsh(router.gram_matrix() + router.ridge * torch.eye(router.gram.shape[0]))
-    bound = 2 * float(eigenvalues.max() / eigenvalues.min()) * torch.finfo(torch.float64).eps
-    assert float((router.solve() - written["solution"]).abs().max()) <= bound * float(written["solution"].abs().max())
+    assert_same_solution(router.solve(), written["solution"], router.gram_matrix(), router.ridge)
 
 
 def test_the_ensemble_gives_the_same_outputs(written):
