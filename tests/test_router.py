@@ -488,16 +488,21 @@ def test_features_beyond_the_float32_range_are_expanded_in_float64(scale):
 
 def test_reduced_precision_float32_matmuls_keep_the_float64_product():
     """With float32 matmuls allowed to round to bfloat16 (or TF32 on a GPU), the float32 product is not exact
-    enough: the router multiplies in float64 then."""
+    enough: the router multiplies in float64 then. Set per backend where torch has it (2.9), else globally."""
     features, _ = clustered(8, 4, 2, dtype=torch.float32)
     router = AnalyticRouter(4, 1, expansion_dim=16)
     backend = getattr(torch.backends.mkldnn, "matmul", None)
-    if getattr(backend, "fp32_precision", None) is None:
-        pytest.skip("this torch has no per-backend float32 matmul precision")
-    before = backend.fp32_precision
+    per_backend = getattr(backend, "fp32_precision", None) is not None
+    before = backend.fp32_precision if per_backend else torch.get_float32_matmul_precision()
     try:
-        backend.fp32_precision = "bf16"
+        if per_backend:
+            backend.fp32_precision = "bf16"
+        else:
+            torch.set_float32_matmul_precision("medium")
         assert torch.equal(router.expansion(features), router.expansion(features.double()))
     finally:
-        backend.fp32_precision = before
+        if per_backend:
+            backend.fp32_precision = before
+        else:
+            torch.set_float32_matmul_precision(before)
     assert torch.equal(router.expansion(features), torch.relu(features @ router.expansion.weight.float().t()).double())
