@@ -17,8 +17,9 @@ from torch import nn
 from fly_modules._validation import InvalidParameterError, check_choice
 
 from ._family import AdapterFamily
-from ._handle import Retrofit, already_retrofitted, live_retrofit, registered_retrofit
+from ._handle import Retrofit, already_retrofitted, live_retrofit
 from ._options import RetrofitOptions
+from ._restore import registered_retrofit
 from .contract import missing_seams
 
 __all__ = ["Family", "canonical_method", "install", "list_families", "method_names", "register_family", "spelling_key"]

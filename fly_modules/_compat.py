@@ -3,7 +3,8 @@
 The library supports torch >= 1.12 (the version L2P's and DualPrompt's code pins). Three APIs it relies on
 arrived in torch 2.0: ``Optimizer.register_step_post_hook``, ``register_optimizer_step_post_hook`` (every
 optimizer) and forward (pre-)hooks ``with_kwargs``; torch 1.12 has no ``torch.load(weights_only=True)`` and
-torch 1.13's refuses files written by torch 2. On a torch that has them the native API is called (nothing
+torch 1.13's refuses files written by torch 2; smaller gaps (stable argsort, the CPU half-precision lerp)
+are bridged the same way. On a torch that has them the native API is called (nothing
 changes there); otherwise one small dispatcher per object runs the hooks in registration order. The flags
 below decide which path runs, so that tests can force the fallback on a recent torch. Where each fallback
 differs from the native path is written in docs/compatibility.md.
@@ -66,7 +67,6 @@ class _Dispatcher:
         # The owner itself, not the original's __self__: the original may be a plain function (torch 1.x's
         # LR schedulers put a wrapper of ``optimizer.step`` on the instance).
         self.owner = owner
-        self.owner_dict = owner.__dict__
         self.had_own = self.method in owner.__dict__
         self.original = getattr(owner, self.method)
         # What inspects the method (the adapters read forward's parameters) sees the original's signature.
@@ -74,6 +74,10 @@ class _Dispatcher:
         self.__wrapped__ = self.original
         self.before: "OrderedDict[int, Callable[..., Any]]" = OrderedDict()
         self.after: "OrderedDict[int, Callable[..., Any]]" = OrderedDict()
+
+    @property
+    def owner_dict(self) -> Dict[str, Any]:
+        return vars(self.owner)
 
     @classmethod
     def of(cls, owner: Any) -> "_Dispatcher":

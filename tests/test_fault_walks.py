@@ -55,24 +55,34 @@ def one_line_problems(status: Any, err: str, *named: str) -> List[str]:
 
 
 # ------------------------------------------------------------------------------------------- run files
-def run_file_faults() -> List[Tuple[str, str, Dict[str, Any]]]:
-    """``(field, fault, record)``: each field of the run file removed (where every file has it) and each
-    given a value of another type, in a record that is otherwise whole."""
-    whole = run_record(SPEC, {})
+def field_faults(whole: Dict[str, Any], table: Dict[str, Any]) -> List[Tuple[str, str, Dict[str, Any]]]:
+    """``(field, fault, document)``: each field of ``table`` removed (where every file has it) and each given a
+    value of another type, in a copy of ``whole`` that is otherwise intact (``a[0].b``: a list item's field)."""
     faults = []
-    for name, field in run_file.field_names():
+    for name, field in run_file.field_names(table):
         *parents, key = name.split(".")
         for fault in ("removed", "wrong type") if field.required else ("wrong type",):
-            record = copy.deepcopy(whole)
-            holder = record
-            for parent in parents:
-                holder = holder[parent]
+            document = copy.deepcopy(whole)
+            holder = _holder(document, parents)
             if fault == "removed":
                 del holder[key]
             else:
                 holder[key] = WRONG[field.kind]
-            faults.append((name, fault, record))
+            faults.append((name, fault, document))
     return faults
+
+
+def _holder(document: Dict[str, Any], parents: List[str]) -> Any:
+    """The object holding a field named ``a.b[0].c``'s last part, the list items' ``[0]`` followed."""
+    for parent in parents:
+        key, _, index = parent.partition("[")
+        document = document[key][int(index[:-1])] if index else document[key]
+    return document
+
+
+def run_file_faults() -> List[Tuple[str, str, Dict[str, Any]]]:
+    """Every field of the run file removed or retyped in a whole record."""
+    return field_faults(run_record(SPEC, {}), run_file.RUN_FILE)
 
 
 def test_every_field_of_a_run_file_removed_or_retyped_is_named(tmp_path):
@@ -100,36 +110,20 @@ WHOLE_PLAN = {"format": plan_file.PLAN_FORMAT, "protocol": {"test_batch_size": 8
               "total_seconds": {"ours": 2.0}}
 
 
-def _holder(document: Dict[str, Any], parents: List[str]) -> Any:
-    """The object holding a field named ``a.b[0].c``'s last part, the list items' ``[0]`` followed."""
-    for parent in parents:
-        key, _, index = parent.partition("[")
-        document = document[key][int(index[:-1])] if index else document[key]
-    return document
-
-
 def test_every_field_of_a_plan_file_removed_or_retyped_is_named(tmp_path):
     path = tmp_path / plan_file.PLAN_FILE
     path.write_text(json.dumps(WHOLE_PLAN))
     assert plan_file.read_plan(path) == WHOLE_PLAN
-    wrong, names = [], run_file.field_names(plan_file.PLAN_FIELDS)
-    for name, field in names:
-        *parents, key = name.split(".")
-        for fault in ("removed", "wrong type"):
-            document = copy.deepcopy(WHOLE_PLAN)
-            holder = _holder(document, parents)
-            if fault == "removed":
-                del holder[key]
-            else:
-                holder[key] = WRONG[field.kind]
-            path.write_text(json.dumps(document))
-            try:
-                plan_file.read_plan(path)
-                wrong.append(f"{name} {fault}: read without a word")
-            except UsageError as error:
-                if str(path) not in str(error) or f"'{name}'" not in str(error) or "\n" in str(error):
-                    wrong.append(f"{name} {fault}: {error}")
-    assert len(names) > 12 and not wrong, "\n".join(wrong)
+    wrong, faults = [], field_faults(WHOLE_PLAN, plan_file.PLAN_FIELDS)
+    for name, fault, document in faults:
+        path.write_text(json.dumps(document))
+        try:
+            plan_file.read_plan(path)
+            wrong.append(f"{name} {fault}: read without a word")
+        except UsageError as error:
+            if str(path) not in str(error) or f"'{name}'" not in str(error) or "\n" in str(error):
+                wrong.append(f"{name} {fault}: {error}")
+    assert len(faults) > 25 and not wrong, "\n".join(wrong)
 
 
 def test_every_reader_of_plan_files_is_one_line_on_a_damaged_one(tmp_path, capsys, no_work):

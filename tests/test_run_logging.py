@@ -18,6 +18,7 @@ from tiny_sweep import TINY_MODEL
 
 from benchmarks.ablation import cli as cross_ablation
 from benchmarks.ablation import loggers
+from benchmarks.core.protocol import RunSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 # DualPrompt's one training scored as three variants: 8 batches of 4 samples, 2 sessions, 4 anytime evaluations.
@@ -215,7 +216,7 @@ def test_a_resumed_training_continues_its_wandb_run_and_a_fresh_one_starts_anoth
 
     monkeypatch.setitem(sys.modules, "wandb", type(sys)("wandb"))
     sys.modules["wandb"].init = Run
-    target, run = loggers.LogTarget(tmp_path, "results/sweep"), loggers.LoggedRun("l2p", "both", "synthetic", 2)
+    target, run = loggers.LogTarget(tmp_path, "results/sweep"), RunSpec("l2p", "both", "synthetic", 2)
     for start in (0, 41, 0):
         loggers.WandbLogger(target, run, start_step=start, hparams={"protocol.decays": [0.9, 0.99], "seed": 2})
     first, resumed, fresh = opened

@@ -1,7 +1,7 @@
 """Where a sweep's runs are watched while they train: one class per dashboard, in the table :data:`LOGGERS`.
 
-A dashboard run is one variant of one training (:class:`LoggedRun`: its name and tags are the method, the
-variant, the dataset and the seed), so that every variant of a method is a curve of the same chart. The
+A dashboard run is one variant of one training (a :class:`~benchmarks.core.protocol.RunSpec`: its name
+and tags are the method, the variant, the dataset and the seed), so that every variant of a method is a curve of the same chart. The
 runner talks to :class:`RunLogger` only (``benchmarks.ablation.run_log``): scalars by step (stream samples
 seen), then the run's metrics as its summary and its settings as hyperparameters. A backend's package is
 imported only when its logger opens; :func:`parse_loggers` checks, before any work, that it is installed.
@@ -25,30 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["LOGGERS", "LogTarget", "LoggedRun", "RunLogger", "parse_loggers"]
+from ..core.protocol import RunSpec
+
+__all__ = ["LOGGERS", "LogTarget", "RunLogger", "parse_loggers", "run_folder", "run_tags"]
 
 
-@dataclass(frozen=True)
-class LoggedRun:
-    """One dashboard run: a variant of a (method, dataset, seed) training."""
+def run_folder(run: RunSpec) -> Path:
+    """A dashboard run's folder under a backend's: one variant of one training, laid out as the result files."""
+    return Path(run.key)
 
-    method: str
-    variant: str
-    dataset: str
-    seed: int
 
-    @property
-    def path(self) -> Path:
-        """Its folder under a backend's, as the result files are laid out."""
-        return Path(self.dataset) / self.method / self.variant / f"seed{self.seed}"
-
-    @property
-    def name(self) -> str:
-        return self.path.as_posix()
-
-    @property
-    def tags(self) -> Tuple[str, ...]:
-        return (self.method, self.variant, self.dataset, f"seed{self.seed}")
+def run_tags(run: RunSpec) -> Tuple[str, ...]:
+    return (run.method, run.variant, run.dataset, f"seed{run.seed}")
 
 
 @dataclass(frozen=True)
@@ -84,11 +72,11 @@ class TensorBoardLogger(RunLogger):
     """``torch.utils.tensorboard``: an event file in ``<folder>/tensorboard/<run>``, the hyperparameters in the
     HParams plugin's format with the metrics as ``metrics/<name>``."""
 
-    def __init__(self, target: LogTarget, run: LoggedRun, *, start_step: int, hparams: Mapping[str, Any]) -> None:
+    def __init__(self, target: LogTarget, run: RunSpec, *, start_step: int, hparams: Mapping[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step: events of a killed process at or after the first step this one logs are dropped on reading.
-        self.writer = SummaryWriter(log_dir=str(target.folder / "tensorboard" / run.path), purge_step=start_step)
+        self.writer = SummaryWriter(log_dir=str(target.folder / "tensorboard" / run_folder(run)), purge_step=start_step)
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         for tag, value in scalars.items():
@@ -112,17 +100,17 @@ class WandbLogger(RunLogger):
     ``<folder>/wandb/ids/<run>.txt``: a fresh training starts a new run, a resumed one continues its own.
     Offline mode (``WANDB_MODE=offline``) needs no account; ``WANDB_PROJECT`` names the project."""
 
-    def __init__(self, target: LogTarget, run: LoggedRun, *, start_step: int, hparams: Mapping[str, Any]) -> None:
+    def __init__(self, target: LogTarget, run: RunSpec, *, start_step: int, hparams: Mapping[str, Any]) -> None:
         import wandb
 
-        id_file = target.folder / "wandb" / "ids" / run.path.with_suffix(".txt")
+        id_file = target.folder / "wandb" / "ids" / run_folder(run).with_suffix(".txt")
         resumed = start_step > 0 and id_file.exists()
         run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:16]
         id_file.parent.mkdir(parents=True, exist_ok=True)
         id_file.write_text(run_id + "\n")
         self.run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT", "fly-modules"), group=target.group, name=run.name,
-            tags=list(run.tags), config={k: hparam_value(v) for k, v in hparams.items()}, id=run_id,
+            project=os.environ.get("WANDB_PROJECT", "fly-modules"), group=target.group, name=run.key,
+            tags=list(run_tags(run)), config={k: hparam_value(v) for k, v in hparams.items()}, id=run_id,
             resume="allow", dir=os.environ.get("WANDB_DIR", str(target.folder)), reinit="create_new",
         )
 
@@ -142,8 +130,8 @@ class CsvLogger(RunLogger):
 
     FIELDS = ("step", "tag", "value")
 
-    def __init__(self, target: LogTarget, run: LoggedRun, *, start_step: int, hparams: Mapping[str, Any]) -> None:
-        self.path = (target.folder / "csv" / run.path).with_suffix(".csv")
+    def __init__(self, target: LogTarget, run: RunSpec, *, start_step: int, hparams: Mapping[str, Any]) -> None:
+        self.path = (target.folder / "csv" / run_folder(run)).with_suffix(".csv")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept: List[Dict[str, str]] = []
         if start_step > 0 and self.path.exists():  # a resumed run: the rows before its first step

@@ -16,9 +16,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from torch import Tensor
 
 from ..core.metrics import f_last
+from ..core.protocol import RunSpec
 from ..core.variants import VARIANTS
 from .diagnostics import ROUTING_VERSIONS
-from .loggers import LOGGERS, LoggedRun, LogTarget, RunLogger
+from .loggers import LOGGERS, LogTarget, RunLogger
 
 __all__ = ["SUMMARY_METRICS", "TrainingLog", "flat_settings", "log_target", "training_log"]
 
@@ -43,7 +44,7 @@ class TrainingLog:
         hparams: the settings of the training (the variant is added per run).
     """
 
-    def __init__(self, names: Sequence[str], target: LogTarget, runs: Sequence[LoggedRun],
+    def __init__(self, names: Sequence[str], target: LogTarget, runs: Sequence[RunSpec],
                  hparams: Mapping[str, Any]) -> None:
         self.names, self.target, self.runs, self.hparams = list(names), target, list(runs), dict(hparams)
         self.loggers: Dict[str, List[RunLogger]] = {}
@@ -61,7 +62,7 @@ class TrainingLog:
             for name in self.names:
                 opened.append(LOGGERS[name].logger(self.target, run, start_step=start, hparams=self.run_hparams(run)))
 
-    def run_hparams(self, run: LoggedRun) -> Dict[str, Any]:
+    def run_hparams(self, run: RunSpec) -> Dict[str, Any]:
         return {**self.hparams, "method": run.method, "variant": run.variant, "dataset": run.dataset, "seed": run.seed}
 
     # ------------------------------------------------------------------------------------ the watch
@@ -148,5 +149,5 @@ def training_log(names: Sequence[str], output: Path, *, method: str, dataset: st
     """The :class:`TrainingLog` of one training (``None`` without ``--log``)."""
     if not names:
         return None
-    runs = [LoggedRun(method, variant, dataset, seed) for variant in variants]
+    runs = [RunSpec(method, variant, dataset, seed) for variant in variants]
     return TrainingLog(names, log_target(output), runs, flat_settings(settings))
