@@ -55,6 +55,7 @@ def retrofit(
     decays: Sequence[float] = shared_default("decays"),
     aggregate: str = shared_default("aggregate"),
     correct_assembly: bool = False,
+    distributed: Any = "auto",
     **family_options: Any,
 ) -> Retrofit:
     """Add the analytic router and/or the temporal ensemble to ``model`` with the adapter of ``method``.
@@ -67,7 +68,7 @@ def retrofit(
             implementing :class:`SeamContract` goes to ``"reference"``: the families that recognise upstream code
             refuse it.
         router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate,
-            correct_assembly: the options every family shares (:class:`RetrofitOptions`).
+            correct_assembly, distributed: the options every family shares (:class:`RetrofitOptions`).
         **family_options: the family's own (``num_experts``, ``original_model``, ...; see
             ``docs/adapters.md`` or ``help(fly_modules.adapters.<family>.retrofit)``).
 

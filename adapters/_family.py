@@ -16,6 +16,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, Tuple, 
 from torch import nn
 
 from fly_modules._validation import check_int
+from fly_modules.distributed import resolve_process_group
 
 from ._handle import Retrofit, StepCounter
 from ._layout import Layout
@@ -146,7 +147,8 @@ class AdapterFamily:
         return handle
 
     def create_handle(self, plan: Plan) -> Retrofit:
-        """The handle with its router and ensemble sized by ``plan``, the optimizer hook attached."""
+        """The handle with its router and ensemble sized by ``plan``, the optimizer hook attached, the
+        ``distributed`` option resolved to a process group once."""
         num_experts = check_int(plan.num_experts, "num_experts", caller=self.caller, minimum=1)
         classifier = plan.classifier
         if not isinstance(classifier, nn.Linear):
@@ -164,6 +166,8 @@ class AdapterFamily:
             schedule=self.options.schedule, start_method_expert=plan.method_start(),
             banks_of_expert=banks_of_expert, current_expert=current, num_experts=num_experts, step_counter=plan.counter,
             installation=self.installation, corrections=plan.corrections, inference=plan.inference,
+            process_group=resolve_process_group(self.options.distributed, self.caller),
+            distributed=self.options.distributed,
         )
         handle.record.caller = self.caller
         if handle.ensemble is not None:

@@ -9,15 +9,24 @@ follow sessions).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import warnings
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
-from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
+from fly_modules import (
+    AnalyticRouter,
+    SampleBudgetSchedule,
+    SessionSchedule,
+    TemporalEnsembleHead,
+    _collectives,
+    distributed,
+)
 from fly_modules._validation import InvalidParameterError, check_int
 
 from . import _verify
@@ -79,8 +88,10 @@ class Retrofit:
         current_expert: the expert trained now (the router's target).
         num_experts: experts the method declared.
         logit_mask: mask added to the ensemble members before aggregation (:meth:`set_logit_mask`).
-        process_group: ``torch.distributed`` group of a data-parallel run: the ensemble then moves the
-            banks that any rank trained (the router gathers through its own ``process_group``).
+        process_group: ``torch.distributed`` group of a data-parallel run (the ``distributed`` option,
+            resolved when the retrofit was made; ``None``: this process trains alone). ``end_batch`` adds every
+            process's rows to the router and steps the schedule by the global batch size; the ensemble moves
+            the banks that any process trained.
         record: what the hooks recorded for the stream batch and the forward in progress, and what they
             saw the model use (:class:`~fly_modules.adapters._record.Record`; the families write it).
     """
@@ -101,6 +112,8 @@ class Retrofit:
         installation: Optional[Installation] = None,
         corrections: Sequence[Callable[[Installation], None]] = (),
         inference: Optional[Callable[[Any], Any]] = None,
+        process_group: Optional[Any] = None,
+        distributed: Any = False,
     ) -> None:
         # Two live retrofits of one model would wrap each other's seams, and removing them in the
         # order they were made would leave a wrapper behind: refuse the second one.
@@ -122,7 +135,10 @@ class Retrofit:
         self.current_expert = int(current_expert)
         self.num_experts = num_experts
         self.logit_mask: Optional[Tensor] = None
-        self.process_group: Optional[Any] = None
+        self.process_group: Optional[Any] = process_group
+        if router is not None:
+            router.process_group = process_group  # router.update gathers every process's rows
+        self._distributed = distributed  # the option as given: "auto" is checked again at each end_batch
         self.record = Record(self)
         self._install = Installation() if installation is None else installation
         # ``correct(installation)`` for each upstream fix the retrofit installed (``correct_assembly``):
@@ -232,9 +248,7 @@ class Retrofit:
             return
         banks = self.record.trained_banks
         if banks is not None and self.process_group is not None:
-            from fly_modules.distributed import gather_rows
-
-            banks = gather_rows(banks.reshape(-1), self.process_group)  # the union over the ranks
+            banks = distributed.gather_rows(banks.reshape(-1), self.process_group)  # the union over the ranks
         self.ensemble.update(None if banks is None else banks)
         self.record.ensemble_steps += 1
 
@@ -274,17 +288,36 @@ class Retrofit:
                 "it, or call handle.update_ensemble() after each optimizer.step()",
                 RuntimeWarning, stacklevel=3,
             )
-        if self.router is not None and features is not None:
-            # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
-            with torch.no_grad():
-                self.router.update(features.detach().to(self.router.device), self.current_expert)
+        # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
+        global_size = self._add_batch(features, int(batch_size))
         self.record.query, self.record.size, self.record.ensemble_steps = None, None, 0
         started: List[int] = []
         if isinstance(self.schedule, SampleBudgetSchedule):
-            started = self.schedule.step(int(batch_size))
+            started = self.schedule.step(global_size)
             for expert in started:
                 self.start_expert(expert)
         return started
+
+    def _add_batch(self, features: Optional[Tensor], batch_size: int) -> int:
+        """Add the batch's rows to the router and return the global batch size: with a process group, every
+        process's rows and sizes, in one exchange (a header of a few ints, then the rows)."""
+        group, router = self.process_group, self.router
+        if group is None and distributed.auto_group_appeared(self._distributed, group):
+            raise RuntimeError(
+                f"Retrofit.end_batch: torch.distributed now runs {dist.get_world_size()} processes but the retrofit "
+                "was made before dist.init_process_group, so each process would learn alone: retrofit after "
+                "init_process_group, or pass distributed=False to train each process alone"
+            )
+        if router is not None and features is not None:
+            with torch.no_grad():
+                features = features.detach().to(router.device)
+                if group is None:
+                    router.update(features, self.current_expert)
+                    return batch_size
+                return distributed.all_gather_update(router, features, self.current_expert, group, counted=batch_size)
+        if group is None or not isinstance(self.schedule, SampleBudgetSchedule):
+            return batch_size
+        return distributed.all_reduce_count(batch_size, _collectives.communication_device(group), group)
 
     def _check_step_counter(self) -> None:
         counter = self._step_counter
@@ -418,10 +451,25 @@ class Retrofit:
         Returns:
             a :class:`~fly_modules.adapters.VerifyReport` (``ok``, ``checks``; ``print`` it).
         """
-        report = _verify.verify(self, batch, forward=forward, loss=loss, targets=targets)
+        with self._local():  # verify may run on one process only: no collective
+            report = _verify.verify(self, batch, forward=forward, loss=loss, targets=targets)
         if strict and not report.ok:
             raise RuntimeError(f"Retrofit.verify failed:\n{report}")
         return report
+
+    @contextlib.contextmanager
+    def _local(self) -> Iterator[None]:
+        """Inside the block the handle and its router run no collective (their process group is ``None``)."""
+        group = self.process_group
+        self.process_group = None
+        if self.router is not None:
+            self.router.process_group = None
+        try:
+            yield
+        finally:
+            self.process_group = group
+            if self.router is not None:
+                self.router.process_group = group
 
     # ------------------------------------------------------------------------------------ diagnostics
     def log_to(self, writer: Any, *, num_classes: Optional[int] = None, prefix: str = "fly") -> DiagnosticsLog:

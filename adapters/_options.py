@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, ClassVar, Dict, Literal, Mapping, Optional, Tuple, Union
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, TemporalEnsembleHead
@@ -45,6 +46,17 @@ class _Schedule(Constraint):
             f"{name} must be a SampleBudgetSchedule, a SessionSchedule or None, got {type(value).__name__}")
 
 
+class _Distributed(Constraint):
+    def convert(self, value: Any, name: str) -> Any:
+        group_type = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
+        if (isinstance(value, str) and value == "auto") or value is False or \
+                (group_type is not None and isinstance(value, group_type)):
+            return value
+        raise InvalidParameterError(
+            f"{name} must be 'auto', False (this process trains alone) or a torch.distributed process group, "
+            f"got {value!r}")
+
+
 _SWITCH = OneOf((True, False))
 
 
@@ -67,6 +79,10 @@ class RetrofitOptions:
         correct_assembly: correct an upstream prompt assembly that mixes the samples of a batch (the
             JH-LEE prefix E-prompt lineage), for every variant, ``router=False`` included; without it,
             ``router=True`` on such a model raises ``SeamError`` and ``router=False`` leaves it as it is.
+        distributed: the processes of a data-parallel run that train one method together: ``"auto"``, all
+            of them when ``torch.distributed`` is initialised with more than one (else none); ``False``, this
+            process trains alone; or a process group. Every process's router then holds every process's rows
+            and the schedule counts the global batch (docs/adapters.md, "Several processes and mixed precision").
     """
 
     router: bool = True
@@ -79,12 +95,13 @@ class RetrofitOptions:
     decays: Tuple[float, ...] = shared_default("decays")
     aggregate: str = shared_default("aggregate")
     correct_assembly: bool = False
+    distributed: Any = "auto"
 
     #: the rules of the options, in the order they are checked (the shared ones from the library's table)
     _parameter_constraints: ClassVar[Dict[str, Constraint]] = {
         "router": _SWITCH, "ensemble": _SWITCH, "optimizer": _Optimizer(), "schedule": _Schedule(),
         **shared_constraints("expansion_dim", "ridge", "seed", "decays", "aggregate"),
-        "correct_assembly": _SWITCH,
+        "correct_assembly": _SWITCH, "distributed": _Distributed(),
     }
 
     def __post_init__(self) -> None:

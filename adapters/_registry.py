@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Tuple, Type
 from torch import nn
 
 from fly_modules._validation import InvalidParameterError, check_choice
+from fly_modules.distributed import refuse_parallel_wrapper
 
 from ._family import AdapterFamily
 from ._handle import Retrofit, already_retrofitted, live_retrofit
@@ -143,6 +144,7 @@ def install(method: str, model: nn.Module, options: RetrofitOptions, family_opti
     # A registered name is kept as given (the handle's `family`, which its checkpoints carry); another spelling
     # becomes its canonical name.
     method = method if isinstance(method, str) and method in _FAMILIES else canonical_method(method)
+    refuse_parallel_wrapper(model, "fly_modules.adapters.retrofit")
     previous = live_retrofit(model)
     if previous is not None:  # before any seam check: the seams now show the first retrofit's wrappers
         raise already_retrofitted(model, previous)

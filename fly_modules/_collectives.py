@@ -12,7 +12,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["require_initialized", "gather_rows", "all_reduce_min", "all_reduce_max", "all_reduce_sum_"]
+__all__ = [
+    "require_initialized", "gather_rows", "gather_header", "gather_padded", "all_reduce_min", "all_reduce_max",
+    "all_reduce_sum_", "communication_device",
+]
 
 
 def require_initialized(caller: str) -> None:
@@ -23,16 +26,31 @@ def require_initialized(caller: str) -> None:
 def gather_rows(tensor: Tensor, group: Optional[Any] = None) -> Tensor:
     """Concatenate (in rank order) every process's ``tensor`` along dim 0; sizes may differ, even be 0."""
     require_initialized("gather_rows")
-    world = dist.get_world_size(group)
-    size = torch.tensor([tensor.shape[0]], device=tensor.device)
-    sizes = [torch.zeros_like(size) for _ in range(world)]
-    dist.all_gather(sizes, size, group=group)
-    counts = [int(s) for s in sizes]
+    counts = gather_header([tensor.shape[0]], tensor.device, group)[:, 0].tolist()
+    return gather_padded(tensor, counts, group)
+
+
+def gather_header(values: List[int], device: torch.device, group: Optional[Any] = None) -> Tensor:
+    """``(world, len(values))``: every process's ``values`` (a few ints), in rank order (one collective)."""
+    mine = torch.tensor(values, dtype=torch.long, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    return torch.stack(everyone).cpu()
+
+
+def gather_padded(tensor: Tensor, counts: List[int], group: Optional[Any] = None) -> Tensor:
+    """Concatenate (in rank order) every process's ``tensor``, process ``r`` holding ``counts[r]`` rows (known
+    from a header already exchanged): one all-gather of the rows padded to the largest count."""
     padded = tensor.new_zeros(max(counts), *tensor.shape[1:])
     padded[: tensor.shape[0]] = tensor
-    gathered = [torch.empty_like(padded) for _ in range(world)]
+    gathered = [torch.empty_like(padded) for _ in range(len(counts))]
     dist.all_gather(gathered, padded, group=group)
     return torch.cat([g[:n] for g, n in zip(gathered, counts)])
+
+
+def communication_device(group: Optional[Any] = None) -> torch.device:
+    """Where a small tensor must live to be sent through ``group``: NCCL sends CUDA tensors only."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
 def all_reduce_min(values: List[int], device: torch.device, group: Optional[Any] = None) -> List[int]:

@@ -82,6 +82,7 @@ class AddedComponents:
         options = RetrofitOptions(
             router=not getattr(model, "router_refusal", ""), optimizer=None, schedule=None,
             expansion_dim=expansion_dim, ridge=ridge, seed=seed, decays=decays, aggregate=aggregate,
+            distributed=False,  # the rows and banks arrive gathered (BatchShare), once
         )
         self.handle = reference_adapter.build_handle(model, options)
         self.router: Optional[AnalyticRouter] = self.handle.router
