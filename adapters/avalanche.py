@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional, Union
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 try:
@@ -215,6 +216,7 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
 
     def _prepare(self, strategy: Any) -> Retrofit:
         """Retrofit the strategy's model on first use; check the model of a given handle."""
+        _refuse_distributed()
         if self.handle is None:
             self.handle = self._retrofit(strategy.model)
         if self._log_request is not None and self.diagnostics is None:
@@ -390,4 +392,15 @@ class FlyPlugin(SupervisedPlugin, supports_distributed=False):
         return (
             f"FlyPlugin(method={self.method!r}, schedule={self.schedule_option!r}, train_mask={self.train_mask!r}, "
             f"handle={self.handle!r})"
+        )
+
+
+def _refuse_distributed() -> None:
+    """Avalanche's distributed strategies wrap the model and split each minibatch in ways the plugin does not
+    follow: refused, rather than one retrofit per process each seeing a share of the stream."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise RuntimeError(
+            f"FlyPlugin: distributed strategies are not handled (torch.distributed runs {dist.get_world_size()} "
+            "processes); train the strategy in one process, or retrofit the model in your own DDP loop "
+            "(docs/adapters.md, 'Several processes and mixed precision')"
         )
