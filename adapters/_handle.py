@@ -359,7 +359,9 @@ class Retrofit:
 
         Router statistics, ensemble banks (the online head belongs to the model's own state), the
         schedule, the current expert, the method's step counter when the family drives one, and a
-        stream batch recorded but not ended yet.
+        stream batch recorded but not ended yet. Runs no collective: in a data-parallel run every process
+        holds the same state at a batch boundary, so rank 0's serves every rank (an unfinished batch is
+        the saving process's share, and only that process may load it).
         """
         state: Dict[str, Any] = {"format": _STATE_FORMAT, "family": self.family, "current_expert": self.current_expert}
         if self.router is not None:
@@ -372,6 +374,8 @@ class Retrofit:
             state["method_step"] = self._step_counter.read()
         pending = {"query": self.record.query, "size": self.record.size, "trained_banks": self.record.trained_banks}
         state["pending"] = {k: v for k, v in pending.items() if v is not None}
+        if self.process_group is not None and (self.record.query is not None or self.record.size is not None):
+            state["pending_rank"] = dist.get_rank(self.process_group)  # an unfinished batch is this process's share
         if self.logit_mask is not None:
             state["logit_mask"] = self.logit_mask
         return state
@@ -392,6 +396,11 @@ class Retrofit:
                 )
         bound = None if self.num_experts is None else self.num_experts - 1
         current = check_int(state["current_expert"], "current_expert", caller=caller, minimum=0, maximum=bound)
+        rank = None if self.process_group is None else dist.get_rank(self.process_group)
+        if "pending_rank" in state and state["pending_rank"] != rank:
+            raise InvalidParameterError(
+                f"{caller}: the state holds process {state['pending_rank']}'s share of an unfinished stream batch, this "
+                f"is process {rank}: save after end_batch (a batch boundary), or let each process load its own state")
         # Each module checks its part before changing anything; the router is put back if the ensemble's
         # part is then refused, so the handle is never half-loaded.
         router_before = None if self.router is None else _cloned(self.router.state_dict())

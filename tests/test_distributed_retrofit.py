@@ -152,12 +152,28 @@ def rest_of_a_run(rank: int, out_dir: str) -> Dict[str, Any]:
     resumed.handle.load_state_dict(state["retrofit"])
     resumed.starts, resumed.queries = first.starts, first.queries
     results = resumed.train(range(2, BATCHES)).results()
+    checks[f"unfinished batch, rank {rank}"] = unfinished_batch_checkpoint(first, out_dir)
     if rank == 1:
         alone = Run(RESUMED, rank, WORLD, distributed=False, wrap=False).train(range(BATCHES))
         checks["opted out"] = alone.handle.process_group is None and alone.handle.router.process_group is None
         checks["alone: own rows, own count"] = (alone.handle.router.num_samples, alone.starts) == (32, [[]] * 4)
     dist.barrier()
     return {**results, "checks": checks}
+
+
+def unfinished_batch_checkpoint(run: Run, out_dir: str) -> str:
+    """Rank 0 saves in the middle of a batch (its own share recorded); what loading it does on each rank."""
+    run.model.train()
+    TRAIN_CALLS[run.name](run.model, run.original, run.share(5)[0], run.handle.current_expert)
+    path = os.path.join(out_dir, "unfinished.pt")
+    if run.rank == 0:
+        torch.save(run.handle.state_dict(), path)
+    dist.barrier()
+    try:
+        run.handle.load_state_dict(_compat.load_weights(path))
+        return "loaded"
+    except InvalidParameterError as refused:
+        return str(refused)
 
 
 @pytest.fixture(scope="module")
@@ -224,8 +240,10 @@ def test_verify_checkpoints_and_opting_out_on_ranks(runs):
     """verify on one rank or on all (no collective, no deadlock, the process group restored); a checkpoint saved
     by rank 0 and loaded on every rank resumes the uninterrupted run; a retrofit that opts out trains alone."""
     checks = {**runs["rest"][0]["checks"], **runs["rest"][1]["checks"]}
+    refused = checks.pop("unfinished batch, rank 1")
     assert checks == {"verify on one rank": True, "verify on every rank": True, "group restored": True,
-                      "opted out": True, "alone: own rows, own count": True}
+                      "opted out": True, "alone: own rows, own count": True, "unfinished batch, rank 0": "loaded"}
+    assert "holds process 0's share of an unfinished stream batch, this is process 1: save after end_batch" in refused
     for resumed, uninterrupted in zip(runs["rest"], runs[RESUMED]):
         assert resumed["starts"] == uninterrupted["starts"]
         assert torch.equal(resumed["selection"], uninterrupted["selection"])
