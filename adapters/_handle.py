@@ -24,7 +24,6 @@ from fly_modules import (
     SampleBudgetSchedule,
     SessionSchedule,
     TemporalEnsembleHead,
-    _collectives,
     distributed,
 )
 from fly_modules._validation import InvalidParameterError, check_int
@@ -317,7 +316,7 @@ class Retrofit:
                 return distributed.all_gather_update(router, features, self.current_expert, group, counted=batch_size)
         if group is None or not isinstance(self.schedule, SampleBudgetSchedule):
             return batch_size
-        return distributed.all_reduce_count(batch_size, _collectives.communication_device(group), group)
+        return distributed.all_reduce_count(batch_size, group)
 
     def _check_step_counter(self) -> None:
         counter = self._step_counter

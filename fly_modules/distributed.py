@@ -90,10 +90,10 @@ def all_gather_update(
     return int(header[:, 3].sum())
 
 
-def all_reduce_count(count: int, device: torch.device, group: Optional[Any] = None) -> int:
+def all_reduce_count(count: int, group: Optional[Any] = None) -> int:
     """The sum of the processes' ``count`` (a global batch size when no rows are gathered)."""
     _collectives.require_initialized("all_reduce_count")
-    return int(_collectives.gather_header([int(count)], device, group).sum())
+    return int(_collectives.gather_header([int(count)], _collectives.communication_device(group), group).sum())
 
 
 def resolve_process_group(option: Any, caller: str) -> Optional[Any]:

@@ -54,7 +54,7 @@ class Run:
     """One codebase's model, optimizer and retrofit in one process of ``world`` (``world == 1``: the model
     itself; otherwise the caller's process group and a DDP wrapper), trained the codebase's way."""
 
-    def __init__(self, name: str, rank: int = 0, world: int = 1, distributed: Any = "auto", wrap: bool = True) -> None:
+    def __init__(self, name: str, rank: int = 0, world: int = 1, wrap: bool = True, **options: Any) -> None:
         self.name, self.case, self.rank, self.world = name, CASES[name], rank, world
         self.model, self.original = self.case.build()
         if name == "jhlee-l2p":
@@ -63,7 +63,7 @@ class Run:
             self.model.prompt.batchwise_prompt = False
         self.optimizer = torch.optim.Adam(trainable(self.model), lr=1e-2)
         self.handle = adapt(self.case, self.model, self.original, optimizer=self.optimizer,
-                            schedule=SampleBudgetSchedule(BUDGET, 2), distributed=distributed)
+                            schedule=SampleBudgetSchedule(BUDGET, 2), **options)
         self.net = self.model if world == 1 or not wrap else nn.parallel.DistributedDataParallel(self.model, **DDP_OPTIONS[name])
         self.starts: List[List[int]] = []
         self.queries: List[Tensor] = []
@@ -82,7 +82,8 @@ class Run:
             self.optimizer.zero_grad()
             loss.backward()
             self.optimizer.step()
-            self.queries.append(self.handle.record.query.detach().double().clone())  # this process's rows
+            if self.handle.router is not None:
+                self.queries.append(self.handle.record.query.detach().double().clone())  # this process's rows
             self.starts.append(self.handle.end_batch())
         return self
 
@@ -153,6 +154,8 @@ def rest_of_a_run(rank: int, out_dir: str) -> Dict[str, Any]:
     resumed.starts, resumed.queries = first.starts, first.queries
     results = resumed.train(range(2, BATCHES)).results()
     checks[f"unfinished batch, rank {rank}"] = unfinished_batch_checkpoint(first, out_dir)
+    no_router = Run(RESUMED, rank, WORLD, wrap=False, router=False).train(range(BATCHES))
+    checks[f"no router: global count, rank {rank}"] = no_router.starts == [[], [], [1], []]
     if rank == 1:
         alone = Run(RESUMED, rank, WORLD, distributed=False, wrap=False).train(range(BATCHES))
         checks["opted out"] = alone.handle.process_group is None and alone.handle.router.process_group is None
@@ -241,9 +244,10 @@ def test_verify_checkpoints_and_opting_out_on_ranks(runs):
     by rank 0 and loaded on every rank resumes the uninterrupted run; a retrofit that opts out trains alone."""
     checks = {**runs["rest"][0]["checks"], **runs["rest"][1]["checks"]}
     refused = checks.pop("unfinished batch, rank 1")
-    assert checks == {"verify on one rank": True, "verify on every rank": True, "group restored": True,
-                      "opted out": True, "alone: own rows, own count": True, "unfinished batch, rank 0": "loaded"}
     assert "holds process 0's share of an unfinished stream batch, this is process 1: save after end_batch" in refused
+    assert checks == {"verify on one rank": True, "verify on every rank": True, "group restored": True,
+                      "opted out": True, "alone: own rows, own count": True, "unfinished batch, rank 0": "loaded",
+                      "no router: global count, rank 0": True, "no router: global count, rank 1": True}
     for resumed, uninterrupted in zip(runs["rest"], runs[RESUMED]):
         assert resumed["starts"] == uninterrupted["starts"]
         assert torch.equal(resumed["selection"], uninterrupted["selection"])

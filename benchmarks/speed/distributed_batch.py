@@ -23,8 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fly_modules import AnalyticRouter, _collectives
+from fly_modules import AnalyticRouter
 from fly_modules._validation import Integer
+from fly_modules.distributed import gather_rows
 
 from ..flags import Parser, add_flag
 from .timing import best_ratio, median, print_header, time_side_by_side
@@ -49,16 +50,10 @@ def _candidates(rank: int, world: int, args: object) -> Dict[str, Callable[[], o
     gathered.process_group = dist.group.WORLD
     alone = AnalyticRouter(args.dim, 4, **settings)
     global_batch = torch.randn(world * args.batch, args.dim, generator=gen)
-    device = torch.device("cpu")
-
-    def exchange() -> object:
-        counts = _collectives.gather_header([1, 1, args.batch, args.batch, 0], device)[:, 2].tolist()
-        return _collectives.gather_padded(local, counts)
-
     return {
         "one process, global batch": (lambda: alone.update(global_batch, 0)) if rank == 0 else (lambda: None),
         f"{world} processes, end_batch": lambda: gathered.update(local, 0),
-        f"{world} processes, exchange only": exchange,
+        f"{world} processes, exchange only": lambda: gather_rows(local),  # a header of sizes, then the rows
     }
 
 
