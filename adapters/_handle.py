@@ -278,8 +278,9 @@ class Retrofit:
         recorded = self.record.size
         if batch_size is None:
             batch_size = features.shape[0] if features is not None else (recorded or 0)
+        # Once the copies have moved the hook works: a batch without a step is one GradScaler skipped.
         if self.ensemble is not None and recorded is not None and self.record.ensemble_steps == 0 \
-                and not self.record.warned_no_ema:
+                and not self.record.warned_no_ema and not bool(self.ensemble.num_updates.any()):
             self.record.warned_no_ema = True
             warnings.warn(
                 "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch: pass "

@@ -6,7 +6,8 @@ routing study's routers share it (``benchmarks/studies/router_set.py``). Its pre
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import contextlib
+from typing import ContextManager, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -78,16 +79,18 @@ class RandomExpansion(nn.Module):
         """``phi`` in the weight's dtype. A float64 weight and features of lower precision are
         multiplied in float32 and widened (the weight is float32-exact, drawn in float32), which
         ``docs/router.md`` ("Precision") shows to be exact enough, unless torch is set to round
-        float32 matmuls to TF32 or bfloat16; float64 features are multiplied in float64."""
+        float32 matmuls to TF32 or bfloat16; float64 features are multiplied in float64. Autocast is off
+        inside (under a mixed-precision loop the product stays float32)."""
         if self.out_features == 0:
             return features.to(self.weight.dtype)
-        if (
-            self.weight.dtype == torch.float64 and features.dtype != torch.float64
-            and _float32_matmul_is_ieee(features.device.type)
-        ):
-            projected = F.linear(features.float(), self._float32_weight())
-        else:
-            projected = F.linear(features.to(self.weight.dtype), self.weight)
+        with _without_autocast(features.device.type):  # autocast would round the float32 product
+            if (
+                self.weight.dtype == torch.float64 and features.dtype != torch.float64
+                and _float32_matmul_is_ieee(features.device.type)
+            ):
+                projected = F.linear(features.float(), self._float32_weight())
+            else:
+                projected = F.linear(features.to(self.weight.dtype), self.weight)
         if self.activation == "relu":
             projected = torch.relu_(projected)
         return projected.to(self.weight.dtype)
@@ -131,3 +134,10 @@ def _float32_matmul_is_ieee(device_type: str) -> bool:
         return torch.get_float32_matmul_precision() == "highest"
     except RuntimeError:  # settings mixed between the legacy and the new API: assume reduced precision
         return False
+
+
+def _without_autocast(device_type: str) -> ContextManager[object]:
+    """Autocast switched off for ``device_type`` (the two types every supported torch autocasts)."""
+    if device_type in ("cpu", "cuda"):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
