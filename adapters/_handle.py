@@ -260,6 +260,10 @@ class Retrofit:
         batch's first training forward; the baseline variant installs no hook, so pass it there).
         Returns the experts started.
 
+        In a data-parallel run (``process_group``; every process calls it once per stream batch) every
+        process's rows reach every router and the schedule counts the global batch, the sum of the
+        processes' ``batch_size``, in one exchange (docs/adapters.md, "Several processes and mixed precision").
+
         The experts the schedule starts run the method's own start with autograd as the caller has it (a
         start that trains, such as FlyGCL's classifier alignment, works).
 

@@ -154,8 +154,10 @@ def rest_of_a_run(rank: int, out_dir: str) -> Dict[str, Any]:
     resumed.starts, resumed.queries = first.starts, first.queries
     results = resumed.train(range(2, BATCHES)).results()
     checks[f"unfinished batch, rank {rank}"] = unfinished_batch_checkpoint(first, out_dir)
-    no_router = Run(RESUMED, rank, WORLD, wrap=False, router=False).train(range(BATCHES))
-    checks[f"no router: global count, rank {rank}"] = no_router.starts == [[], [], [1], []]
+    group = dist.new_group(list(range(WORLD)))  # a group given as the option: the count is over its processes
+    no_router = Run(RESUMED, rank, WORLD, wrap=False, router=False, distributed=group).train(range(BATCHES))
+    checks[f"no router: global count, rank {rank}"] = no_router.starts == [[], [], [1], []] and \
+        no_router.handle.process_group is group
     if rank == 1:
         alone = Run(RESUMED, rank, WORLD, distributed=False, wrap=False).train(range(BATCHES))
         checks["opted out"] = alone.handle.process_group is None and alone.handle.router.process_group is None
@@ -267,6 +269,28 @@ def test_parallel_wrappers_and_bad_options_are_refused_in_one_line():
         adapt(case, model, original, distributed=True)
     handle = adapt(case, model, original)  # "auto" without torch.distributed: this process alone
     assert handle.process_group is None and handle.router.process_group is None
+
+
+def test_a_retrofit_made_before_init_process_group_refuses_to_learn_alone(monkeypatch):
+    """``"auto"`` found one process when the retrofit was made; once several run, end_batch says so."""
+    case = CASES[RESUMED]
+    model, original = case.build()
+    handle = adapt(case, model, original, ensemble=False, schedule=SampleBudgetSchedule(BUDGET, 2))
+    model.train()
+    case.forward(model, original, batch()[0])
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    with pytest.raises(RuntimeError, match=r"torch.distributed now runs 2 processes but the retrofit was made before "
+                                           r"dist.init_process_group, so each process would learn alone"):
+        handle.end_batch()
+    assert handle.router.num_samples == 0
+    other, original = case.build()
+    alone = adapt(case, other, original, ensemble=False, schedule=SampleBudgetSchedule(BUDGET, 2), distributed=False)
+    other.train()
+    case.forward(other, original, batch()[0])
+    alone.end_batch()  # opted out: this process trains alone, as it asked
+    assert alone.router.num_samples == 8
 
 
 def test_avalanche_plugin_refuses_a_distributed_strategy(monkeypatch):
