@@ -12,10 +12,10 @@ retrofits it, wraps it in ``DistributedDataParallel`` and calls the checkout's `
 global batches with ``args.distributed=False``. Printed per process: whether its router holds every process's
 rows (the float64 bound), its expert starts, routes and predictions against the single process.
 
-Two settings differ from the upstream defaults: the metric logger's cross-process averaging (CUDA tensors, for the
-printed averages only) is off on the CPU, and ``batchwise_prompt`` (the prompts most frequent in the batch a
-process sees: under DDP each process's share, so the method itself trains differently from one process) is off,
-so that predictions can be compared with one process.
+The metric logger's cross-process averaging (CUDA tensors, for the printed averages only) is off on the CPU.
+``batchwise_prompt`` (an upstream default: the prompts most frequent in the batch a process sees, so under DDP
+each process selects from its own share and the method itself trains differently from one process) stays on
+unless ``--same-selection`` turns it off; the predictions are then the single process's up to float rounding.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fly_modules import AnalyticRouter, SampleBudgetSchedule
+from fly_modules._validation import Integer
 
-from ..flags import Parser
+from ..flags import Parser, add_flag
 from .checks import ROUTER_OPTIONS, retrofit
 from .harnesses._prompt_options import l2p_prompt
 from .harnesses._task_loop import class_mask
@@ -71,10 +72,10 @@ def _loader(batch: TensorDataset, rank: int, world: int) -> DataLoader:
     return DataLoader(batch, sampler=sampler, batch_size=GLOBAL_BATCH // world)
 
 
-def run(checkout: Path, rank: int, world: int) -> Dict[str, Any]:
+def run(checkout: Path, rank: int, world: int, same_selection: bool) -> Dict[str, Any]:
     """Train the stream the checkout's way in this process (one of ``world``); the process's results."""
     no_cuda_sync()
-    pair = SameSelectionL2P(checkout)
+    pair = (SameSelectionL2P if same_selection else L2PPytorch)(checkout)
     engine = pair.engine
     sys.modules["utils"].SmoothedValue.synchronize_between_processes = lambda self: None  # CUDA tensors
     ctx = pair.build(SEED)
@@ -102,12 +103,12 @@ def run(checkout: Path, rank: int, world: int) -> Dict[str, Any]:
             "logits": outputs[-1]["logits"].detach(), "selection": outputs[-1]["prompt_idx"].detach()}
 
 
-def _worker(rank: int, world: int, checkout: str, folder: str) -> None:
+def _worker(rank: int, world: int, checkout: str, folder: str, same_selection: bool) -> None:
     try:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=300))
-        torch.save(run(Path(checkout), rank, world), os.path.join(folder, f"rank{rank}.pt"))
+        torch.save(run(Path(checkout), rank, world, same_selection), os.path.join(folder, f"rank{rank}.pt"))
         dist.barrier()
     except BaseException:  # noqa: BLE001 - shown, then a non-zero exit for mp.spawn to report
         traceback.print_exc()
@@ -161,12 +162,16 @@ def compare(ranks: List[Dict[str, Any]], single: Dict[str, Any]) -> List[str]:
 def main(argv: List[str] = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", type=Path, required=True, help="a checkout of JH-LEE-KR/l2p-pytorch")
-    parser.add_argument("--world", type=int, default=2, help="processes (each gets GLOBAL_BATCH / world samples)")
+    add_flag(parser, "--world", Integer(minimum=2, maximum=GLOBAL_BATCH), default=2,
+             help="processes (each gets GLOBAL_BATCH / world samples of every global batch)")
+    parser.add_argument("--same-selection", action="store_true",
+                        help="batchwise_prompt off: every process selects prompts per sample, as one process does")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_worker, args=(args.world, str(args.checkout.resolve()), folder), nprocs=args.world, join=True)
+        mp.spawn(_worker, args=(args.world, str(args.checkout.resolve()), folder, args.same_selection),
+                 nprocs=args.world, join=True)
         ranks = [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=False) for r in range(args.world)]
-    single = run(args.checkout.resolve(), 0, 1)
+    single = run(args.checkout.resolve(), 0, 1, args.same_selection)
     lines = compare(ranks, single)
     print("\n".join(lines))
     return 0 if all(" PASS " in f" {line} " for line in lines) else 1
