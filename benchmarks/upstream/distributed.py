@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from fly_modules import AnalyticRouter, SampleBudgetSchedule
-from fly_modules._validation import OneOf
+from fly_modules._validation import Integer
 
 from ..flags import Parser, add_flag
 from .checks import ROUTER_OPTIONS, retrofit
@@ -162,11 +162,13 @@ def compare(ranks: List[Dict[str, Any]], single: Dict[str, Any]) -> List[str]:
 def main(argv: List[str] = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", type=Path, required=True, help="a checkout of JH-LEE-KR/l2p-pytorch")
-    add_flag(parser, "--world", OneOf((2, 4, 8, 16)), default=2,
+    add_flag(parser, "--world", Integer(minimum=2, maximum=GLOBAL_BATCH), default=2,
              help=f"processes (a divisor of the global batch of {GLOBAL_BATCH}: each gets an equal share)")
     parser.add_argument("--same-selection", action="store_true",
                         help="batchwise_prompt off: every process selects prompts per sample, as one process does")
     args = parser.parse_args(argv)
+    if GLOBAL_BATCH % args.world:
+        parser.error(f"argument --world: {args.world} does not divide the global batch of {GLOBAL_BATCH}")
     with tempfile.TemporaryDirectory() as folder:
         mp.spawn(_worker, args=(args.world, str(args.checkout.resolve()), folder, args.same_selection),
                  nprocs=args.world, join=True)
