@@ -10,7 +10,8 @@ retrofits it, wraps it in ``DistributedDataParallel`` and calls the checkout's `
 ``args.distributed=True`` on a loader of its ``DistributedSampler`` share of each global batch, then
 ``handle.end_batch()``; evaluation is the checkout's ``engine.evaluate`` on the model. One process runs the same
 global batches with ``args.distributed=False``. Printed per process: whether its router holds every process's
-rows (the float64 bound), its expert starts, routes and predictions against the single process.
+rows (the float64 bound), its expert starts, routed experts, selected prompts and predictions against the single
+process.
 
 The metric logger's cross-process averaging (CUDA tensors, for the printed averages only) is off on the CPU.
 ``batchwise_prompt`` (an upstream default: the prompts most frequent in the batch a process sees, so under DDP
@@ -151,7 +152,10 @@ def compare(ranks: List[Dict[str, Any]], single: Dict[str, Any]) -> List[str]:
                 f"||G - G_all|| {synchronised:.1e} <= {bound:.1e}, {int(result['counts'].sum())} of {rows} rows"),
             "statistics = the single process's (float32 queries)": (relative <= 1e-5, f"relative {relative:.1e}"),
             "experts start at the same global batch": (result["starts"] == single["starts"], str(result["starts"])),
-            "routes as one process": (torch.equal(result["selection"], single["selection"]), "prompt_idx"),
+            "routes as one process (the expert: prompt_idx // top_k)": (
+                torch.equal(result["selection"][:, 0] // TOP_K, single["selection"][:, 0] // TOP_K), "the router's"),
+            "selects the prompts one process does (prompt_idx)": (
+                torch.equal(result["selection"], single["selection"]), "the method's own key match in the expert"),
             "predicts as one process": (torch.equal(result["logits"].argmax(1), single["logits"].argmax(1)),
                                         f"max |logit difference| {difference:.1e}"),
         }
