@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 __all__ = [
-    "require_initialized", "gather_rows", "gather_header", "gather_padded", "all_reduce_min", "all_reduce_max",
+    "require_initialized", "gather_rows", "gather_header", "gather_padded", "all_reduce_max",
     "all_reduce_sum_", "communication_device",
 ]
 
@@ -51,13 +51,6 @@ def gather_padded(tensor: Tensor, counts: List[int], group: Optional[Any] = None
 def communication_device(group: Optional[Any] = None) -> torch.device:
     """Where a small tensor must live to be sent through ``group``: NCCL sends CUDA tensors only."""
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
-
-
-def all_reduce_min(values: List[int], device: torch.device, group: Optional[Any] = None) -> List[int]:
-    """The element-wise minimum of the processes' ``values`` (one collective for several verdicts)."""
-    smallest = torch.tensor(values, device=device)
-    dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
-    return smallest.tolist()
 
 
 def all_reduce_max(value: int, device: torch.device, group: Optional[Any] = None) -> int:
