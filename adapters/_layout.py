@@ -200,6 +200,8 @@ class Layout:
             self.install.forward_pre_hook(module, routing.before, with_kwargs=True)
             if after is not None:
                 self.install.forward_hook(module, after)
+            if module is not self.model:
+                self.install.forward_hook(module, routing.returned)
         else:
             self.install.set_attribute(module, method, functools.partial(routing.call, module, function))
 

@@ -152,6 +152,12 @@ class RoutedCall:
         value = experts if self.value is None else self.value(experts, module, args, kwargs)
         return self.argument.bind(args, kwargs, value)
 
+    def returned(self, module: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
+        """A routed module's forward returned: called outside the model's forward, it was the whole forward
+        (its query is forgotten); inside it, the model's forward forgets the query when it returns."""
+        if not self.record.in_forward:
+            self.record.end_forward()
+
     def call(self, module: nn.Module, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``method`` (the module's own, bound) called with the routed value bound to its arguments; a routed
         method called outside the model's forward is its own forward: its query is forgotten afterwards."""
@@ -161,8 +167,7 @@ class RoutedCall:
         try:
             output = method(*args, **kwargs)
         finally:
-            if not self.record.in_forward:
-                self.record.end_forward()
+            self.returned(module, args, None)
         if self.after is not None:
             self.after(module, args, output)
         return output

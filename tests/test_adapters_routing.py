@@ -171,6 +171,12 @@ def test_a_prompt_module_called_at_every_layer_gets_the_routed_value_at_every_ca
     with torch.no_grad():
         assert torch.equal(routed, clean(x, weights_mask=mask))
     assert len(calls) == 3 and handle.record.eval_query is None  # forgotten once the forward returned
+    with torch.no_grad(), handle.forcing(1):
+        query = net.query(x)  # the loop calls the routed module itself, outside the model's forward
+        alone = net.prompt(x, 0, query)
+        assert torch.equal(alone, clean.prompt(x, 0, query, weights_mask=expert_slot_mask(
+            torch.ones(B, dtype=torch.long), net.prompt.expert_of_slot).float()))
+    assert handle.record.eval_query is None  # that call was the whole forward: its query is forgotten
     report = handle.verify(x)
     assert report.ok, str(report)
 
