@@ -32,6 +32,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from fly_modules._validation import InvalidParameterError
+
 from ._handle import Retrofit
 from ._head import EnsembleLinear, ensemble_scores
 from ._options import RetrofitOptions
@@ -143,12 +145,23 @@ class Layout:
         named it, for messages); with ``when``, only of the calls for which ``when(args, kwargs)`` is true
         (the call the user means when the module runs several times per step, e.g. its prompt-free pass)."""
         record = self.record
+        if when is not None and not callable(when):
+            raise InvalidParameterError(
+                f"{self.caller}: query_when must be a function (args, kwargs) -> bool telling which call of "
+                f"{type(module).__name__} is the router's query, got {type(when).__name__}"
+            )
 
-        def seen(mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], output: Any) -> None:
-            if when is None or when(args, kwargs):
+        def seen(mod: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
+            record.seen(query=query_from_output(output))
+
+        def seen_when(mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], output: Any) -> None:
+            if when(args, kwargs):
                 record.seen(query=query_from_output(output))
 
-        self.install.forward_hook(module, seen, with_kwargs=True)
+        if when is None:
+            self.install.forward_hook(module, seen)
+        else:
+            self.install.forward_hook(module, seen_when, with_kwargs=True)
         record.query_source = f"the forward of {type(module).__name__}" + (f" ({what})" if what else "") + (
             " (the calls query_when accepts)" if when is not None else "")
 

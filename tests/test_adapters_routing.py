@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from fly_modules.adapters import SeamError, expert_slot_mask, generic, retrofit
 from torch import Tensor, nn
 
+from fly_modules import InvalidParameterError
+
 E, D, C, B = 2, 8, 5, 6
 ROUTER = dict(expansion_dim=64, ridge=1e-2)
 
@@ -260,6 +262,14 @@ def test_query_when_records_the_prompt_free_call_in_training_and_verify_proves_i
     assert report.ok, str(report)
     assert report["router's training and inference queries match"].ok is True
     assert report["router query varies across samples"].ok is True
+
+
+def test_query_when_must_be_a_function():
+    net = TwoPassNet()
+    with pytest.raises(InvalidParameterError, match=r"query_when must be a function .* PromptedEncoder .* got str"):
+        generic.retrofit(net, num_experts=E, query_module=net.encoder, route_method="pick", route_kwarg="expert",
+                         query_when="prompt-free")
+    assert "pick" not in vars(net) and not net.encoder._forward_hooks
 
 
 def test_a_query_recorded_from_another_call_than_the_routed_one_fails_verify():
