@@ -60,16 +60,6 @@ class RoutedArgument:
             return args, kwargs
         return args, {**kwargs, self.name: value}
 
-    def passed(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        """The value the call passes for the argument (``None`` when it passes none or cannot be bound)."""
-        try:
-            bound = self.signature.bind_partial(*args, **kwargs)
-        except TypeError:
-            return None
-        if self.named:
-            return bound.arguments.get(self.name)
-        return bound.arguments.get(self.var_keyword or "", {}).get(self.name)
-
 
 def route_target(module: Any, method: Optional[str], *, caller: str) -> Tuple[nn.Module, Optional[str]]:
     """``(module, method)`` of a routed call, checked before anything is installed: ``method`` ``None`` (or

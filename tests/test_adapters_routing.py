@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fly_modules.adapters import SeamError, expert_slot_mask, generic, retrofit
+from fly_modules.adapters._routed_call import RoutedArgument
 from torch import Tensor, nn
 
 from fly_modules import InvalidParameterError
@@ -75,6 +76,23 @@ def test_a_selection_passed_positionally_is_replaced_by_the_routed_one(method):
         assert handle.record.routed.tolist() == [expert] * B
     handle.remove()
     assert "interface" not in vars(net)
+
+
+def test_the_routed_value_replaces_the_argument_where_the_call_passes_it():
+    def forward(inputs, selection=None, train=False, *, scale=1.0, **options):
+        return None
+
+    def positional_only(inputs, selection=None, /, train=False):
+        return None
+
+    selection, extra = RoutedArgument(forward, "selection"), RoutedArgument(forward, "temperature")
+    x = torch.zeros(1)
+    assert selection.bind((x, None), {"train": False}, 7) == ((x, 7), {"train": False})
+    assert selection.bind((x,), {"selection": None, "train": False}, 7) == ((x,), {"selection": 7, "train": False})
+    assert selection.bind((x,), {}, 7) == ((x,), {"selection": 7})
+    assert extra.bind((x,), {"temperature": 2}, 7) == ((x,), {"temperature": 7})  # through **options
+    assert selection.bind((x, 1, 2, 3), {}, 7) == ((x, 1, 2, 3), {})  # not a call: Python's own error follows
+    assert RoutedArgument(positional_only, "selection").bind((x,), {"train": True}, 7) == ((x, 7, True), {})
 
 
 def test_a_routed_method_is_patched_on_the_instance_and_remove_restores_it():
