@@ -141,6 +141,7 @@ class AdapterFamily:
         if not options.router and not options.ensemble:
             return handle  # the baseline variant: only the schedule is driven, the model is untouched
         plan.layout.install_hooks()
+        plan.layout.guard_inference()
         if options.ensemble:
             plan.layout.swap_head()
         return handle

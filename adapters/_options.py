@@ -67,6 +67,10 @@ class RetrofitOptions:
         correct_assembly: correct an upstream prompt assembly that mixes the samples of a batch (the
             JH-LEE prefix E-prompt lineage), for every variant, ``router=False`` included; without it,
             ``router=True`` on such a model raises ``SeamError`` and ``router=False`` leaves it as it is.
+        train_in_eval: a forward with autograd recording is a training forward whatever the model's mode (a
+            loop that calls ``model.eval()`` before its training steps; inference then runs under
+            ``torch.no_grad()`` or ``torch.inference_mode()``); without it the model's mode decides, and a
+            backward through an eval-mode output raises.
     """
 
     router: bool = True
@@ -79,12 +83,13 @@ class RetrofitOptions:
     decays: Tuple[float, ...] = shared_default("decays")
     aggregate: str = shared_default("aggregate")
     correct_assembly: bool = False
+    train_in_eval: bool = False
 
     #: the rules of the options, in the order they are checked (the shared ones from the library's table)
     _parameter_constraints: ClassVar[Dict[str, Constraint]] = {
         "router": _SWITCH, "ensemble": _SWITCH, "optimizer": _Optimizer(), "schedule": _Schedule(),
         **shared_constraints("expansion_dim", "ridge", "seed", "decays", "aggregate"),
-        "correct_assembly": _SWITCH,
+        "correct_assembly": _SWITCH, "train_in_eval": _SWITCH,
     }
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ from fly_modules._validation import InvalidParameterError
 
 from ._batch_independence import HINT, batch_independence, batch_size, take_rows
 from ._restore import Installation, Snapshot, register_retrofit
+from ._verify_query import SAME, query_checks
 
 __all__ = ["Check", "UnrestorableStateError", "VerifyReport", "verify"]
 
@@ -149,6 +150,8 @@ def verify(
             handle.discard_batch()
             removed = _trial_removal(handle, run, snapshot, checks)
             _check_training(handle, run, snapshot, removed, checks)
+            _attempt(SAME, checks, lambda: checks.extend(Check(*c) for c in query_checks(handle, run, snapshot.restore,
+                                                                                          batch)))
             _check_experts_trained(handle, run, snapshot, checks)
             _check_ensemble_step(handle, run, snapshot, checks, loss, targets)
             _check_routing(handle, run, snapshot, checks)

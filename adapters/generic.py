@@ -9,9 +9,10 @@ from torch import Tensor, nn
 
 from ._family import AdapterFamily, Plan
 from ._head import EnsembleLinear, ensemble_scores
-from ._layout import Layout, RouteValue
+from ._layout import Layout, QueryWhen, RouteValue
 from ._query import default_query
 from ._registry import register_family
+from ._routed_call import route_target
 from ._seams import SeamError, find_head
 
 __all__ = ["Generic", "retrofit", "EnsembleLinear", "find_head", "ensemble_scores"]
@@ -44,9 +45,14 @@ class Generic(AdapterFamily):
             a forward hook reads them (training: router statistics; inference: routing).
         query_from_output: maps that output to ``(B, D)`` features; default: the output itself, or
             ``output["pre_logits"]`` for dict outputs.
-        route_module, route_kwarg: the module whose keyword argument ``route_kwarg`` restricts the
-            method's selection (required with ``router``); its ``forward`` must name the argument
-            (one taken through ``**kwargs`` is refused). Injected at inference only, by keyword.
+        query_when: ``query_when(args, kwargs)`` -> whether a call of ``query_module`` is the router's query
+            (a module run several times per step, with and without prompts); default: every call.
+        route_module, route_kwarg: the module whose argument ``route_kwarg`` restricts the method's
+            selection (required with ``router``); its ``forward`` (or ``route_method``) must name the
+            argument (one taken through ``**kwargs`` is refused). Passed at inference only, bound as Python
+            binds the call: it replaces the argument whether the call passes it by position or keyword.
+        route_method: route this method of ``route_module`` (default the model) instead of its forward
+            (``route_method="interface"``); patched on the instance, restored by ``remove()``.
         route_value: ``route_value(expert_ids, module, args, kwargs)`` -> the injected value; default
             the ``(B,)`` long expert ids.
         head_owner, head_name: where the ``nn.Linear`` classifier lives; default: the model's
@@ -68,8 +74,10 @@ class Generic(AdapterFamily):
         num_experts: int,
         query_module: Optional[nn.Module] = None,
         query_from_output: Optional[Callable[[Any], Tensor]] = None,
+        query_when: Optional[QueryWhen] = None,
         route_module: Optional[nn.Module] = None,
         route_kwarg: Optional[str] = None,
+        route_method: Optional[str] = None,
         route_value: Optional[RouteValue] = None,
         head_owner: Optional[nn.Module] = None,
         head_name: Optional[str] = None,
@@ -78,6 +86,10 @@ class Generic(AdapterFamily):
         router_dim: Optional[int] = None,
     ) -> Plan:
         head = _head_seat(self.model, head_owner, head_name)
+        if route_method is not None and route_module is None:
+            route_module = self.model
+        if route_module is not None:
+            route_module, route_method = route_target(route_module, route_method, caller=self.caller)
         if self.options.router and (query_module is None or route_module is None or route_kwarg is None):
             missing = [n for n, v in (("query_module", query_module), ("route_module", route_module),
                                       ("route_kwarg", route_kwarg)) if v is None]
@@ -90,6 +102,7 @@ class Generic(AdapterFamily):
             )
         layout = _Seams(self, query_module, query_from_output or default_query, route_module, route_kwarg, route_value,
                         bank_from_output)
+        layout.query_when, layout.route_method = query_when, route_method
         return Plan(head=head, num_experts=num_experts, layout=layout, start_expert=start_expert, router_dim=router_dim)
 
 
@@ -106,9 +119,9 @@ class _Seams(Layout):
 
     def install_hooks(self) -> None:
         if self.options.router:
-            self.route_keyword(self.route_module, self.route_kwarg, value=self.route_value,
+            self.route_keyword(self.route_module, self.route_kwarg, method=self.route_method, value=self.route_value,
                                banks_follow_routing=self.bank_from_output is None)
-            self.read_query(self.query_module, self.query_from_output, "query_module")
+            self.read_query(self.query_module, self.query_from_output, "query_module", when=self.query_when)
         if not self.options.ensemble:
             return
         bank_from_output = self.bank_from_output
