@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from upstream_standins import (
     JLL2P,
     MVP,
+    PGPL2P,
     TASK_OF_CLASS,
     E,
     FlyGCLDualPrompt,
@@ -119,6 +120,35 @@ class JLL2PCase(Case):
         for b, expert in enumerate(experts.tolist()):
             similarity = F.normalize(query[b], dim=0) @ F.normalize(keys[3 * expert : 3 * expert + 3], dim=1).t()
             assert selection[b].tolist() == (similarity.topk(2).indices + 3 * expert).tolist()
+
+
+class PGPL2PCase(JLL2PCase):
+    """PGP's L2P through the generic seams, as its harness wires it: the query is ``original_model``'s
+    ``pre_logits``, the route ``Prompt.forward``'s ``prompt_mask`` (expert ``e`` = slots ``[2e, 2e + 2)``), the
+    classifier ``head``; banks: the current expert in training, the routed one at inference."""
+
+    method = "generic"
+
+    def __init__(self) -> None:
+        super().__init__(query_module=True)
+
+    def build(self):
+        return PGPL2P(), Original()
+
+    def adapter_kwargs(self, model, original):
+        return dict(num_experts=E, query_module=original, route_module=model.prompt, route_kwarg="prompt_mask",
+                    route_value=lambda experts, module, args, kwargs: experts[:, None] * 2 + torch.arange(2))
+
+    def expert_of(self, selection):
+        return selection[:, 0] // 2
+
+    check_routed = Case.check_routed
+
+    def bank_of(self, selection, handle):
+        if handle.model.training:
+            return torch.full_like(selection[:, 0], handle.current_expert)
+        routed = handle.routing_active()
+        return self.expert_of(selection) if routed else torch.full_like(selection[:, 0], handle.ensemble.active_expert)
 
 
 class JLDualPromptCase(Case):
@@ -371,6 +401,7 @@ CASES: Dict[str, Case] = {
     "jhlee-l2p": JLL2PCase(),
     "jhlee-l2p-query-module": JLL2PCase(query_module=True),
     "jhlee-dualprompt": JLDualPromptCase(),
+    "pgp-l2p-generic": PGPL2PCase(),
     "flygcl-dualprompt": KeyPoolCase(FlyGCLDualPrompt),
     "misa-patched-gather": KeyPoolCase(lambda: MISADualPrompt(fixed_gather=True), method="misa"),
     "flygcl-l2p": FlyGCLL2PCase(),
