@@ -27,9 +27,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.upstream.checks import Settings, run_checks
+from benchmarks.upstream.checks import ROUTER_OPTIONS, Settings, run_checks
 from benchmarks.upstream.harnesses._prompt_options import l2p_prompt
 from benchmarks.upstream.harnesses._task_loop import TaskLoopPair
+from benchmarks.upstream.loading import quiet
 from benchmarks.upstream.task_stream import make_stream
 
 POOL, TOP_K = 10, 5
@@ -78,10 +79,13 @@ class PGPL2P(TaskLoopPair):
         self.update_projection(ctx, task)
         super().start_task(ctx, task, own_advance)
 
+    def memory_images(self, ctx, task):
+        images = torch.cat([x for x, _ in ctx.train_stream[task]])
+        return torch.cat([images, images])[:MEMORY]
+
     def update_projection(self, ctx, task):
         """Their task-start memory pass and projection update (engine.train_and_evaluate, tiny sizes)."""
-        images = torch.cat([x for x, _ in ctx.train_stream[task]])
-        mem = torch.cat([images, images])[:MEMORY]
+        mem = self.memory_images(ctx, task)
         ctx.model.eval()
         ctx.original_model.eval()
         with torch.no_grad():  # memory.get_rep: the model first, then original_model
@@ -98,6 +102,30 @@ class PGPL2P(TaskLoopPair):
         rep_key = self.pca(n_components=5).fit_transform(rep_key)
         ctx.feature = self.memory.update_memory(rep, 0.50, ctx.feature)
         ctx.key_feature = self.memory.update_memory(rep_key, 0.97, ctx.key_feature)
+
+    def probes(self, ctx, adapters):
+        """(q, informational) the query the routed memory pass of task 1 is given: memory.get_rep runs the model
+        before original_model, so no query of these images is recorded when the model's routed call runs."""
+        handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer, **ROUTER_OPTIONS,
+                                   **self.family_options(ctx))
+        queries, route = [], handle.router.route
+        try:
+            with quiet():
+                self.start_task(ctx, 0, True)
+                for x, y in ctx.train_stream[0]:
+                    self.train_batch(ctx, x, y, 0)
+                    handle.end_batch(len(x))
+                handle.router.route = lambda features: queries.append(features.detach().clone()) or route(features)
+                self.update_projection(ctx, 1)
+        finally:
+            vars(handle.router).pop("route", None)
+            handle.remove()
+        with torch.no_grad():
+            own, previous = (ctx.original_model(self.memory_images(ctx, t))["pre_logits"] for t in (1, 0))
+        found = [("these images' own features", own), ("the task-0 memory batch's features", previous)]
+        named = [name for q in queries for name, features in found if torch.equal(q, features)]
+        return [("q", "INFO", "the task-1 memory pass (model before original_model) is routed on",
+                 f"{len(queries)} routed call(s), query = {named or 'neither'}")]
 
     def train_options(self, ctx):
         return dict(feature_mat=ctx.feature_mat, key_feature_mat=ctx.key_feature_mat)
