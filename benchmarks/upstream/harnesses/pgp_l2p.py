@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.upstream.checks import ROUTER_OPTIONS, Settings, run_checks
+from benchmarks.upstream.checks import ROUTER_OPTIONS, Settings, one_line, run_checks
 from benchmarks.upstream.harnesses._prompt_options import l2p_prompt
 from benchmarks.upstream.harnesses._task_loop import TaskLoopPair
 from benchmarks.upstream.loading import quiet
@@ -108,7 +108,7 @@ class PGPL2P(TaskLoopPair):
         before original_model, so no query of these images is recorded when the model's routed call runs."""
         handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer, **ROUTER_OPTIONS,
                                    **self.family_options(ctx))
-        queries, route = [], handle.router.route
+        queries, route, title = [], handle.router.route, "the task-1 memory pass (model before original_model)"
         try:
             with quiet():
                 self.start_task(ctx, 0, True)
@@ -117,6 +117,8 @@ class PGPL2P(TaskLoopPair):
                     handle.end_batch(len(x))
                 handle.router.route = lambda features: queries.append(features.detach().clone()) or route(features)
                 self.update_projection(ctx, 1)
+        except Exception as error:  # noqa: BLE001 - a refusal to route it is a result
+            return [("q", "INFO", f"{title} raises", one_line(error, 400))]
         finally:
             vars(handle.router).pop("route", None)
             handle.remove()
@@ -124,7 +126,7 @@ class PGPL2P(TaskLoopPair):
             own, previous = (ctx.original_model(self.memory_images(ctx, t))["pre_logits"] for t in (1, 0))
         found = [("these images' own features", own), ("the task-0 memory batch's features", previous)]
         named = [name for q in queries for name, features in found if torch.equal(q, features)]
-        return [("q", "INFO", "the task-1 memory pass (model before original_model) is routed on",
+        return [("q", "INFO", f"{title} is routed on",
                  f"{len(queries)} routed call(s), query = {named or 'neither'}")]
 
     def train_options(self, ctx):
