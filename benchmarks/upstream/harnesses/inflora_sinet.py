@@ -162,7 +162,9 @@ class InfLoRASiNet(Pair):
         return int(ctx.model.numtask) - 1
 
     def verify_forward(self, ctx, handle):
-        return lambda x: ctx.model(x)
+        """The learner's calls: ``forward`` in training (``train_function``), ``interface`` in evaluation."""
+        net = ctx.model
+        return lambda x: net(x) if net.training else net.interface(x)
 
     def roots(self, ctx):
         return {"network": ctx.model}

@@ -138,7 +138,18 @@ class SPromptsSiNet(Pair):
         return int(ctx.model.numtask) - 1
 
     def verify_forward(self, ctx, handle):
-        return lambda x: ctx.model(x)
+        """The learner's calls: ``forward`` in training (``train_function``); in evaluation (``_eval_cnn``) the
+        prompt-free ``extract_vector``, then ``interface`` with a selection (domain 0 here, the router's
+        choice once routed)."""
+        net = ctx.model
+
+        def forward(x):
+            if net.training:
+                return net(x)
+            net.extract_vector(x)
+            return net.interface(x, torch.zeros(len(x), dtype=torch.long))
+
+        return forward
 
     def roots(self, ctx):
         return {"network": ctx.model}
