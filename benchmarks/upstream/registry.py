@@ -108,7 +108,7 @@ ROWS: Tuple[Row, ...] = (
     Row("—", "aimagelab/mammoth, LAMDA-CL/LAMDA-PILOT (`coda_prompt`)", "—",
         "not supported: refused by every family ([why]({adapters}#coda-prompt))",
         ("mammoth_coda_prompt", "pilot_coda_prompt")),
-    Row("`generic`", "JingyangQiao/prompt-gradient-projection (`l2p-pgp`)", "`model`",
+    Row("`generic`", "JingyangQiao/prompt-gradient-projection (`l2p-pgp`)", "`model` (5 lines of user code)",
         "pool-wide top-k key match → the routed slice (`Prompt.forward`'s `prompt_mask`)", ("pgp_l2p",)),
     Row("`generic`", "iamwangyabin/S-Prompts (`SiNet`)", "`learner._network`",
         "not yet: nearest domain key → the routed domain (`interface(image, selection)`)", ("sprompts_sinet",)),
