@@ -16,11 +16,11 @@ from flygcl_standins import (
     prefix_train_forward,
     sprompt_eval_forward,
 )
+from generic_standins import PGPL2P
 from torch import Tensor, nn
 from upstream_standins import (
     JLL2P,
     MVP,
-    PGPL2P,
     TASK_OF_CLASS,
     E,
     FlyGCLDualPrompt,
