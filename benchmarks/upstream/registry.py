@@ -33,6 +33,7 @@ REPOSITORIES: Dict[str, Repository] = {r.folder: r for r in (
                "c566b81f1abb19f8350da3fb71149ca9b8061a13"),
     Repository("S-Prompts", "https://github.com/iamwangyabin/S-Prompts", "a26e822ae1b139d7bc7663740ea5a951b12be250"),
     Repository("InfLoRA", "https://github.com/liangyanshuo/InfLoRA", "e08b00edd54f2f10cf2f9826eae7d44fdcb6354b"),
+    Repository("HiDe-PET", "https://github.com/thu-ml/HiDe-PET", "581170286e8e5ed2a7f4b6178279940ff3de1ee1"),
 )}
 
 # harness module (benchmarks/upstream/harnesses/<name>.py) -> checkout folder
@@ -46,6 +47,7 @@ HARNESSES: Dict[str, str] = {
     "flygcl_hide_lora": "FlyGCL", "flygcl_hide_adapter": "FlyGCL", "flygcl_sdlora": "FlyGCL",
     "mammoth_coda_prompt": "mammoth", "pilot_coda_prompt": "LAMDA-PILOT",
     "pgp_l2p": "prompt-gradient-projection", "sprompts_sinet": "S-Prompts", "inflora_sinet": "InfLoRA",
+    "hide_pet_lora": "HiDe-PET",
 }
 
 
@@ -110,6 +112,8 @@ ROWS: Tuple[Row, ...] = (
         ("mammoth_coda_prompt", "pilot_coda_prompt")),
     Row("`generic`", "JingyangQiao/prompt-gradient-projection (`l2p-pgp`)", "`model` (5 lines of user code)",
         "pool-wide top-k key match → the routed slice (`Prompt.forward`'s `prompt_mask`)", ("pgp_l2p",)),
+    Row("`generic`", "thu-ml/HiDe-PET (HiDe-LoRA)", "`model` (+ `original_model`; 4 lines of user code)",
+        "TII class → task mapping → the routed task's LoRA (the model's `task_id`)", ("hide_pet_lora",)),
     Row("`generic`", "iamwangyabin/S-Prompts (`SiNet`)", "`learner._network`",
         "not yet: nearest domain key → the routed domain (`interface(image, selection)`)", ("sprompts_sinet",)),
     Row("`generic`", "liangyanshuo/InfLoRA (`SiNet`)", "`learner._network`",
