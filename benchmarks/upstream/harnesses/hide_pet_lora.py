@@ -27,9 +27,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.upstream.checks import Settings, run_checks, try_retrofit
+from benchmarks.upstream.checks import ROUTER_OPTIONS, Settings, one_line, run_checks, try_retrofit
 from benchmarks.upstream.harnesses._task_loop import TaskLoopPair, target_task_map
+from benchmarks.upstream.loading import quiet
 from benchmarks.upstream.observe import capture_outputs
+from benchmarks.upstream.task_stream import make_stream
 
 POOL, RANK = 10, 4
 LORA = ("k_lora_A", "k_lora_B", "v_lora_A", "v_lora_B")
@@ -66,6 +68,7 @@ class HiDePETLoRA(TaskLoopPair):
     def build(self, seed):
         ctx = super().build(seed)
         ctx.usage = torch.zeros(POOL)
+        ctx.stream = make_stream(seed=seed)[0]  # the stream the checks train on (the probes use it)
         return ctx
 
     def family_options(self, ctx):
@@ -85,7 +88,27 @@ class HiDePETLoRA(TaskLoopPair):
 
     def probes(self, ctx, adapters):
         status, detail = try_retrofit(ctx.model, "hide", num_experts=2, original_model=ctx.original_model)
-        return [("r2", "INFO", f"retrofit(model, 'hide') {status.lower()}", detail)]
+        return [("r2", "INFO", f"retrofit(model, 'hide') {status.lower()}", detail), self.statistics_pass(ctx, adapters)]
+
+    def statistics_pass(self, ctx, adapters):
+        """(s, informational) the call of the class-statistics pass ``_compute_mean`` (``model.eval()``, then
+        ``model(x, task_id=t, train=True)`` with autograd on and no ``original_model`` pass), once the router
+        holds the first task's batches; the function itself all-gathers over a process group and is not run."""
+        handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer, **ROUTER_OPTIONS,
+                                   **self.family_options(ctx))
+        title = "the class-statistics call of _compute_mean, router fitted"
+        try:
+            with quiet():
+                for x, y in ctx.stream[0]:
+                    self.train_batch(ctx, x, y, 0)
+                    self.after_batch(ctx, x, handle, 0)
+                ctx.model.eval()
+                ctx.model(ctx.stream[0][0][0], task_id=0, train=True)
+        except Exception as error:  # noqa: BLE001 - a refusal is a result
+            return ("s", "INFO", f"{title} raises", one_line(error, 300))
+        finally:
+            handle.remove()
+        return ("s", "INFO", f"{title} runs", "")
 
     def after_batch(self, ctx, x, handle, task):
         """The README's ``end_batch``, given the query: their training never runs ``original_model``
