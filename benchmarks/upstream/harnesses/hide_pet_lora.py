@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.upstream.checks import ROUTER_OPTIONS, Settings, one_line, run_checks, try_retrofit
-from benchmarks.upstream.harnesses._task_loop import TaskLoopPair, target_task_map
+from benchmarks.upstream.harnesses._task_loop import TaskLoopPair, class_mask, target_task_map
 from benchmarks.upstream.loading import quiet
 from benchmarks.upstream.observe import capture_outputs
 from benchmarks.upstream.task_stream import make_stream
@@ -137,16 +137,11 @@ class HiDePETLoRA(TaskLoopPair):
             with capture_outputs(ctx.model) as outputs:
                 self.engine.evaluate(model=ctx.model, original_model=ctx.original_model, data_loader=[(x, y)],
                                      device=torch.device("cpu"), i=ctx.task_id, task_id=ctx.task_id,
-                                     class_mask=self.class_masks(), target_task_map=target_task_map(),
+                                     class_mask=class_mask(), target_task_map=target_task_map(),
                                      args=ctx.args)
         finally:
             hook.remove()
         return outputs[-1]["logits"].detach(), torch.as_tensor(ids[-1]).reshape(-1).detach()
-
-    def class_masks(self):
-        from benchmarks.upstream.harnesses._task_loop import class_mask
-
-        return class_mask()
 
     def verify_forward(self, ctx, handle):
         def forward(x):
