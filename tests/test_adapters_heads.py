@@ -223,8 +223,11 @@ def test_a_router_only_retrofit_needs_no_classifier():
 def test_verify_proves_each_expert_reaches_its_samples_and_runs_the_checks_the_options_allow():
     model = TaskNet(slice_per_sample=True)
     handle = _retrofit(model)
+    flags = [p.requires_grad for p in model.parameters()]
     report = handle.verify(torch.randn(8, D), forward=_forward(model, handle))
     assert report.ok, str(report)
+    # the method's own start grew and froze classifiers inside verify: all of it is put back
+    assert len(model.fc.heads) == 1 and [p.requires_grad for p in model.parameters()] == flags
     for name in ("training follows the current expert", "forcing each expert selects its prompts",
                  "inference uses the ensemble"):
         assert report[name].ok is True, str(report)
@@ -324,3 +327,81 @@ def test_the_schedules_are_importable_from_the_adapters():
     from fly_modules.adapters import SessionSchedule as Sessions
 
     assert Budget is SampleBudgetSchedule and Sessions is SessionSchedule
+
+
+# ------------------------------------------------------------------------------ forks of a supported layout
+def _jhlee_fork():
+    pytest.importorskip("timm")
+    from upstream_standins import JLDualPrompt, Original
+
+    return JLDualPrompt(), Original()
+
+
+def _hooks(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_a_fork_whose_keys_live_in_another_space_is_refused_before_anything_is_installed():
+    model, _ = _jhlee_fork()
+    model.e_prompt.embed_dim = model.e_prompt.prompt_key.shape[1]
+    model.e_prompt.prompt_key = nn.Parameter(torch.randn(model.e_prompt.prompt_key.shape[0], 16))  # projected keys
+    with pytest.raises(SeamError, match=r"prompt_key \(4, 16\) holds keys of width 16 but the pool's queries are 32 "
+                                        r"wide \(embed_dim\).*router=False"):
+        retrofit(model, "dualprompt", num_experts=2)
+    assert _hooks(model) == 0 and type(model.head) is nn.Linear
+    retrofit(model, "dualprompt", num_experts=2, router=False).remove()
+
+
+def test_a_router_wider_than_the_keys_it_reads_is_refused_with_the_option_to_fix_it():
+    model, _ = _jhlee_fork()
+    with pytest.raises(SeamError, match=r"be 16 wide \(router_dim.*pass router_dim=32, or query_module="):
+        retrofit(model, "dualprompt", num_experts=2, router_dim=16)
+    assert _hooks(model) == 0
+
+
+def test_a_family_retrofit_without_the_ensemble_ignores_a_classifier_it_cannot_copy():
+    model, _ = _jhlee_fork()
+    width = model.head.in_features
+    model.head = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, C))
+    with pytest.raises(SeamError, match=r"holding 2 nn.Linear.*; retrofit with ensemble=False \(the router needs no "
+                                        r"classifier\), or name the classifier with fly_modules\.adapters\.generic") as error:
+        retrofit(model, "dualprompt", num_experts=2)
+    assert "pass head_owner" not in str(error.value)  # an option the dualprompt family does not take
+    handle = retrofit(model, "dualprompt", num_experts=2, ensemble=False, router_dim=width)
+    assert handle.router is not None and handle.ensemble is None
+
+
+class _TaskHeads(nn.Module):
+    """A fork's per-task classifiers returning a dict, grown by the method."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.heads = nn.ModuleList([nn.Linear(width, C)])
+
+    def forward(self, x: Tensor) -> Dict[str, Tensor]:
+        return {"logits": torch.cat([head(x) for head in self.heads], dim=1)}
+
+
+def test_a_fork_with_per_task_classifiers_returning_dicts_is_retrofitted_and_verified():
+    from upstream_standins import jhlee_forward
+
+    model, original = _jhlee_fork()
+    model.head = _TaskHeads(model.head.in_features)
+    real = model.forward
+
+    def forward(x: Tensor, **kwargs: Any) -> Dict[str, Any]:
+        res = real(x, **kwargs)
+        res["logits"] = res["logits"]["logits"]
+        return res
+
+    model.forward = forward
+
+    def grow(expert: int) -> None:
+        while len(model.head.heads) < expert + 1:
+            model.head.heads[-1].requires_grad_(False)
+            model.head.heads.append(nn.Linear(model.head.heads[0].in_features, C))
+
+    handle = retrofit(model, "dualprompt", num_experts=2, start_expert=grow, **ROUTER)
+    x = torch.randn(4, 3, 32, 32)
+    report = handle.verify(x, forward=lambda x: jhlee_forward(model, original, x, handle.current_expert)["logits"])
+    assert report.ok and report["inference uses the ensemble"].ok, str(report)
