@@ -147,6 +147,8 @@ class ExpertHeadEnsemble(nn.Module):
     # -------------------------------------------------------------------------------------- the pool
     def grow(self) -> None:
         """Give each classifier the method appended since the last call its copies (and its swap)."""
+        if len(self.pool) == len(self.members):
+            return  # what every forward finds: nothing appended
         if len(self.pool) > self.num_experts_declared:
             raise RuntimeError(
                 f"Retrofit: the pool of per-expert classifiers holds {len(self.pool)} classifiers but the retrofit "
