@@ -381,6 +381,11 @@ class KeyPool(Layout):
         return torch.where(inside, experts, first_hit)
 
 
+def _key_width(layout: Any) -> Optional[int]:
+    keys = layout.prompt.prompt_key if isinstance(layout, PromptMaskPool) else getattr(layout.pool, "key", None)
+    return int(keys.shape[-1]) if isinstance(keys, Tensor) else None
+
+
 def _router_width(plan: Plan) -> Optional[int]:
     """The width the router will be sized to: ``router_dim``, else the classifier's input (``None``: unknown)."""
     if plan.router_dim is not None:
@@ -430,7 +435,9 @@ class PoolFamily(AdapterFamily):
     ) -> Plan:
         plan = self.pool_plan(num_experts, slots_per_expert, dict(query_module=query_module,
                                                                    query_from_output=query_from_output))
-        return dataclasses.replace(plan, start_expert=start_expert, router_dim=router_dim)
+        # the router reads the query the pool matches against its keys, unless query_module says otherwise
+        width = None if query_module is not None else _key_width(plan.layout)
+        return dataclasses.replace(plan, start_expert=start_expert, router_dim=router_dim, query_width=width)
 
     def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         """The plan of the model's pool (``query``: the :class:`Slots` query options)."""

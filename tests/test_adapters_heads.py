@@ -215,8 +215,10 @@ def test_a_router_only_retrofit_needs_no_classifier():
     assert handle.ensemble is None and handle.router.in_features == D
     handle.remove()
     del model.fc  # no classifier at all
-    model.fc = nn.Identity()
     _retrofit(model, ensemble=False, router_dim=D).remove()
+    with pytest.raises(SeamError, match=r"TaskNet has no classifier.*pass head_owner=\.\.\. and head_name=\.\.\., or "
+                                        r"retrofit with ensemble=False"):
+        _retrofit(model)
 
 
 # ------------------------------------------------------------------------------------------------- verify
@@ -367,8 +369,8 @@ def test_a_family_retrofit_without_the_ensemble_ignores_a_classifier_it_cannot_c
                                         r"classifier\), or name the classifier with fly_modules\.adapters\.generic") as error:
         retrofit(model, "dualprompt", num_experts=2)
     assert "pass head_owner" not in str(error.value)  # an option the dualprompt family does not take
-    handle = retrofit(model, "dualprompt", num_experts=2, ensemble=False, router_dim=width)
-    assert handle.router is not None and handle.ensemble is None
+    handle = retrofit(model, "dualprompt", num_experts=2, ensemble=False)  # sized by the keys it routes on
+    assert handle.router.in_features == width and handle.ensemble is None
 
 
 class _TaskHeads(nn.Module):
