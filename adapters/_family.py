@@ -205,17 +205,20 @@ class AdapterFamily:
         if seat.linear is None and seat.pool is None:
             raise SeamError(f"{self.caller}: the ensemble needs the model's classifier and the plan names none; "
                             f"{self.head_fix()}")
+        wrapped = seat.seat is not None and isinstance(plan.head, tuple) and seat.seat != plan.head
+        if (seat.pool is not None or wrapped) and type(plan.layout).swap_head is not Layout.swap_head:
+            what = "a pool of per-expert classifiers" if seat.pool is not None else \
+                f"a {type(plan.classifier).__name__} holding its nn.Linear"
+            raise SeamError(
+                f"{self.caller}: the classifier is {what}, which the {self.family} layout's own head swap does not "
+                f"take; retrofit with ensemble=False, or name the seams with {GENERIC_CALL}"
+            )
         if seat.pool is not None:
             self.check_pool(plan, seat.pool)
         return seat
 
     def check_pool(self, plan: Plan, pool: nn.ModuleList) -> None:
-        """A pool of per-expert classifiers: the default head swap, at least one classifier, not more than experts."""
-        if type(plan.layout).swap_head is not Layout.swap_head:
-            raise SeamError(
-                f"{self.caller}: the classifier is a pool of per-expert classifiers, which the {self.family} layout's "
-                f"own head swap does not take; retrofit with ensemble=False, or name the seams with {GENERIC_CALL}"
-            )
+        """A pool of per-expert classifiers holds at least one classifier, and not more than the experts."""
         if not 1 <= len(pool) <= int(plan.num_experts):
             raise SeamError(
                 f"{self.caller}: the pool of per-expert classifiers holds {len(pool)} classifiers for "

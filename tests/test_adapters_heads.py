@@ -407,3 +407,20 @@ def test_a_fork_with_per_task_classifiers_returning_dicts_is_retrofitted_and_ver
     x = torch.randn(4, 3, 32, 32)
     report = handle.verify(x, forward=lambda x: jhlee_forward(model, original, x, handle.current_expert)["logits"])
     assert report.ok and report["inference uses the ensemble"].ok, str(report)
+
+
+def test_a_layout_with_its_own_head_swap_refuses_a_wrapped_classifier_and_a_pool():
+    pytest.importorskip("timm")
+    from upstream_standins import MVP
+
+    model = MVP(flygcl=False)
+    linear = model.backbone.head
+    model.backbone.head = nn.Sequential(linear)
+    with pytest.raises(SeamError, match=r"classifier is a Sequential holding its nn.Linear, which the mvp layout's own "
+                                        r"head swap does not take; retrofit with ensemble=False"):
+        retrofit(model, "mvp")
+    assert _hooks(model) == 0 and model.backbone.head[0] is linear
+    model.backbone.head = nn.ModuleList([linear])
+    with pytest.raises(SeamError, match=r"classifier is a pool of per-expert classifiers, which the mvp layout"):
+        retrofit(model, "mvp")
+    retrofit(model, "mvp", ensemble=False).remove()
