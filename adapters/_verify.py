@@ -285,11 +285,12 @@ def _check_experts_trained(handle: Any, run: _Runner, snapshot: Snapshot, checks
             return
         used = sorted(set(trained.reshape(-1).tolist()))
         if used != [expert]:
+            parts = "prompts (or per-expert classifiers)" if getattr(handle.ensemble, "per_expert", False) else "prompts"
             checks.append(Check(name, False, (
-                f"after start_expert({expert}) the model trained the prompts of expert(s) {used}: the router would "
-                f"learn expert {expert} for samples that trained another's prompts. The method's own step counter "
+                f"after start_expert({expert}) the model trained the {parts} of expert(s) {used}: the router would "
+                f"learn expert {expert} for samples that trained another's {parts}. The method's own step counter "
                 "must follow the retrofit (no start_expert override that skips it; pass the task id your loop "
-                "passes as handle.current_expert)"
+                "passes as handle.current_expert; start_expert=... adding the task's classifier)"
             )))
             return
         seen.append(str(expert))

@@ -424,3 +424,10 @@ def test_a_layout_with_its_own_head_swap_refuses_a_wrapped_classifier_and_a_pool
     with pytest.raises(SeamError, match=r"classifier is a pool of per-expert classifiers, which the mvp layout"):
         retrofit(model, "mvp")
     retrofit(model, "mvp", ensemble=False).remove()
+
+
+def test_verify_fails_when_the_method_adds_no_classifier_for_the_next_expert():
+    model = TaskNet()
+    handle = _retrofit(model, start_expert=None)  # the pool is never grown: task 1 trains classifier 0
+    check = handle.verify(torch.randn(8, D), forward=_forward(model, handle))["training follows the current expert"]
+    assert check.ok is False and "per-expert classifiers) of expert(s) [0, 1]" in check.detail
