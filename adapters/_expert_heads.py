@@ -25,7 +25,9 @@ from fly_modules._validation import InvalidParameterError
 
 from ._head import EnsembleLinear
 
-__all__ = ["ClassifierRefused", "ClassifierSeat", "ExpertHeadEnsemble", "classifier_seat", "install_pool"]
+__all__ = [
+    "ClassifierRefused", "ClassifierSeat", "ExpertHeadEnsemble", "classifier_seat", "install_pool", "pool_holding",
+]
 
 Seat = Tuple[nn.Module, str]
 
@@ -116,6 +118,19 @@ def classifier_seat(head: Any) -> ClassifierSeat:
         f"the classifier is a {type(module).__name__} holding {len(seats)} nn.Linear, where the ensemble copies "
         "one nn.Linear (or one per expert: an nn.ModuleList of per-expert classifiers)"
     )
+
+
+def pool_holding(model: nn.Module, linear: nn.Linear) -> Optional[Tuple[str, nn.ModuleList]]:
+    """``(path, pool)`` of a pool of per-expert classifiers in ``model`` that holds ``linear``, if any: naming one
+    of its classifiers would leave the others outside the ensemble."""
+    for path, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and any(m is linear for m in module.modules()):
+            try:
+                _pool_seats(module)
+            except ClassifierRefused:
+                continue  # a list of other modules (blocks), not of classifiers
+            return path, module
+    return None
 
 
 class ExpertHeadEnsemble(nn.Module):

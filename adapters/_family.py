@@ -18,7 +18,14 @@ from torch import nn
 
 from fly_modules._validation import check_int
 
-from ._expert_heads import ClassifierRefused, ClassifierSeat, ExpertHeadEnsemble, classifier_seat, install_pool
+from ._expert_heads import (
+    ClassifierRefused,
+    ClassifierSeat,
+    ExpertHeadEnsemble,
+    classifier_seat,
+    install_pool,
+    pool_holding,
+)
 from ._handle import Retrofit, StepCounter
 from ._layout import Layout
 from ._options import RetrofitOptions
@@ -215,7 +222,26 @@ class AdapterFamily:
             )
         if seat.pool is not None:
             self.check_pool(plan, seat.pool)
+        elif seat.seat is not None:
+            self.refuse_one_of_a_pool(seat.linear)
         return seat
+
+    def refuse_one_of_a_pool(self, linear: nn.Linear) -> None:
+        """One classifier of a pool of per-expert classifiers would leave the others outside the ensemble (their
+        samples answered by plain logits beside the ensembled ones): name the pool."""
+        found = pool_holding(self.model, linear)
+        if found is None:
+            return
+        path, pool = found
+        owner, _, name = path.rpartition(".")
+        seam = f"head_owner=model{'.' + owner if owner else ''}, head_name={name!r}"
+        if "head_owner" not in inspect.signature(type(self).recognise).parameters:
+            seam = f"{GENERIC_CALL} with {seam}"
+        raise SeamError(
+            f"{self.caller}: the classifier named is one of the {len(pool)} per-expert classifiers of `{path}` (an "
+            f"nn.ModuleList), which would leave the others outside the ensemble; name the pool itself ({seam}) so "
+            "that each expert gets EMA copies of its own classifier"
+        )
 
     def check_pool(self, plan: Plan, pool: nn.ModuleList) -> None:
         """A pool of per-expert classifiers holds at least one classifier, and not more than the experts."""

@@ -82,6 +82,20 @@ class TaskNet(nn.Module):
         return {"logits": every[used.clamp(max=len(self.fc.heads) - 1), torch.arange(x.shape[0])]}
 
 
+class NumberedHeads(TaskNet):
+    """Per-task classifiers kept as numbered attributes (``head_0``, ``head_1``, ...), all run, one slice kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for task in range(TASKS):
+            setattr(self, f"head_{task}", nn.Linear(D, C))
+
+    def forward(self, x: Tensor, task: Any = None) -> Dict[str, Tensor]:
+        h, used = self.prompt(self.encoder(x), task=task)
+        every = torch.stack([getattr(self, f"head_{t}")(h) for t in range(TASKS)])
+        return {"logits": every[used, torch.arange(x.shape[0])]}
+
+
 def _grow(model: TaskNet):
     def start(expert: int) -> None:
         while len(model.fc.heads) < expert + 1:
@@ -97,7 +111,11 @@ def _retrofit(model: TaskNet, **options: Any):
 
 def _forward(model: TaskNet, handle) -> Any:
     """The loop's calls: the current task in training, the method's own choice (routed) at inference."""
-    return lambda x: model(x, task=handle.current_expert)["logits"] if model.training else model(x)["logits"]
+    def forward(x: Tensor) -> Tensor:
+        out = model(x, task=handle.current_expert) if model.training else model(x)
+        return out["logits"] if isinstance(out, dict) else out  # a single classifier answers a tensor
+
+    return forward
 
 
 def _train(model: TaskNet, handle, optimizer, task: int, steps: int = 3) -> None:
@@ -164,6 +182,16 @@ def test_fresh_copies_answer_the_online_logits_in_every_classifier_of_the_pool()
     torch.testing.assert_close(ensembled, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_naming_one_classifier_of_a_pool_is_refused_with_the_pool_to_name():
+    model = TaskNet()
+    with pytest.raises(SeamError, match=r"one of the 1 per-expert classifiers of `fc\.heads` \(an nn.ModuleList\), which "
+                                        r"would leave the others outside the ensemble; name the pool itself "
+                                        r"\(head_owner=model\.fc, head_name='heads'\)"):
+        _retrofit(model, head_owner=model.fc.heads[0], head_name="0")
+    assert _hooks(model) == 0
+    _retrofit(model, head_owner=model.fc, head_name="heads").remove()
+
+
 def test_a_classifier_holding_one_linear_is_swapped_inside_and_keeps_its_dict_output():
     model = TaskNet()
     model.fc = nn.Sequential(nn.Dropout(0.0), nn.Linear(D, C))  # a small wrapper around the classifier
@@ -193,8 +221,9 @@ def test_the_pool_resumes_from_its_state_dict():
 
 def test_a_frozen_classifier_is_named_as_the_cause_not_a_missing_optimizer():
     model = TaskNet()
-    handle = generic.retrofit(model, num_experts=2, router=False, head_owner=model.fc.heads[0], head_name="0")
-    model.add_task()  # classifier 0, the one wrapped, is frozen now
+    model.fc = nn.Linear(D, C)
+    handle = generic.retrofit(model, num_experts=2, router=False, head_owner=model, head_name="fc")
+    model.fc.requires_grad_(False)  # frozen after its task
     model.train()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -237,12 +266,11 @@ def test_verify_proves_each_expert_reaches_its_samples_and_runs_the_checks_the_o
 
 
 def test_verify_fails_when_the_samples_of_an_expert_get_a_classifier_outside_the_ensemble():
-    # Only classifier 0 is wrapped; the model keeps, per sample, its task's classifier's slice: the samples
-    # routed to tasks 1 and 2 never see the ensemble although the wrapped head ran.
-    model = TaskNet(slice_per_sample=True)
-    model.add_task()
-    model.add_task()
-    handle = _retrofit(model, head_owner=model.fc.heads[0], head_name="0")
+    # Only classifier 0 is wrapped (the classifiers are numbered attributes, not a pool the retrofit can see); the
+    # model keeps, per sample, its task's classifier's slice: the samples routed to tasks 1 and 2 never see the
+    # ensemble although the wrapped head ran.
+    model = NumberedHeads()
+    handle = _retrofit(model, head_owner=model, head_name="head_0")
     report = handle.verify(torch.randn(8, D), forward=_forward(model, handle))
     check = report["inference uses the ensemble"]
     assert check.ok is False and "expert 1, expert 2" in check.detail and "expert 0" not in check.detail
@@ -260,8 +288,9 @@ def test_verify_after_the_last_task_says_everything_is_frozen():
 
 def test_verify_names_a_frozen_classifier_when_the_prompts_still_train():
     model = TaskNet()
-    handle = generic.retrofit(model, num_experts=TASKS, router=False, head_owner=model.fc.heads[0], head_name="0")
-    model.fc.heads.requires_grad_(False)
+    model.fc = nn.Linear(D, C)
+    handle = generic.retrofit(model, num_experts=TASKS, router=False, head_owner=model, head_name="fc")
+    model.fc.requires_grad_(False)
     check = handle.verify(torch.randn(8, D), forward=_forward(model, handle))["ensemble banks move after an optimizer step"]
     assert check.ok is False and "is frozen (requires_grad=False)" in check.detail
 
