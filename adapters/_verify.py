@@ -17,7 +17,8 @@ from fly_modules._validation import InvalidParameterError
 from ._batch_independence import HINT, batch_independence, batch_size, take_rows
 from ._restore import Installation, Snapshot, register_retrofit
 from ._verify_ensemble import check_ensemble_inference, check_ensemble_step
-from ._verify_report import Check, VerifyReport, attempt
+from ._verify_report import Check, VerifyReport
+from ._verify_report import attempt as _attempt
 
 __all__ = ["Check", "UnrestorableStateError", "VerifyReport", "verify"]
 
@@ -228,7 +229,7 @@ def _check_training(handle: Any, run: _Runner, snapshot: Snapshot, removed: _Unr
             f"training-mode logits differ from the un-retrofitted model's ({_differs(logits, removed.train)})",
         )
 
-    attempt("training outputs unchanged", checks, training_outputs)
+    _attempt("training outputs unchanged", checks, training_outputs)
     if handle.router is None:
         checks.append(Check("router receives queries", None, "router=False"))
         return
@@ -256,7 +257,7 @@ def _check_training(handle: Any, run: _Runner, snapshot: Snapshot, removed: _Unr
                "sample (query_module=...)")
         ))
 
-    attempt("router receives queries", checks, router_query)
+    _attempt("router receives queries", checks, router_query)
 
 
 def _check_experts_trained(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
