@@ -14,6 +14,8 @@ from typing import Any, Literal, Sequence, Union
 import torch
 from torch import nn
 
+from fly_modules import SampleBudgetSchedule as SampleBudgetSchedule
+from fly_modules import SessionSchedule as SessionSchedule
 from fly_modules._validation import shared_default
 
 from ._family import AdapterFamily as AdapterFamily
@@ -37,7 +39,7 @@ from .contract import SeamContract as SeamContract
 from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sdlora, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "UnrestorableStateError", "VerifyReport", "canonical_method", "expert_slot_mask", "list_families", "method_names",
+    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SampleBudgetSchedule", "SeamContract", "SeamError", "SessionSchedule", "UnrestorableStateError", "VerifyReport", "canonical_method", "expert_slot_mask", "list_families", "method_names",
     "register_family", "retrofit", "spelling_key",
 ]
 

@@ -21,6 +21,7 @@ from fly_modules import AnalyticRouter, SampleBudgetSchedule, SessionSchedule, T
 from fly_modules._validation import InvalidParameterError, check_int
 
 from . import _verify
+from ._head import no_ema_cause
 from ._log import DiagnosticsLog
 from ._options import Schedule
 from ._record import Record
@@ -164,6 +165,11 @@ class Retrofit:
             raise InvalidParameterError(
                 f"Retrofit.set_logit_mask: expected shape (C,) or (B, C), got {tuple(mask.shape)}"
             )
+        if mask is not None and getattr(self.ensemble, "per_expert", False):
+            raise InvalidParameterError(
+                "Retrofit.set_logit_mask: the ensemble is a pool of per-expert classifiers, each answering its own "
+                "classes; mask the model's concatenated logits in your own code"
+            )
         self.logit_mask = mask
 
     # ------------------------------------------------------------------- a loop that feeds the handle itself
@@ -268,12 +274,7 @@ class Retrofit:
         if self.ensemble is not None and recorded is not None and self.record.ensemble_steps == 0 \
                 and not self.record.warned_no_ema:
             self.record.warned_no_ema = True
-            warnings.warn(
-                "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch: pass "
-                "optimizer=... to retrofit, call handle.attach_optimizer(new_optimizer) when your loop re-creates "
-                "it, or call handle.update_ensemble() after each optimizer.step()",
-                RuntimeWarning, stacklevel=3,
-            )
+            warnings.warn(no_ema_cause(self.ensemble), RuntimeWarning, stacklevel=3)
         if self.router is not None and features is not None:
             # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
             with torch.no_grad():

@@ -18,15 +18,20 @@ from ._seams import SeamError, find_head
 __all__ = ["Generic", "retrofit", "EnsembleLinear", "find_head", "ensemble_scores"]
 
 
-def _head_seat(model: nn.Module, head_owner: Optional[nn.Module], head_name: Optional[str]) -> Tuple[nn.Module, str]:
-    """``(parent, name)`` of the classifier the user named, or found on ``model`` / ``head_owner``."""
-    if head_owner is None:
-        parent, found = find_head(model)
-        head_name = head_name or found
-    elif head_name is None:
-        parent, head_name = find_head(head_owner)
-    else:
+def _head_seat(model: nn.Module, head_owner: Optional[nn.Module], head_name: Optional[str],
+               ensemble: bool) -> Optional[Tuple[nn.Module, str]]:
+    """``(parent, name)`` of the classifier the user named, or found on ``model`` / ``head_owner``; ``None``
+    when none is named or found and the ensemble is off (the router needs no classifier)."""
+    if head_owner is not None and head_name is not None:
         parent = head_owner
+    else:
+        try:
+            parent, found = find_head(model if head_owner is None else head_owner)
+        except SeamError:
+            if ensemble or head_name is not None:
+                raise
+            return None
+        head_name = head_name or found
     if not hasattr(parent, head_name):
         raise SeamError(
             f"fly_modules.adapters.generic: {type(parent).__name__} has no attribute `{head_name}` (head_name)"
@@ -55,14 +60,20 @@ class Generic(AdapterFamily):
             (``route_method="interface"``); patched on the instance, restored by ``remove()``.
         route_value: ``route_value(expert_ids, module, args, kwargs)`` -> the injected value; default
             the ``(B,)`` long expert ids.
-        head_owner, head_name: where the ``nn.Linear`` classifier lives; default: the model's
-            ``get_classifier()`` / ``head`` / ``fc``. It becomes an :class:`EnsembleLinear` sharing its
-            parameters: online logits in training, the ensemble's log-probabilities at inference.
+        head_owner, head_name: where the classifier lives; default: the model's ``get_classifier()`` /
+            ``head`` / ``fc``. An ``nn.Linear`` (or a small module holding exactly one) becomes an
+            :class:`EnsembleLinear` sharing its parameters: online logits in training, the ensemble's
+            log-probabilities at inference. A pool of per-expert classifiers (an ``nn.ModuleList``, or a
+            module holding one, grown by the method's own add-a-task call) gives each expert EMA copies of
+            its own classifier; each classifier answers its ensemble on its logits' scale. Not needed with
+            ``ensemble=False``.
         bank_from_output: ``(B,)`` bank ids from the output of ``route_module`` (which it then needs, with
             ``router=False`` too: it is the module hooked, nothing is routed); default: the routed expert
-            at inference (the active bank when not routed), the current expert in training.
+            at inference (the active bank when not routed), the current expert in training. It also shows
+            ``verify`` which expert's prompts a forward used (training and routed inference).
         start_expert: the method's own expert start, called with the expert id; default: nothing.
-        router_dim: width of the query features; default the classifier's ``in_features``.
+        router_dim: width of the query features; default the classifier's ``in_features`` (required when no
+            ``nn.Linear`` classifier gives it).
     """
 
     names = ("generic",)
@@ -85,7 +96,7 @@ class Generic(AdapterFamily):
         start_expert: Optional[Callable[[int], None]] = None,
         router_dim: Optional[int] = None,
     ) -> Plan:
-        head = _head_seat(self.model, head_owner, head_name)
+        head = _head_seat(self.model, head_owner, head_name, self.options.ensemble)
         if route_method is not None and route_module is None:
             route_module = self.model
         if route_module is not None:
@@ -118,17 +129,40 @@ class _Seams(Layout):
         self.bank_from_output = bank_from_output
 
     def install_hooks(self) -> None:
-        if self.options.router:
-            self.route_keyword(self.route_module, self.route_kwarg, method=self.route_method, value=self.route_value,
-                               banks_follow_routing=self.bank_from_output is None)
-            self.read_query(self.query_module, self.query_from_output, "query_module", when=self.query_when)
-        if not self.options.ensemble:
-            return
         bank_from_output = self.bank_from_output
+        if self.options.router:
+            used = None if bank_from_output is None else _BanksOfOutput(bank_from_output)
+            self.route_keyword(self.route_module, self.route_kwarg, method=self.route_method, value=self.route_value,
+                               banks_follow_routing=bank_from_output is None, used_from_output=used)
+            self.read_query(self.query_module, self.query_from_output, "query_module", when=self.query_when)
         if bank_from_output is not None:
-            self.read_banks(self.route_module, lambda module, args, kwargs, output: bank_from_output(output))
-        elif not self.options.router:
+            self.read_banks(self.route_module, _BanksOfCall(self, bank_from_output))
+        elif self.options.ensemble and not self.options.router:
             self.count_batches(self.model)
+
+
+class _BanksOfOutput:
+    """``bank_from_output`` of a routed call's output: the experts whose prompts it used."""
+
+    def __init__(self, bank_from_output: Callable[[Any], Tensor]) -> None:
+        self.bank_from_output = bank_from_output
+
+    def __call__(self, output: Any) -> Optional[Tensor]:
+        return self.bank_from_output(output)
+
+
+class _BanksOfCall:
+    """The banks of each call of the route module; in training, also the expert whose prompts it trained."""
+
+    def __init__(self, layout: _Seams, bank_from_output: Callable[[Any], Tensor]) -> None:
+        self.layout, self.bank_from_output = layout, bank_from_output
+
+    def __call__(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> Optional[Tensor]:
+        banks = self.bank_from_output(output)
+        record = self.layout.record
+        if banks is not None and record.training:
+            record.seen(trained=banks)
+        return banks if self.layout.options.ensemble else None
 
 
 retrofit = register_family(Generic)
