@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._validation import InvalidParameterError, check_int
+from ._validation import InvalidParameterError, check_int, check_mask_dtype
 
 __all__ = ["class_mask", "batch_seen_class_mask", "seen_class_mask"]
 
@@ -22,6 +22,7 @@ def class_mask(
 ) -> Tensor:
     """``(num_classes,)`` mask that is 0 at every index in ``classes`` and ``-inf`` elsewhere."""
     num_classes = check_int(num_classes, "num_classes", caller="class_mask", minimum=0)
+    dtype = check_mask_dtype(dtype, caller="class_mask")
     if not isinstance(classes, Tensor) or classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
         raise InvalidParameterError(
             f"class_mask: classes must be an integer tensor, got {getattr(classes, 'dtype', type(classes).__name__)}"
@@ -57,6 +58,7 @@ def seen_class_mask(
     """
     num_classes = check_int(num_classes, "num_classes", caller="seen_class_mask", minimum=0)
     num_seen = check_int(num_seen, "num_seen", caller="seen_class_mask", minimum=0, maximum=num_classes)
+    dtype = check_mask_dtype(dtype, caller="seen_class_mask")
     mask = torch.full((num_classes,), float("-inf"), dtype=dtype, device=device)
     mask[:num_seen] = 0
     return mask
