@@ -198,7 +198,7 @@ def test_the_reader_walk_fails_on_a_bare_json_load(tmp_path, capsys, monkeypatch
 
 # --------------------------------------------------------------------------------------------- outputs
 #: the names of flags where a command writes: each must be checked by the output rule
-OUTPUT_DESTS = {"output", "json", "markdown", "target", "workdir"}
+OUTPUT_DESTS = {"output", "json", "markdown", "target", "workdir", "cache"}
 #: positionals before an output positional, per command
 POSITIONALS = {"benchmarks.backbone": ["sup21k", "source.pt"]}
 
