@@ -120,7 +120,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--results", type=Path, default=None,
                         help="a sweep's output folder: BWT and training seconds per batch from its result files, "
                              "inference seconds per test batch from its plan.json (run --plan into it)")
-    add_output_flag(parser, "--output", "folder", default="results/cost", help="folder of cost.md / cost.json")
+    add_output_flag(parser, "--output", "folder", default="results/cost", help="folder of cost.md / cost.json",
+                    contents={"cost.md": "file", "cost.json": "file"})
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
     args = parser.parse_args(argv)
     methods = [canonical_method(m) for m in args.methods.split(",") if m.strip()]

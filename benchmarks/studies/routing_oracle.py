@@ -150,7 +150,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.studies.routing_oracle",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, required=True, help="a sweep's output folder (its runs/)")
-    add_output_flag(parser, "--output", "folder", default=None, help="where to write (default: --results)")
+    add_output_flag(parser, "--output", "folder", default=None, help="where to write (default: --results)",
+                    contents={f"study_routing.{suffix}": "file" for suffix in ("md", "json", "png")})
     args = parser.parse_args(argv)
     if not (args.results / "runs").is_dir():
         parser.error(f"--results: {args.results} has no runs/ folder (the output folder of a sweep)")
