@@ -31,7 +31,7 @@ from benchmarks.ablation import cli
 from benchmarks.core import plan_file, run_file
 from benchmarks.core import results as results_module
 from benchmarks.core.errors import UsageError
-from benchmarks.flags import OutputPath, Parser
+from benchmarks.flags import InputPath, OutputPath, Parser
 from benchmarks.proxy import summary
 from benchmarks.studies import cost, routing_oracle
 
@@ -327,6 +327,56 @@ def test_a_study_whose_output_is_a_file_or_under_one_is_one_line(study, tmp_path
         status = _status(cli.main, [*TINY, "--study", study, "--output", str(output)])
         assert not one_line_problems(status, capsys.readouterr().err, "--output", str(output))
     assert (tmp_path / "a-file").read_text() == "the user's"
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+#: the names of flags naming a folder or file a command reads: each must be checked by the input rule
+INPUT_DESTS = {"checkouts", "checkout", "flygcl", "misa", "reference_repo", "results", "write", "check"}
+
+
+def input_actions(parser: argparse.ArgumentParser) -> List[argparse.Action]:
+    return [action for action in parser._actions if isinstance(action.type, InputPath)]
+
+
+def input_walk(main: Callable[..., int], tmp_path: Path, monkeypatch, capsys) -> Tuple[List[str], int]:
+    """Each input flag of ``main`` given nothing, the other kind, and a path under a file: exit status 2 and
+    one line naming the flag, at parse time, nothing written."""
+    parser = parser_of(main, monkeypatch)
+    wrong = [f"{action.dest}: parsed without the input rule" for action in parser._actions
+             if action.dest in INPUT_DESTS and not isinstance(action.type, InputPath)]
+    a_file, a_folder = tmp_path / "a-file", tmp_path / "a-folder"
+    a_file.write_text("the user's")
+    a_folder.mkdir(exist_ok=True)
+    actions = input_actions(parser)
+    for action in actions:
+        flag = action.option_strings[-1]
+        for value in (tmp_path / "nothing", a_file if action.type.kind == "folder" else a_folder, a_file / "under"):
+            before = files_of(tmp_path)
+            status, err = outcome(main, [f"{flag}={value}"], monkeypatch, capsys)
+            problems = one_line_problems(status, err, flag, str(value))
+            problems += [] if files_of(tmp_path) == before else ["files changed"]
+            wrong += [f"{flag} {value}: {problem}" for problem in problems]
+    return wrong, len(actions)
+
+
+def test_every_input_of_every_command_is_checked_when_parsed(tmp_path, monkeypatch, capsys):
+    wrong, walked = [], 0
+    for name, main in sorted(COMMANDS.items()):
+        (tmp_path / name).mkdir()
+        found, count = input_walk(main, tmp_path / name, monkeypatch, capsys)
+        wrong += [f"{name}: {line}" for line in found]
+        walked += count
+    assert walked >= 14 and not wrong, "\n".join(wrong)
+
+
+def test_the_input_walk_fails_on_an_unruled_input(tmp_path, monkeypatch, capsys):
+    def planted(argv):
+        parser = Parser(prog="planted")
+        parser.add_argument("--results", type=Path, default=None)
+        parser.parse_args(argv)
+        return 0
+
+    assert input_walk(planted, tmp_path, monkeypatch, capsys)[0] == ["results: parsed without the input rule"]
 
 
 # -------------------------------------------------------------------------------------------- checkouts

@@ -24,7 +24,7 @@ from benchmarks.compat.outcome import Outcome
 from benchmarks.compat.report import CHECKS, Row, failed, markdown, scrub, to_json
 from benchmarks.core.errors import UsageError
 from benchmarks.core.results import write_text_atomic
-from benchmarks.flags import Parser, add_output_flag
+from benchmarks.flags import Parser, add_input_flag, add_output_flag
 
 DEFAULT_CACHE = Path.home() / ".cache" / "fly-modules" / "envs"
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "mix of them (oldest FlyGCL: both rows)")
     parser.add_argument("--checks", type=_check_list, default=CHECK_NAMES,
                         help=f"comma-separated, among {','.join(CHECK_NAMES)} (default: all; install always runs)")
-    parser.add_argument("--checkouts", type=Path, default=None,
+    add_input_flag(parser, "--checkouts", "folder", default=None,
                         help="folder holding the upstream checkouts (needed by the upstream check)")
     add_output_flag(parser, "--cache", "folder", default=str(DEFAULT_CACHE),
                     help="where the environments are built and kept")

@@ -50,7 +50,7 @@ from benchmarks.core.checkout_commit import checkout_commit
 from benchmarks.core.errors import UsageError
 from benchmarks.core.reference_checkout import EvalBatches
 from benchmarks.core.results import write_text_atomic
-from benchmarks.flags import Parser, add_common_flag, add_flag, add_output_flag, add_shared_flag
+from benchmarks.flags import Parser, add_common_flag, add_flag, add_input_flag, add_output_flag, add_shared_flag
 from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
 from benchmarks.speed.vs_reference_agreement import compare_inference, compare_training
 from benchmarks.speed.vs_reference_variants import (
@@ -318,7 +318,8 @@ def use_quick_sizes(args: argparse.Namespace) -> None:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--reference-repo", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
+    add_input_flag(parser, "--reference-repo", "folder", convert=str, required=True,
+                   help="a checkout of AnAppleCore/FlyGCL (read only)")
     parser.add_argument("--methods", nargs="+", choices=ref.METHODS, default=list(ref.METHODS))
     parser.add_argument("--vit", choices=sorted(ref.VIT_PRESETS), default="tiny",
                         help="ViT shape (random weights): " + "; ".join(

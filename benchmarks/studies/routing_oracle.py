@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from benchmarks.flags import Parser, add_output_flag
+from benchmarks.flags import Parser, add_input_flag, add_output_flag
 
 from ..core.errors import UsageError
 from ..core.files import save_figure
@@ -149,7 +149,7 @@ def write_routing(output: Path, results: Iterable[Dict[str, Any]]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.studies.routing_oracle",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=Path, required=True, help="a sweep's output folder (its runs/)")
+    add_input_flag(parser, "--results", "folder", required=True, help="a sweep's output folder (its runs/)")
     add_output_flag(parser, "--output", "folder", default=None, help="where to write (default: --results)",
                     contents={f"study_routing.{suffix}": "file" for suffix in ("md", "json", "png")})
     args = parser.parse_args(argv)
