@@ -331,7 +331,7 @@ def test_a_study_whose_output_is_a_file_or_under_one_is_one_line(study, tmp_path
 
 # ---------------------------------------------------------------------------------------------- inputs
 #: the names of flags naming a folder or file a command reads: each must be checked by the input rule
-INPUT_DESTS = {"checkouts", "checkout", "flygcl", "misa", "reference_repo", "results", "write", "check"}
+INPUT_DESTS = {"checkouts", "checkout", "flygcl", "misa", "reference_repo", "results", "write", "check", "python"}
 
 
 def input_actions(parser: argparse.ArgumentParser) -> List[argparse.Action]:

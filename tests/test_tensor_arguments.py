@@ -119,3 +119,17 @@ def test_a_right_mask_is_added_in_both_shapes():
     assert torch.equal(ensemble(features, logit_mask=mask), ensemble(features) + mask)
     rows = mask.expand(N, C)
     assert torch.equal(ensemble(features, 0, logit_mask=rows), ensemble(features, 0, logit_mask=mask))
+
+
+@pytest.mark.parametrize("mask", [torch.zeros(1000), torch.ones(5, dtype=torch.bool)], ids=["width", "bool"])
+def test_a_retrofits_mask_is_checked_when_the_ensemble_answers(mask):
+    from upstream_cases import CASES, adapt, batch
+
+    case = CASES["jhlee-l2p"]
+    model, original = case.build()
+    handle = adapt(case, model, original, router=True, ensemble=True)
+    model.eval()
+    handle.set_logit_mask(mask)
+    with pytest.raises(InvalidParameterError, match="logit_mask must"):
+        case.forward(model, original, batch()[0])
+    handle.remove()

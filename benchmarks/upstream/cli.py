@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=f"checkout folders: {folders}; harnesses: {', '.join(HARNESSES)}")
     add_input_flag(parser, "--checkouts", "folder", required=True, help="folder holding one checkout per repository")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="harness or checkout folder names")
-    parser.add_argument("--python", type=Path, default=Path(sys.executable),
+    add_input_flag(parser, "--python", "file", default=Path(sys.executable),
                         help="the interpreter the harnesses run under (your environment's python; default this one)")
     add_output_flag(parser, "--json", "file", default=None, help="write every harness's rows and metadata here")
     add_output_flag(parser, "--markdown", "file", default=None,
