@@ -61,7 +61,7 @@ DIAGNOSTICS: Dict[str, Field] = {
 #: the run file's fields, as ``benchmarks.ablation.runner`` and ``execution`` write them
 RUN_FILE: Dict[str, Field] = {
     "spec": Field(dict, fields=SPEC),
-    "protocol": Field(dict),
+    "protocol": Field(dict, fields={"model": Field(str)}),  # the studies' tables name the backbone by its model
     "metrics": Field(dict, fields=METRICS, values=NUMBER),
     "metrics_paper": Field(dict, fields=METRICS, values=NUMBER),
     "log": Field(dict, fields={"records": Field(list, items=Field(dict, fields=LOG_RECORD))}),
