@@ -320,6 +320,15 @@ def test_a_log_folder_that_is_a_file_is_refused_before_training(backend, tmp_pat
     assert not one_line_problems(status, capsys.readouterr().err, "--output", str(out / "logs" / backend))
 
 
+def test_the_routing_study_writing_into_its_results_checks_them_as_its_output(tmp_path, capsys):
+    out = _results_folder(tmp_path, run_record(SPEC, {})).parents[4]
+    (out / "study_routing.md").mkdir()
+    before = files_of(out)
+    status = _status(routing_oracle.main, ["--results", str(out)])
+    assert not one_line_problems(status, capsys.readouterr().err, "--results", str(out / "study_routing.md"))
+    assert files_of(out) == before
+
+
 @pytest.mark.parametrize("study", ["cost", "components-cost", "routing"])
 def test_a_study_whose_output_is_a_file_or_under_one_is_one_line(study, tmp_path, capsys, no_work):
     (tmp_path / "a-file").write_text("the user's")

@@ -433,7 +433,8 @@ def run_stage_body(args: argparse.Namespace) -> int:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_output_flag(parser, "--output", "folder", default=None, required=True,
-                    help=f"folder for the {len(OUTPUT_FILES)} result files")
+                    help=f"folder for the {len(OUTPUT_FILES)} result files",
+                    contents={name: "file" for name in OUTPUT_FILES.values()})
     parser.add_argument("--device", default="cuda", help="cuda (the GPU run) or cpu (with --tiny: the CI check)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes: every stage end to end in seconds")
     add_input_flag(parser, "--reference-repo", "folder", convert=str, default=None,
