@@ -320,6 +320,15 @@ def test_a_log_folder_that_is_a_file_is_refused_before_training(backend, tmp_pat
     assert not one_line_problems(status, capsys.readouterr().err, "--output", str(out / "logs" / backend))
 
 
+def test_a_later_points_folder_that_is_a_file_stops_the_study_before_its_first_training(tmp_path, capsys, no_work):
+    out = tmp_path / "out"
+    (out / "sweep").mkdir(parents=True)
+    (out / "sweep" / "expansion_dim=32").write_text("the user's")
+    status = _status(cli.main, [*TINY, "--sweep", "M=16,32", "--output", str(out)])
+    assert not one_line_problems(status, capsys.readouterr().err, str(out / "sweep" / "expansion_dim=32"))
+    assert files_of(tmp_path) == {"out/sweep/expansion_dim=32": b"the user's"}
+
+
 def test_the_routing_study_writing_into_its_results_checks_them_as_its_output(tmp_path, capsys):
     out = _results_folder(tmp_path, run_record(SPEC, {})).parents[4]
     (out / "study_routing.md").mkdir()
