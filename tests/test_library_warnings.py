@@ -2,8 +2,8 @@
 
 Torch 1.12 warns on ``tensor // n`` (``__floordiv__ is deprecated``, a ``UserWarning`` raised inside torch,
 so a filter on the library's modules does not see it); newer torch does not. Each upstream case is
-retrofitted and run in training and at inference with every warning an error, the deprecated operators
-made to warn as torch 1.12 does on every torch.
+retrofitted and run in training and at inference with every deprecation an error (torch words its own as
+``UserWarning``s saying "deprecated"), the deprecated operators made to warn as torch 1.12 does on every torch.
 """
 
 import warnings
@@ -40,7 +40,9 @@ def test_a_retrofit_trained_and_evaluated_warns_nothing(name, warns_as_torch_1_1
     model, original = case.build()
     x, y = batch()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+            warnings.simplefilter("error", category)
+        warnings.filterwarnings("error", message=".*deprecated", category=UserWarning)  # torch's own deprecations
         handle = adapt(case, model, original, router=True, ensemble=True)
         for training in (True, False):
             model.train(training)
