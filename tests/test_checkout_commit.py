@@ -2,6 +2,7 @@
 where the checkout is a git checkout, else the ``.upstream_commit`` file of an exported tree, else "unknown";
 never the commit of a repository the folder happens to sit in."""
 
+import os
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,9 +16,9 @@ HASH = "79a6b51b7d21748dbdc3f981f474f1e3b0f33e0d"
 
 
 def git(folder: Path, *args: str) -> str:
+    identity = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     return subprocess.run(["git", "-C", str(folder), *args], check=True, capture_output=True, text=True,
-                          env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                               "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}).stdout.strip()
+                          env={**os.environ, **identity}).stdout.strip()
 
 
 @pytest.fixture
