@@ -223,7 +223,7 @@ def test_the_reader_walk_fails_on_a_bare_json_load(tmp_path, capsys, monkeypatch
 #: the names of flags where a command writes: each must be checked by the output rule
 OUTPUT_DESTS = {"output", "json", "markdown", "target", "workdir", "cache"}
 #: positionals before an output positional, per command
-POSITIONALS = {"benchmarks.backbone": ["sup21k", "source.pt"]}
+POSITIONALS = {"benchmarks.backbone": ["sup21k", "{a-file}"]}  # {a-file}: an existing file (the source read)
 
 
 def output_actions(parser: argparse.ArgumentParser) -> List[argparse.Action]:
@@ -248,7 +248,8 @@ def output_walk(name: str, main: Callable[..., int], tmp_path: Path, monkeypatch
         flag = action.option_strings[-1] if action.option_strings else action.dest
         place = a_file if action.type.kind == "folder" else a_folder
         for value in (place, a_file / "under"):
-            argv = [f"{flag}={value}"] if action.option_strings else [*POSITIONALS.get(name, []), str(value)]
+            ahead = [text.replace("{a-file}", str(a_file)) for text in POSITIONALS.get(name, [])]
+            argv = [f"{flag}={value}"] if action.option_strings else [*ahead, str(value)]
             before = files_of(tmp_path)
             status, err = outcome(main, argv, monkeypatch, capsys)
             problems = one_line_problems(status, err, flag)
@@ -349,14 +350,17 @@ def test_a_study_whose_output_is_a_file_or_under_one_is_one_line(study, tmp_path
 
 # ---------------------------------------------------------------------------------------------- inputs
 #: the names of flags naming a folder or file a command reads: each must be checked by the input rule
-INPUT_DESTS = {"checkouts", "checkout", "flygcl", "misa", "reference_repo", "results", "write", "check", "python"}
+INPUT_DESTS = {"checkouts", "checkout", "flygcl", "misa", "reference_repo", "results", "write", "check", "python",
+               "source"}
+#: positionals around an input positional, per command
+INPUT_POSITIONALS = {"benchmarks.backbone": (["sup21k"], ["target.safetensors"])}
 
 
 def input_actions(parser: argparse.ArgumentParser) -> List[argparse.Action]:
     return [action for action in parser._actions if isinstance(action.type, InputPath)]
 
 
-def input_walk(main: Callable[..., int], tmp_path: Path, monkeypatch, capsys) -> Tuple[List[str], int]:
+def input_walk(name: str, main: Callable[..., int], tmp_path: Path, monkeypatch, capsys) -> Tuple[List[str], int]:
     """Each input flag of ``main`` given nothing, the other kind, and a path under a file: exit status 2 and
     one line naming the flag, at parse time, nothing written."""
     parser = parser_of(main, monkeypatch)
@@ -367,10 +371,12 @@ def input_walk(main: Callable[..., int], tmp_path: Path, monkeypatch, capsys) ->
     a_folder.mkdir(exist_ok=True)
     actions = input_actions(parser)
     for action in actions:
-        flag = action.option_strings[-1]
+        flag = action.option_strings[-1] if action.option_strings else action.dest
         for value in (tmp_path / "nothing", a_file if action.type.kind == "folder" else a_folder, a_file / "under"):
             before = files_of(tmp_path)
-            status, err = outcome(main, [f"{flag}={value}"], monkeypatch, capsys)
+            ahead, after = INPUT_POSITIONALS.get(name, ([], []))
+            argv = [f"{flag}={value}"] if action.option_strings else [*ahead, str(value), *map(str, after)]
+            status, err = outcome(main, argv, monkeypatch, capsys)
             problems = one_line_problems(status, err, flag, str(value))
             problems += [] if files_of(tmp_path) == before else ["files changed"]
             wrong += [f"{flag} {value}: {problem}" for problem in problems]
@@ -381,10 +387,10 @@ def test_every_input_of_every_command_is_checked_when_parsed(tmp_path, monkeypat
     wrong, walked = [], 0
     for name, main in sorted(COMMANDS.items()):
         (tmp_path / name).mkdir()
-        found, count = input_walk(main, tmp_path / name, monkeypatch, capsys)
+        found, count = input_walk(name, main, tmp_path / name, monkeypatch, capsys)
         wrong += [f"{name}: {line}" for line in found]
         walked += count
-    assert walked >= 14 and not wrong, "\n".join(wrong)
+    assert walked >= 16 and not wrong, "\n".join(wrong)
 
 
 def test_the_input_walk_fails_on_an_unruled_input(tmp_path, monkeypatch, capsys):
@@ -394,7 +400,7 @@ def test_the_input_walk_fails_on_an_unruled_input(tmp_path, monkeypatch, capsys)
         parser.parse_args(argv)
         return 0
 
-    assert input_walk(planted, tmp_path, monkeypatch, capsys)[0] == ["results: parsed without the input rule"]
+    assert input_walk("planted", planted, tmp_path, monkeypatch, capsys)[0] == ["results: parsed without the input rule"]
 
 
 # -------------------------------------------------------------------------------------------- checkouts
