@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from fly_modules import TemporalEnsembleHead
+from fly_modules._validation import check_logit_mask
 
 __all__ = ["EnsembleLinear", "bank_copies", "ensemble_scores", "no_ema_cause", "perturb_banks"]
 
@@ -36,7 +37,8 @@ def ensemble_scores(
     if transform is not None:
         members = transform(members)
     if logit_mask is not None:
-        mask = logit_mask.to(members.device)
+        mask = check_logit_mask(logit_mask, members.shape[0], members.shape[2], caller="Retrofit (set_logit_mask)",
+                                device=members.device)
         members = members + (mask.unsqueeze(1) if mask.ndim == 2 else mask)
     scores = ensemble.aggregate_members(members)
     return scores.log() if ensemble.aggregate.startswith("softmax") else scores

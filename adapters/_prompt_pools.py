@@ -127,7 +127,7 @@ def slice_layout(pool: int, num_experts: int, slots_per_expert: Optional[int], t
             f"fly_modules.adapters.{family}: each expert owns {size} slots, fewer than top_k={top_k}; "
             f"use slots_per_expert >= {top_k} or fewer experts"
         )
-    expert_of_slot = torch.arange(pool) // size
+    expert_of_slot = torch.div(torch.arange(pool), size, rounding_mode="floor")  # `//` on a tensor warns on torch 1.12
     return size, expert_of_slot.clamp(max=num_experts - 1 if remainder_to_last else num_experts)
 
 

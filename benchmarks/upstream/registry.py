@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, Tuple
+
+from benchmarks.core.checkout_commit import checkout_commit
+
+__all__ = ["HARNESSES", "REPOSITORIES", "ROWS", "Repository", "Row", "checkout_commit"]
 
 
 @dataclass(frozen=True)
@@ -120,16 +122,3 @@ ROWS: Tuple[Row, ...] = (
         "nothing: no per-sample selection (every sample uses every task's LoRA); not yet: the ensemble over "
         "`classifier_pool`", ("inflora_sinet",)),
 )
-
-
-def checkout_commit(path: Path) -> str:
-    """The commit of a checkout: ``git rev-parse HEAD``, or for an exported tree without ``.git``
-    (``git archive``) the hash written in its ``.upstream_commit`` file; "unknown" otherwise."""
-    if (path / ".git").exists():
-        try:
-            return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-    marker = path / ".upstream_commit"
-    return marker.read_text().strip() if marker.is_file() else "unknown"
