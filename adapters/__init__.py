@@ -14,10 +14,13 @@ from typing import Any, Literal, Sequence, Union
 import torch
 from torch import nn
 
+from fly_modules import SampleBudgetSchedule as SampleBudgetSchedule
+from fly_modules import SessionSchedule as SessionSchedule
 from fly_modules._validation import shared_default
 
 from ._family import AdapterFamily as AdapterFamily
 from ._family import Plan as Plan
+from ._groups import expert_slot_mask as expert_slot_mask
 from ._handle import Retrofit as Retrofit
 from ._head import EnsembleLinear as EnsembleLinear
 from ._layout import Layout as Layout
@@ -36,7 +39,7 @@ from .contract import SeamContract as SeamContract
 from . import coda, dualprompt, generic, hide, l2p, mvp, reference, sdlora, sprompt  # noqa: E402, F401  isort: skip
 
 __all__ = [
-    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SeamContract", "SeamError", "UnrestorableStateError", "VerifyReport", "canonical_method", "list_families", "method_names",
+    "AdapterFamily", "DiagnosticsLog", "EnsembleLinear", "Layout", "Plan", "Record", "Retrofit", "RetrofitOptions", "SampleBudgetSchedule", "SeamContract", "SeamError", "SessionSchedule", "UnrestorableStateError", "VerifyReport", "canonical_method", "expert_slot_mask", "list_families", "method_names",
     "register_family", "retrofit", "spelling_key",
 ]
 
@@ -55,20 +58,22 @@ def retrofit(
     decays: Sequence[float] = shared_default("decays"),
     aggregate: str = shared_default("aggregate"),
     correct_assembly: bool = False,
+    train_in_eval: bool = False,
     distributed: Any = "auto",
     **family_options: Any,
 ) -> Retrofit:
     """Add the analytic router and/or the temporal ensemble to ``model`` with the adapter of ``method``.
 
     Args:
-        model: the user's model (its ``training`` flag tells training from inference).
+        model: the user's model (its ``training`` flag tells training from inference; with
+            ``train_in_eval=True``, whether autograd is recording does).
         method: a name of :func:`list_families` (``"l2p"``, ``"dualprompt"``, ``"misa"``, ``"mvp"``,
             ``"hide"``, ``"norga"``, ``"sprompt"``, ``"coda_prompt"``, ``"sdlora"``, ``"generic"``, ``"reference"``), in any spelling
             :func:`spelling_key` folds to one (``"coda-prompt"``; :func:`method_names` is the table). A model
             implementing :class:`SeamContract` goes to ``"reference"``: the families that recognise upstream code
             refuse it.
         router, ensemble, optimizer, schedule, expansion_dim, ridge, seed, decays, aggregate,
-            correct_assembly, distributed: the options every family shares (:class:`RetrofitOptions`).
+            correct_assembly, train_in_eval, distributed: the options every family shares (:class:`RetrofitOptions`).
         **family_options: the family's own (``num_experts``, ``original_model``, ...; see
             ``docs/adapters.md`` or ``help(fly_modules.adapters.<family>.retrofit)``).
 

@@ -11,6 +11,7 @@ the method the user asked for (``"misa"``, not ``"dualprompt"``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, Tuple, Union
 
 from torch import nn
@@ -18,16 +19,33 @@ from torch import nn
 from fly_modules._validation import check_int
 from fly_modules.distributed import resolve_process_group
 
+from ._expert_heads import (
+    ClassifierRefused,
+    ClassifierSeat,
+    ExpertHeadEnsemble,
+    classifier_seat,
+    install_pool,
+    pool_holding,
+)
 from ._handle import Retrofit, StepCounter
 from ._layout import Layout
 from ._options import RetrofitOptions
 from ._restore import Installation
-from ._seams import GENERIC_CALL, SeamError, backbone_of, count_experts, find_head, missing_seam, require_keyword
+from ._seams import (
+    GENERIC_CALL,
+    SeamError,
+    backbone_of,
+    count_experts,
+    find_head,
+    head_options,
+    missing_seam,
+    require_keyword,
+)
 
 __all__ = ["AdapterFamily", "Plan"]
 
 Correction = Callable[[Installation], None]
-Head = Union[Tuple[nn.Module, str], nn.Module]
+Head = Union[Tuple[nn.Module, str], nn.Module, None]
 
 
 @dataclasses.dataclass
@@ -36,9 +54,12 @@ class Plan:
 
     Attributes:
         num_experts: router outputs.
-        head: the ensemble's online head: ``(parent, name)`` of the ``nn.Linear`` classifier (swapped for an
+        head: the ensemble's online head: ``(parent, name)`` of the classifier (swapped for an
             :class:`~fly_modules.adapters.EnsembleLinear` by the default :meth:`Layout.swap_head`), or the
-            classifier itself for a layout that swaps none.
+            classifier itself for a layout that swaps none. The classifier is an ``nn.Linear``, a small module
+            holding exactly one (its ``nn.Linear`` is swapped), or a pool of per-expert classifiers (an
+            ``nn.ModuleList``, or a module with one: expert ``e``'s EMA copies are of classifier ``e``, and
+            classifiers the method appends later get theirs). ``None``: no classifier (router only).
         layout: the :class:`~fly_modules.adapters.Layout` found, which installs the hooks and swaps the head.
         num_banks: ensemble banks (default ``num_experts``).
         banks_of_expert: banks re-cloned from the online head when an expert starts (default ``[expert]``).
@@ -50,6 +71,8 @@ class Plan:
         corrections: upstream fixes installed on the model for every variant (``correct_assembly``);
             ``verify()`` compares the retrofit with the model carrying these alone.
         inference: how ``verify()`` evaluates when the model's inference is not its forward.
+        query_width: width of the query the layout routes on, when the family knows it: sizes the router
+            when neither ``router_dim`` nor a classifier does (a router-only retrofit without an ``nn.Linear``).
     """
 
     num_experts: int
@@ -63,14 +86,15 @@ class Plan:
     router_dim: Optional[int] = None
     corrections: Sequence[Correction] = ()
     inference: Optional[Callable[[Any], Any]] = None
+    query_width: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.counter is not None and self.current_expert is not None:
             raise TypeError("Plan: a counter's value is the current expert; give counter or current_expert")
 
     @property
-    def classifier(self) -> nn.Module:
-        """The online head itself."""
+    def classifier(self) -> Optional[nn.Module]:
+        """The online head itself (``None``: none)."""
         if isinstance(self.head, tuple):
             parent, name = self.head
             return getattr(parent, name)
@@ -125,6 +149,7 @@ class AdapterFamily:
         self.plan: Optional[Plan] = None
         self.installation = Installation()  # the hooks and swaps, handed to the handle, undone by its remove()
         self.handle: Retrofit = None  # type: ignore[assignment]  (set by retrofit)
+        self.seat: Optional[ClassifierSeat] = None  # what the plan names as the classifier (set by retrofit)
 
     def recognise(self, **family_options: Any) -> Plan:
         """Check the model's seams (nothing installed yet) and return what to build, with its layout."""
@@ -138,11 +163,17 @@ class AdapterFamily:
         family = cls(model, options, method)
         plan = family.recognise(**family_options)
         family.plan = plan = plan.layout.check(plan)
+        family.seat = seat = family.classifier_seat(plan)
+        if seat.seat is not None:  # a module holding one nn.Linear: the nn.Linear is what is swapped
+            family.plan = plan = dataclasses.replace(plan, head=seat.seat)
         family.handle = handle = family.create_handle(plan)
         if not options.router and not options.ensemble:
             return handle  # the baseline variant: only the schedule is driven, the model is untouched
         plan.layout.install_hooks()
-        if options.ensemble:
+        plan.layout.guard_inference()
+        if options.ensemble and seat.pool is not None:
+            install_pool(plan.layout, handle.ensemble, seat)
+        elif options.ensemble:
             plan.layout.swap_head()
         return handle
 
@@ -150,19 +181,15 @@ class AdapterFamily:
         """The handle with its router and ensemble sized by ``plan``, the optimizer hook attached, the
         ``distributed`` option resolved to a process group once."""
         num_experts = check_int(plan.num_experts, "num_experts", caller=self.caller, minimum=1)
-        classifier = plan.classifier
-        if not isinstance(classifier, nn.Linear):
-            raise SeamError(
-                f"{self.caller}: the classifier must be an nn.Linear, found {type(classifier).__name__}; pass "
-                f"head_owner=... and head_name=... naming the nn.Linear: {GENERIC_CALL}"
-            )
-        dim = classifier.in_features if plan.router_dim is None else \
-            check_int(plan.router_dim, "router_dim", caller=self.caller, minimum=1)
+        seat = self.seat if self.seat is not None else self.classifier_seat(plan)
+        first = seat.first_linear()
         current, banks_of_expert = plan.current, plan.banks_of_expert or _one_bank
+        num_banks = num_experts if plan.num_banks is None else plan.num_banks
+        device = first.weight.device if first is not None else next((p.device for p in self.model.parameters()), None)
         handle = Retrofit(
             self.model, family=self.names[0] if self.names else self.family,
-            router=self.options.build_router(dim, num_experts, classifier.weight.device),
-            ensemble=self.options.build_ensemble(classifier, num_experts if plan.num_banks is None else plan.num_banks),
+            router=self.options.build_router(self.router_width(plan, first), num_experts, device),
+            ensemble=self.build_ensemble(seat, num_experts, num_banks, banks_of_expert),
             schedule=self.options.schedule, start_method_expert=plan.method_start(),
             banks_of_expert=banks_of_expert, current_expert=current, num_experts=num_experts, step_counter=plan.counter,
             installation=self.installation, corrections=plan.corrections, inference=plan.inference,
@@ -176,6 +203,88 @@ class AdapterFamily:
                 handle.ensemble.active_expert = int(banks[-1])  # a retrofit mid-run
             handle.attach_optimizer(self.options.optimizer)
         return handle
+
+    def classifier_seat(self, plan: Plan) -> ClassifierSeat:
+        """What ``plan.head`` names (checked before anything is installed); a router-only retrofit needs none."""
+        try:
+            seat = classifier_seat(plan.head)
+        except ClassifierRefused as reason:
+            if not self.options.ensemble:
+                return ClassifierSeat()  # the router does not use the classifier
+            raise SeamError(f"{self.caller}: {reason}; {self.head_fix()}") from None
+        if not self.options.ensemble:
+            return seat
+        if seat.linear is None and seat.pool is None:
+            raise SeamError(f"{self.caller}: the ensemble needs the model's classifier and the plan names none; "
+                            f"{self.head_fix()}")
+        wrapped = seat.seat is not None and isinstance(plan.head, tuple) and seat.seat != plan.head
+        if (seat.pool is not None or wrapped) and type(plan.layout).swap_head is not Layout.swap_head:
+            what = "a pool of per-expert classifiers" if seat.pool is not None else \
+                f"a {type(plan.classifier).__name__} holding its nn.Linear"
+            raise SeamError(
+                f"{self.caller}: the classifier is {what}, which the {self.family} layout's own head swap does not "
+                f"take; retrofit with ensemble=False, or name the seams with {GENERIC_CALL}"
+            )
+        if seat.pool is not None:
+            self.check_pool(plan, seat.pool)
+        elif seat.seat is not None:
+            self.refuse_one_of_a_pool(seat.linear)
+        return seat
+
+    def refuse_one_of_a_pool(self, linear: nn.Linear) -> None:
+        """One classifier of a pool of per-expert classifiers would leave the others outside the ensemble (their
+        samples answered by plain logits beside the ensembled ones): name the pool."""
+        found = pool_holding(self.model, linear)
+        if found is None:
+            return
+        path, pool = found
+        owner, _, name = path.rpartition(".")
+        seam = f"head_owner=model{'.' + owner if owner else ''}, head_name={name!r}"
+        if "head_owner" not in inspect.signature(type(self).recognise).parameters:
+            seam = f"{GENERIC_CALL} with {seam}"
+        raise SeamError(
+            f"{self.caller}: the classifier named is one of the {len(pool)} per-expert classifiers of `{path}` (an "
+            f"nn.ModuleList), which would leave the others outside the ensemble; name the pool itself ({seam}) so "
+            "that each expert gets EMA copies of its own classifier"
+        )
+
+    def check_pool(self, plan: Plan, pool: nn.ModuleList) -> None:
+        """A pool of per-expert classifiers holds at least one classifier, and not more than the experts."""
+        if not 1 <= len(pool) <= int(plan.num_experts):
+            raise SeamError(
+                f"{self.caller}: the pool of per-expert classifiers holds {len(pool)} classifiers for "
+                f"{plan.num_experts} experts; it must hold between 1 and num_experts (the method appends the others)"
+            )
+
+    def head_fix(self) -> str:
+        """The options that name another classifier, as this family accepts them."""
+        return head_options("generic" if "head_owner" in inspect.signature(type(self).recognise).parameters
+                            else self.family)
+
+    def router_width(self, plan: Plan, first: Optional[nn.Linear]) -> Optional[int]:
+        """``router_dim``, else the classifier's input width, else the layout's query width."""
+        if plan.router_dim is not None:
+            return check_int(plan.router_dim, "router_dim", caller=self.caller, minimum=1)
+        if first is not None:
+            return first.in_features
+        if plan.query_width is not None or not self.options.router:
+            return plan.query_width
+        raise SeamError(f"{self.caller}: no nn.Linear classifier gives the width of the router's query features; "
+                        "pass router_dim=<their width>")
+
+    def build_ensemble(self, seat: ClassifierSeat, num_experts: int, num_banks: int,
+                       banks_of_expert: Callable[[int], Sequence[int]]) -> Any:
+        """The ensemble of one classifier (a bank per ``num_banks``), or of a pool (copies per expert)."""
+        if not self.options.ensemble:
+            return None
+        if seat.pool is None:
+            return self.options.build_ensemble(seat.linear, num_banks)
+        expert_of_bank = [num_experts - 1] * num_banks
+        for expert in reversed(range(num_experts)):
+            for bank in banks_of_expert(expert):
+                expert_of_bank[int(bank)] = expert
+        return ExpertHeadEnsemble(seat.pool, num_experts, expert_of_bank, decays=self.options.decays,
+                                  aggregate=self.options.aggregate)
 
     # ------------------------------------------------------------------------------------ seam checks
     @property
@@ -191,9 +300,15 @@ class AdapterFamily:
         """:func:`~fly_modules.adapters._seams.require_keyword` in this family's name."""
         require_keyword(function, keyword, family=self.family, callee=callee, why=why)
 
-    def find_head(self, owner: Optional[nn.Module] = None) -> Tuple[nn.Module, str]:
-        """``(parent, name)`` of the classifier of ``owner`` (default the model)."""
-        return find_head(self.model if owner is None else owner, family=self.family)
+    def find_head(self, owner: Optional[nn.Module] = None) -> Optional[Tuple[nn.Module, str]]:
+        """``(parent, name)`` of the classifier of ``owner`` (default the model); ``None`` when it has none
+        and the ensemble is off (the router needs no classifier)."""
+        try:
+            return find_head(self.model if owner is None else owner, family=self.family)
+        except SeamError:
+            if self.options.ensemble:
+                raise
+            return None
 
     def count_experts(self, num_experts: Optional[int], default: Any, what: str) -> int:
         """``num_experts`` if given, else ``default``, as an int >= 1 (an error naming ``what`` when neither)."""

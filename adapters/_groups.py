@@ -1,5 +1,6 @@
 """Routed calls per expert group: the samples of a batch grouped by routed expert, one call per group
-(never one per sample), the outputs put back in batch order."""
+(never one per sample), the outputs put back in batch order; and, for a method that mixes a whole pool
+softly, the pool's slots each sample's routed expert owns (:func:`expert_slot_mask`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,36 @@ from typing import Any, Iterator, List, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["expert_groups", "merge_groups"]
+from fly_modules._validation import InvalidParameterError
+
+__all__ = ["expert_groups", "expert_slot_mask", "merge_groups"]
 
 
 def expert_groups(experts: Tensor) -> Iterator[Tuple[int, Tensor]]:
     """``(expert, rows)`` for each expert present in ``experts`` ``(B,)``, in increasing order."""
     for expert in torch.unique(experts).tolist():
         yield int(expert), (experts == expert).nonzero().squeeze(1)
+
+
+def expert_slot_mask(experts: Tensor, expert_of_slot: Tensor) -> Tensor:
+    """``(B, P)`` bool: ``True`` where slot ``p`` of a pool belongs to sample ``b``'s routed expert.
+
+    Args:
+        experts: ``(B,)`` routed expert ids (what a routed call receives).
+        expert_of_slot: ``(P,)`` the expert owning each slot of the pool (``torch.arange(P) // slots_per_expert``
+            for a pool grown by the same number of slots per task).
+
+    A soft, weighted prompt mixture (CODA-Prompt's components) is restricted to the routed expert by
+    ``weights * mask`` (or ``scores.masked_fill(~mask, float("-inf"))`` before a softmax), so that each
+    sample mixes only its expert's slots; a sample whose expert owns no slot gets an all-``False`` row.
+    """
+    if experts.ndim != 1 or expert_of_slot.ndim != 1:
+        raise InvalidParameterError(
+            f"expert_slot_mask: expected (B,) experts and (P,) expert_of_slot, got shapes {tuple(experts.shape)} and "
+            f"{tuple(expert_of_slot.shape)}"
+        )
+    owners = expert_of_slot.to(device=experts.device, dtype=torch.long)
+    return owners.unsqueeze(0) == experts.long().unsqueeze(1)
 
 
 def merge_groups(parts: List[Any], rows: List[Tensor]) -> Any:

@@ -29,6 +29,7 @@ from fly_modules import (
 from fly_modules._validation import InvalidParameterError, check_int
 
 from . import _verify
+from ._head import no_ema_cause
 from ._log import DiagnosticsLog
 from ._options import Schedule
 from ._record import Record
@@ -179,6 +180,11 @@ class Retrofit:
             raise InvalidParameterError(
                 f"Retrofit.set_logit_mask: expected shape (C,) or (B, C), got {tuple(mask.shape)}"
             )
+        if mask is not None and getattr(self.ensemble, "per_expert", False):
+            raise InvalidParameterError(
+                "Retrofit.set_logit_mask: the ensemble is a pool of per-expert classifiers, each answering its own "
+                "classes; mask the model's concatenated logits in your own code"
+            )
         self.logit_mask = mask
 
     # ------------------------------------------------------------------- a loop that feeds the handle itself
@@ -284,14 +290,9 @@ class Retrofit:
             batch_size = features.shape[0] if features is not None else (recorded or 0)
         # Once the copies have moved the hook works: a batch without a step is one GradScaler skipped.
         if self.ensemble is not None and recorded is not None and self.record.ensemble_steps == 0 \
-                and not self.record.warned_no_ema and not bool(self.ensemble.num_updates.any()):
+                and not self.record.warned_no_ema and not _copies_moved(self.ensemble):
             self.record.warned_no_ema = True
-            warnings.warn(
-                "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch: pass "
-                "optimizer=... to retrofit, call handle.attach_optimizer(new_optimizer) when your loop re-creates "
-                "it, or call handle.update_ensemble() after each optimizer.step()",
-                RuntimeWarning, stacklevel=3,
-            )
+            warnings.warn(no_ema_cause(self.ensemble), RuntimeWarning, stacklevel=3)
         # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
         global_size = self._add_batch(features, int(batch_size))
         self.record.query, self.record.size, self.record.ensemble_steps = None, None, 0
@@ -510,3 +511,9 @@ class Retrofit:
 
 def _cloned(state: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()}
+
+
+def _copies_moved(ensemble: Any) -> bool:
+    """Whether any EMA copy has moved yet (one ensemble, or a pool's per-expert ones)."""
+    members = getattr(ensemble, "members", None)
+    return any(bool(head.num_updates.any()) for head in (members if members is not None else [ensemble]))

@@ -3,13 +3,21 @@ is what it answers at inference."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Any, Callable, List, Optional, Union
 
+import torch
 from torch import Tensor, nn
 
 from fly_modules import TemporalEnsembleHead
+from fly_modules._validation import check_logit_mask
 
-__all__ = ["EnsembleLinear", "ensemble_scores"]
+__all__ = ["EnsembleLinear", "bank_copies", "ensemble_scores", "no_ema_cause", "perturb_banks"]
+
+_NO_OPTIMIZER = (
+    "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch: pass "
+    "optimizer=... to retrofit, call handle.attach_optimizer(new_optimizer) when your loop re-creates "
+    "it, or call handle.update_ensemble() after each optimizer.step()"
+)
 
 
 def ensemble_scores(
@@ -29,7 +37,8 @@ def ensemble_scores(
     if transform is not None:
         members = transform(members)
     if logit_mask is not None:
-        mask = logit_mask.to(members.device)
+        mask = check_logit_mask(logit_mask, members.shape[0], members.shape[2], caller="Retrofit (set_logit_mask)",
+                                device=members.device)
         members = members + (mask.unsqueeze(1) if mask.ndim == 2 else mask)
     scores = ensemble.aggregate_members(members)
     return scores.log() if ensemble.aggregate.startswith("softmax") else scores
@@ -76,3 +85,40 @@ class EnsembleLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, online={type(self.online).__name__}"
+
+
+def no_ema_cause(ensemble: Any) -> str:
+    """Why the EMA copies did not move during a batch: a frozen classifier (nothing to follow), else no step hook."""
+    online = ensemble.online
+    if not online.weight.requires_grad:
+        return (
+            f"Retrofit.end_batch: the classifier the ensemble copies ({type(online).__name__} "
+            f"{tuple(online.weight.shape)}) is frozen (requires_grad=False), so its EMA copies have nothing to "
+            "follow; where each task has its own classifier, name the pool of them (docs/adapters.md, "
+            "\"Per-expert classifiers\")"
+        )
+    return _NO_OPTIMIZER
+
+
+def bank_copies(ensemble: Any) -> List[Tensor]:
+    """Each bank's EMA copies, flattened (a pool of per-expert classifiers: its own expert's)."""
+    if isinstance(ensemble, TemporalEnsembleHead):
+        bias = ensemble.ema_bias
+        return [torch.cat([ensemble.ema_weight[b].flatten(), *(() if bias is None else (bias[b].flatten(),))])
+                for b in range(ensemble.num_experts)]
+    return ensemble.bank_copies()
+
+
+@torch.no_grad()
+def perturb_banks(ensemble: Any, banks: List[int], generator: torch.Generator) -> None:
+    """Overwrite the copies of ``banks`` with large random weights (``verify`` then looks for them in the logits)."""
+    for bank in banks:
+        member, index = (ensemble, bank) if isinstance(ensemble, TemporalEnsembleHead) else (ensemble.member(bank), 0)
+        if member is None:
+            continue
+        weight = member.ema_weight[index]
+        noise = torch.randn(weight.shape, generator=generator, dtype=torch.float64)
+        weight.copy_((noise * 10.0 / weight.shape[-1] ** 0.5).to(weight))
+        if member.ema_bias is not None:
+            bias = member.ema_bias[index]
+            bias.copy_((torch.randn(bias.shape, generator=generator, dtype=torch.float64) * 10.0).to(bias))

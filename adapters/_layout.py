@@ -26,10 +26,13 @@ them), the installation makes a hook do nothing and a replaced method run the or
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional, Tuple
+import functools
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
+
+from fly_modules._validation import InvalidParameterError
 
 from ._handle import Retrofit
 from ._head import EnsembleLinear, ensemble_scores
@@ -37,12 +40,11 @@ from ._options import RetrofitOptions
 from ._query import ClassToken, first_tensor
 from ._record import Record
 from ._restore import Installation, shared
+from ._routed_call import QueryFromCall, QueryWhen, RoutedArgument, RoutedCall, RouteValue
 
-__all__ = ["Layout"]
+__all__ = ["Layout", "QueryWhen", "RouteValue"]
 
-QueryFromCall = Callable[[nn.Module, Tuple[Any, ...], Dict[str, Any]], Optional[Tensor]]
 BankFromCall = Callable[[nn.Module, Tuple[Any, ...], Dict[str, Any], Any], Optional[Tensor]]
-RouteValue = Callable[[Tensor, nn.Module, Tuple[Any, ...], Dict[str, Any]], Any]
 UsedFromOutput = Callable[[Any], Optional[Tensor]]
 
 
@@ -59,6 +61,7 @@ class Layout:
 
     def __init__(self, family: Any) -> None:
         self.family = family
+        self._scoped = False  # the model's forward scopes the inference query (scope_queries_to_forward)
 
     # ------------------------------------------------------------------------------------ the protocol
     @classmethod
@@ -136,16 +139,31 @@ class Layout:
         self.record.query_source = "the prompt-free class token of model.backbone.forward_features (run by the " \
             "retrofit)"
 
-    def read_query(self, module: nn.Module, query_from_output: Callable[[Any], Tensor], what: str = "") -> None:
+    def read_query(self, module: nn.Module, query_from_output: Callable[[Any], Tensor], what: str = "",
+                   when: Optional[QueryWhen] = None) -> None:
         """Router features: ``query_from_output`` of each forward of ``module`` (``what``: the option that
-        named it, for messages)."""
+        named it, for messages); with ``when``, only of the calls for which ``when(args, kwargs)`` is true
+        (the call the user means when the module runs several times per step, e.g. its prompt-free pass)."""
         record = self.record
+        if when is not None and not callable(when):
+            raise InvalidParameterError(
+                f"{self.caller}: query_when must be a function (args, kwargs) -> bool telling which call of "
+                f"{type(module).__name__} is the router's query, got {type(when).__name__}"
+            )
 
-        def seen(mod: nn.Module, args: Any, output: Any) -> None:
+        def seen(mod: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
             record.seen(query=query_from_output(output))
 
-        self.install.forward_hook(module, seen)
-        record.query_source = f"the forward of {type(module).__name__}" + (f" ({what})" if what else "")
+        def seen_when(mod: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any], output: Any) -> None:
+            if when(args, kwargs):
+                record.seen(query=query_from_output(output))
+
+        if when is None:
+            self.install.forward_hook(module, seen)
+        else:
+            self.install.forward_hook(module, seen_when, with_kwargs=True)
+        record.query_source = f"the forward of {type(module).__name__}" + (f" ({what})" if what else "") + (
+            " (the calls query_when accepts)" if when is not None else "")
 
     def run_query_when_missing(self, query_module: nn.Module) -> None:
         """Run ``query_module`` on the model's input, under ``no_grad``, when a forward of the model needs a
@@ -168,31 +186,70 @@ class Layout:
 
     # ------------------------------------------------------------------------------- route targets
     def route_keyword(
-        self, module: nn.Module, keyword: str, *, value: Optional[RouteValue] = None,
+        self, module: nn.Module, keyword: str, *, method: Optional[str] = None, value: Optional[RouteValue] = None,
         query_from_call: Optional[QueryFromCall] = None, banks_follow_routing: bool = False,
         used_from_output: Optional[UsedFromOutput] = None,
     ) -> None:
-        """Inject the routed experts at inference as ``module(..., keyword=value(experts, ...))`` (default
-        value: the ``(B,)`` expert ids); ``module.forward`` must name the keyword.
+        """Pass the routed experts at inference as the argument ``keyword`` of ``module``'s forward, or of its
+        method ``method`` (patched on the instance), as ``value(experts, module, args, kwargs)`` (default the
+        ``(B,)`` expert ids). The value is bound to the callee's signature: it replaces the argument however
+        the call passes it (positionally or by keyword); the callee must name the parameter.
 
-        ``query_from_call`` reads the router features from the call itself (else a query source ran
-        first); ``banks_follow_routing``: the ensemble banks are the routed experts; ``used_from_output``
-        maps the module's output to the experts it actually used, checked against the routed ones
-        (:meth:`Record.used_by_routed`).
+        ``query_from_call`` reads the router features from the call itself (else a query source ran first:
+        its features serve every routed call of the model's forward); ``banks_follow_routing``: the ensemble
+        banks are the routed experts; ``used_from_output`` maps the callee's output to the experts it
+        actually used, checked against the routed ones (:meth:`Record.used_by_routed`).
         """
-        callee = f"{type(module).__name__}.forward"
-        self.family.require_keyword(module.forward, keyword, callee=callee)
-        injection = _KeywordRoute(self.record, keyword, value, query_from_call, banks_follow_routing)
-        self.install.forward_pre_hook(module, injection.before, with_kwargs=True)
-        if used_from_output is not None:
-            record = self.record
+        callee = f"{type(module).__name__}.{method or 'forward'}"
+        function = module.forward if method is None else getattr(module, method)
+        why = "route_module=<module>, route_method=<name> routes a method of the module that names it" \
+            if method is None else "route_method must name a method whose signature names it"
+        self.family.require_keyword(function, keyword, callee=callee, why=why)
+        after = None if used_from_output is None else _Observed(self.record, used_from_output, callee)
+        routing = RoutedCall(self.record, RoutedArgument(function, keyword), value, query_from_call,
+                             banks_follow_routing, after)
+        self.scope_queries_to_forward()
+        if method is None:
+            self.install.forward_pre_hook(module, routing.before, with_kwargs=True)
+            if after is not None:
+                self.install.forward_hook(module, after)
+            if module is not self.model:
+                self.install.forward_hook(module, routing.returned)
+        else:
+            self.install.set_attribute(module, method, functools.partial(routing.call, module, function))
 
-            def after(mod: nn.Module, args: Any, output: Any) -> None:
-                injected, record.injected = record.injected, None
-                if injected is not None and record.wants_observation:
-                    record.used_by_routed(injected, used_from_output(output), callee)
+    def scope_queries_to_forward(self) -> None:
+        """Decide once per forward of the model whether it trains (:meth:`Record.start_forward`), keep an
+        inference query for every routed call of the forward, and forget it when the forward returns (hooks
+        on the model, installed once)."""
+        if getattr(self, "_scoped", False):  # a layout of the user's may skip Layout.__init__
+            return
+        self._scoped, record = True, self.record
 
-            self.install.forward_hook(module, after)
+        def started(mod: nn.Module, args: Tuple[Any, ...]) -> None:
+            record.start_forward()
+
+        def ended(mod: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
+            record.in_forward = False
+            record.end_forward()
+
+        self.install.forward_pre_hook(self.model, started)
+        self.install.forward_hook(self.model, ended)
+
+    # ---------------------------------------------------------------------------- training or not
+    def guard_inference(self) -> None:
+        """Make :attr:`Record.training` follow the ``train_in_eval`` option, and make a backward through an
+        output the retrofit computed as inference (an eval-mode forward with autograd on) raise one line
+        naming the fix: a loop that trains in eval mode never trains on the ensemble's output silently."""
+        record, guard = self.record, _InferenceOnly(self.caller, type(self.model).__name__)
+        record.train_in_eval = self.options.train_in_eval
+        self.scope_queries_to_forward()
+
+        def after(mod: nn.Module, args: Tuple[Any, ...], output: Any) -> None:
+            if not record.training and torch.is_grad_enabled():
+                guard.attach(output)
+
+        self.install.forward_hook(self.model, after)
 
     # ------------------------------------------------------------------------------------ the banks
     def count_batches(self, module: nn.Module) -> None:
@@ -217,48 +274,41 @@ class Layout:
         self.install.forward_hook(module, after, with_kwargs=True)
 
 
-class _KeywordRoute:
-    """The pre-hook of :meth:`Layout.route_keyword`: reads the query (from the call, if asked) and
-    injects the routed experts as a keyword at inference."""
+class _Observed:
+    """The forward hook (or, for a routed method, the call's epilogue) comparing the experts a routed call
+    used, as its output shows, with those it was given."""
 
-    def __init__(self, record: Record, keyword: str, value: Optional[RouteValue],
-                 query_from_call: Optional[QueryFromCall], banks_follow_routing: bool) -> None:
-        self.record, self.keyword, self.value = record, keyword, value
-        self.query_from_call, self.banks_follow_routing = query_from_call, banks_follow_routing
+    def __init__(self, record: Record, used_from_output: UsedFromOutput, callee: str) -> None:
+        self.record, self.used_from_output, self.callee = record, used_from_output, callee
 
-    def query(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tensor]:
-        """The routed call's router features; ``None`` when this call is not routed (training, or not fitted)."""
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
         record = self.record
-        if self.query_from_call is not None:
-            query = self.query_from_call(module, args, kwargs)
-            if query is None:
-                raise RuntimeError(
-                    f"{record.caller}: no query features in the call of "
-                    f"{type(module).__name__}; pass query_module=... to read them elsewhere"
-                )
-            if record.training:
-                record.seen(query=query)
-                return None
-            return query
-        if record.training:
-            return None
-        if not record.routing_active():
-            record.eval_query = None
-            return None
-        first = args[0] if args and isinstance(args[0], Tensor) else None
-        return record.pop_query(None if first is None else first.shape[0])
+        injected, record.injected = record.injected, None
+        if injected is not None and record.wants_observation:
+            record.used_by_routed(injected, self.used_from_output(output), self.callee)
 
-    def before(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        record = self.record
-        record.injected = None
-        if record.handle.router is None:
-            return None
-        query = self.query(module, args, kwargs)
-        experts = None if query is None else record.route(query)
-        if experts is None:
-            return None
-        if self.banks_follow_routing:
-            record.eval_banks = experts
-        record.injected = experts
-        value = experts if self.value is None else self.value(experts, module, args, kwargs)
-        return args, {**kwargs, self.keyword: value}
+
+class _InferenceOnly:
+    """Tensor hooks on the outputs of an eval-mode forward with autograd on: a backward reaching one raises."""
+
+    def __init__(self, caller: str, model: str) -> None:
+        self.message = (
+            f"{caller}: a backward reached an output of {model} computed in eval mode, which the retrofit treats "
+            "as inference (routed prompts, the ensemble's log-probabilities); a loop that trains in eval mode "
+            "passes train_in_eval=True to retrofit (every forward with autograd on is then a training forward: "
+            "run inference under torch.no_grad()), or calls model.train() before its training steps"
+        )
+
+    def attach(self, output: Any) -> None:
+        if isinstance(output, Tensor):
+            if output.requires_grad:
+                output.register_hook(self.refuse)
+        elif isinstance(output, Mapping):
+            for value in output.values():
+                self.attach(value)
+        elif isinstance(output, (tuple, list)):
+            for value in output:
+                self.attach(value)
+
+    def refuse(self, grad: Tensor) -> None:
+        raise RuntimeError(self.message)

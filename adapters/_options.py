@@ -79,6 +79,10 @@ class RetrofitOptions:
         correct_assembly: correct an upstream prompt assembly that mixes the samples of a batch (the
             JH-LEE prefix E-prompt lineage), for every variant, ``router=False`` included; without it,
             ``router=True`` on such a model raises ``SeamError`` and ``router=False`` leaves it as it is.
+        train_in_eval: a forward with autograd recording is a training forward whatever the model's mode (a
+            loop that calls ``model.eval()`` before its training steps; inference then runs under
+            ``torch.no_grad()`` or ``torch.inference_mode()``); without it the model's mode decides, and a
+            backward through an eval-mode output raises.
         distributed: the processes of a data-parallel run that train one method together: ``"auto"``, all
             of them when ``torch.distributed`` is initialised with more than one (else none); ``False``, this
             process trains alone; or a process group. Every process's router then holds every process's rows
@@ -95,13 +99,14 @@ class RetrofitOptions:
     decays: Tuple[float, ...] = shared_default("decays")
     aggregate: str = shared_default("aggregate")
     correct_assembly: bool = False
+    train_in_eval: bool = False
     distributed: Any = "auto"
 
     #: the rules of the options, in the order they are checked (the shared ones from the library's table)
     _parameter_constraints: ClassVar[Dict[str, Constraint]] = {
         "router": _SWITCH, "ensemble": _SWITCH, "optimizer": _Optimizer(), "schedule": _Schedule(),
         **shared_constraints("expansion_dim", "ridge", "seed", "decays", "aggregate"),
-        "correct_assembly": _SWITCH, "distributed": _Distributed(),
+        "correct_assembly": _SWITCH, "train_in_eval": _SWITCH, "distributed": _Distributed(),
     }
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from fly_modules._validation import InvalidParameterError
 
 from ._assembly import check_assembly
+from ._expert_heads import ClassifierRefused, classifier_seat
 from ._family import AdapterFamily, Plan
 from ._groups import expert_groups, merge_groups
 from ._layout import Layout
@@ -126,7 +127,7 @@ def slice_layout(pool: int, num_experts: int, slots_per_expert: Optional[int], t
             f"fly_modules.adapters.{family}: each expert owns {size} slots, fewer than top_k={top_k}; "
             f"use slots_per_expert >= {top_k} or fewer experts"
         )
-    expert_of_slot = torch.arange(pool) // size
+    expert_of_slot = torch.div(torch.arange(pool), size, rounding_mode="floor")  # `//` on a tensor warns on torch 1.12
     return size, expert_of_slot.clamp(max=num_experts - 1 if remainder_to_last else num_experts)
 
 
@@ -148,6 +149,8 @@ class PromptMaskPool(Layout):
         options, name = self.options, self.family.family
         if options.router:
             self.family.require_keyword(self.prompt.forward, "prompt_mask", callee=f"{type(self.prompt).__name__}.forward")
+        if options.router:
+            check_key_width(self.family, plan, self.prompt, "prompt_key", self.slots.query_module is None)
         corrections = check_assembly(self.prompt, family=name, router=options.router, correct=options.correct_assembly)
         plan.corrections = [*plan.corrections, *corrections]
         return plan
@@ -276,6 +279,7 @@ class KeyPool(Layout):
                "(the ensemble works)")
         self.family.require_keyword(pool.forward, "s", callee=self.callee, why=why)
         self.family.require_keyword(pool.forward, "e", callee=self.callee, why=why)
+        check_key_width(self.family, plan, pool, "key", self.slots.query_module is None)
         if getattr(pool, "_batchwise_selection", False):
             raise SeamError(f"{self.caller}: {type(pool).__name__}._batchwise_selection picks one "
                             "prompt set per batch, which routing per sample cannot respect; turn it off or use router=False")
@@ -377,6 +381,44 @@ class KeyPool(Layout):
         return torch.where(inside, experts, first_hit)
 
 
+def _key_width(layout: Any) -> Optional[int]:
+    keys = layout.prompt.prompt_key if isinstance(layout, PromptMaskPool) else getattr(layout.pool, "key", None)
+    return int(keys.shape[-1]) if isinstance(keys, Tensor) else None
+
+
+def _router_width(plan: Plan) -> Optional[int]:
+    """The width the router will be sized to: ``router_dim``, else the classifier's input (``None``: unknown)."""
+    if plan.router_dim is not None:
+        return int(plan.router_dim)
+    try:
+        first = classifier_seat(plan.head).first_linear()
+    except ClassifierRefused:
+        return None
+    return None if first is None else int(first.in_features)
+
+
+def check_key_width(family: AdapterFamily, plan: Plan, pool: nn.Module, attribute: str, query_from_call: bool) -> None:
+    """Before anything is installed: the keys the routed key match reads are as wide as the queries matched
+    against them (a fork keeping its keys in a projected space is refused), and, when the router reads the
+    pool's own query, the router is as wide as that query."""
+    keys = getattr(pool, attribute)
+    width, embed = int(keys.shape[-1]), getattr(pool, "embed_dim", None)
+    where = f"{type(pool).__name__}.{attribute} {tuple(keys.shape)}"
+    if isinstance(embed, int) and not isinstance(embed, bool) and embed != width:
+        raise SeamError(
+            f"{family.caller}: {where} holds keys of width {width} but the pool's queries are {embed} wide "
+            f"(embed_dim): its keys live in another space (a projection inside its forward), which the routed key "
+            f"match cannot reproduce. Retrofit with router=False (the ensemble works), or route it with {GENERIC_CALL}"
+        )
+    router = _router_width(plan)
+    if query_from_call and router is not None and router != width:
+        raise SeamError(
+            f"{family.caller}: the router reads the query the pool matches against {where} ({width} wide) but would "
+            f"be {router} wide (router_dim, else the classifier's in_features); pass router_dim={width}, or "
+            "query_module=... to read the router's features elsewhere"
+        )
+
+
 class PoolFamily(AdapterFamily):
     """A family whose experts own slots of a prompt pool: :meth:`pool_plan` recognises the pool's layout and
     returns the plan carrying the pool (a :class:`KeyPool` or a :class:`PromptMaskPool`)."""
@@ -393,7 +435,9 @@ class PoolFamily(AdapterFamily):
     ) -> Plan:
         plan = self.pool_plan(num_experts, slots_per_expert, dict(query_module=query_module,
                                                                    query_from_output=query_from_output))
-        return dataclasses.replace(plan, start_expert=start_expert, router_dim=router_dim)
+        # the router reads the query the pool matches against its keys, unless query_module says otherwise
+        width = None if query_module is not None else _key_width(plan.layout)
+        return dataclasses.replace(plan, start_expert=start_expert, router_dim=router_dim, query_width=width)
 
     def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         """The plan of the model's pool (``query``: the :class:`Slots` query options)."""

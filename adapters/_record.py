@@ -10,7 +10,7 @@ and a layout's own per-call state (:attr:`Record.own`). ``verify()`` snapshots i
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, List, Optional, Set, Union
+from typing import Any, Iterator, List, Optional, Set, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -27,10 +27,16 @@ class Record:
         size: samples of that forward (the default ``batch_size`` of ``end_batch``).
         trained_banks: ensemble banks the latest training forward used (moved after the optimizer step).
         ensemble_steps: EMA steps taken since the last ``end_batch``.
-        eval_query: router features of the inference forward in progress (taken by the routed call).
+        eval_query: router features of the inference forward in progress: every routed call of that forward
+            reads them (a prompt module called at each prompted layer), until the model's forward returns
+            (or, for a routed method called outside it, until that call returns).
+        forward_routing: ``(eval_query, experts)``: the routing of that forward, computed once.
+        in_forward: the retrofitted model's forward is running (set and cleared by its hooks).
+        forward_training: whether that forward trains (:meth:`start_forward`).
         eval_banks: ``(B,)`` banks the inference forward used (taken by the ensembled head).
         injected: experts the routing hook injected into the inference forward.
         routed: ``(B,)`` experts :meth:`route` gave the latest inference forward.
+        routed_query: inside ``verify()``, the features :meth:`route` was last asked to route.
         used: experts the model's output shows that forward used (``None``: not observable).
         trained: experts whose prompts the latest training forward used.
         ensembled: ensemble banks the latest ensembled inference used (an int: one bank for all).
@@ -38,6 +44,8 @@ class Record:
         verifying: inside ``verify()``: every routed call is observed.
         confirmed: experts seen taking effect once (observation stops when all were).
         warned_no_ema: ``end_batch`` warned once that the EMA copies did not move.
+        train_in_eval: the retrofit option: a forward with autograd recording is a training forward whatever
+            the model's mode (:attr:`training`).
         query_source: what produces the router's query, for error messages.
         caller: ``fly_modules.adapters.<method>``, the method the user asked for, which starts every message.
         own: a layout's own per-call state (MVP's query pass, the prefix models' running call), snapshotted
@@ -56,6 +64,10 @@ class Record:
         self.eval_banks: Optional[Tensor] = None
         self.injected: Optional[Tensor] = None
         self.routed: Optional[Tensor] = None
+        self.routed_query: Optional[Tensor] = None
+        self.forward_routing: Optional[Tuple[Tensor, Tensor]] = None
+        self.in_forward = False
+        self.forward_training = False
         self.used: Optional[Tensor] = None
         self.trained: Optional[Tensor] = None
         self.ensembled: Union[int, Tensor, None] = None
@@ -63,6 +75,7 @@ class Record:
         self.verifying = False
         self.confirmed: Set[int] = set()
         self.warned_no_ema = False
+        self.train_in_eval = False
         self.query_source = "the query module"
         self.caller = f"fly_modules.adapters.{handle.family}"
         self.own: Any = None
@@ -73,8 +86,27 @@ class Record:
 
     @property
     def training(self) -> bool:
-        """The retrofitted model's mode (hooks on helper modules such as a frozen query model use it)."""
-        return bool(self.handle.model.training)
+        """Whether the forward in progress is a training forward, the one rule every hook reads (hooks on
+        helper modules such as a frozen query model too): the retrofitted model is in training mode; or, with
+        ``train_in_eval``, its forward was called with autograd recording (a loop that trains in eval mode:
+        its inference runs under ``torch.no_grad()``), decided once per forward (a query pass inside it under
+        ``no_grad`` belongs to it), and outside a forward by autograd's mode. Without ``train_in_eval`` a
+        backward through an eval-mode output raises (:meth:`~fly_modules.adapters.Layout.guard_inference`)."""
+        if self.handle.model.training:
+            return True
+        if not self.train_in_eval:
+            return False
+        return self.forward_training if self.in_forward else torch.is_grad_enabled()
+
+    def start_forward(self) -> None:
+        """The model's forward starts: whether it trains is decided now. A query a pass of the loop recorded
+        just before, under ``no_grad`` (read as inference), belongs to this forward when it trains."""
+        model_training = bool(self.handle.model.training)
+        self.forward_training = model_training or (self.train_in_eval and torch.is_grad_enabled())
+        self.in_forward = True
+        if self.forward_training and not model_training and self.query is None and self.eval_query is not None:
+            self.seen(query=self.eval_query)
+            self.eval_query = None
 
     # ---------------------------------------------------------------------------------- what a forward used
     def seen(self, size: Optional[int] = None, *, query: Optional[Tensor] = None, banks: Optional[Tensor] = None,
@@ -135,13 +167,38 @@ class Record:
         is not routed (training, the router off, not fitted, or removed)."""
         if self.training or not self.routing_active():
             return None
+        if self.verifying:
+            self.routed_query = features.detach()
         experts = self.experts_for(features).to(features.device)
         self.routed = experts
         return experts
 
+    def route_forward(self, query: Tensor) -> Optional[Tensor]:
+        """:meth:`route` of the forward's recorded query, computed once per forward: every routed call of the
+        forward gets the same experts."""
+        routing = self.forward_routing
+        if routing is not None and routing[0] is query:
+            self.routed = routing[1]
+            return routing[1]
+        experts = self.route(query)
+        self.forward_routing = None if experts is None else (query, experts)
+        return experts
+
+    def end_forward(self) -> None:
+        """The forward is over: forget its inference query and its routing."""
+        self.eval_query, self.forward_routing = None, None
+
     def pop_query(self, size: Optional[int]) -> Tensor:
-        """Router features of the current inference forward (``size``: the routed call's samples, checked)."""
-        query, self.eval_query = self.eval_query, None
+        """Router features of the current inference forward, taken (``size``: the routed call's samples, checked)."""
+        try:
+            return self.forward_query(size)
+        finally:
+            self.eval_query = None
+
+    def forward_query(self, size: Optional[int]) -> Tensor:
+        """Router features of the current inference forward, left for its later routed calls (``size``: the
+        routed call's samples, checked)."""
+        query = self.eval_query
         caller = self.caller
         if query is None:
             raise RuntimeError(

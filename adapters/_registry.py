@@ -144,6 +144,7 @@ def install(method: str, model: nn.Module, options: RetrofitOptions, family_opti
     # A registered name is kept as given (the handle's `family`, which its checkpoints carry); another spelling
     # becomes its canonical name.
     method = method if isinstance(method, str) and method in _FAMILIES else canonical_method(method)
+    _refuse_a_non_module(model)
     refuse_parallel_wrapper(model, "fly_modules.adapters.retrofit")
     previous = live_retrofit(model)
     if previous is not None:  # before any seam check: the seams now show the first retrofit's wrappers
@@ -162,6 +163,19 @@ def install(method: str, model: nn.Module, options: RetrofitOptions, family_opti
             f"which the reference family drives; method {method!r} wires upstream codebases. Use method='reference'"
         )
     return _undo_on_failure(family.cls, method, model, options, dict(family_options))
+
+
+def _refuse_a_non_module(model: Any) -> None:
+    """A trainer holding the network (PyCIL's and LAMDA-PILOT's ``learner._network``) is not the model: name
+    the attributes of it that are modules."""
+    if isinstance(model, nn.Module):
+        return
+    held = sorted(name for name, value in vars(model).items() if isinstance(value, nn.Module)) \
+        if hasattr(model, "__dict__") else []
+    kind = type(model).__name__
+    hint = (f"; pass {kind.lower()}.{held[0]}" + (f" (its modules: {', '.join(held)})" if len(held) > 1 else "")
+            if held else "; pass the network itself")
+    raise InvalidParameterError(f"fly_modules.adapters.retrofit: expected an nn.Module, got a {kind}{hint}")
 
 
 def _undo_on_failure(cls: Type[AdapterFamily], method: str, model: nn.Module, options: RetrofitOptions,

@@ -353,6 +353,8 @@ class Snapshot:
                                     for name, t in (*m._parameters.items(), *m._buffers.items())
                                     if t is not None and t.is_inference()})
         self.random = RandomState()
+        # a method's own start may freeze parameters (an earlier task's classifier): put the flags back too
+        self.requires_grad = [(t, t.requires_grad) for t in tensors.values() if t.is_leaf]
         self.grads = [(p, p.grad) for p in tensors.values() if isinstance(p, nn.Parameter)]
         for parameter, _ in self.grads:
             parameter.grad = None
@@ -366,5 +368,8 @@ class Snapshot:
         for fields in self.attributes:
             fields.restore()
         self.random.restore()
+        for tensor, flag in self.requires_grad:
+            if tensor.requires_grad != flag:
+                tensor.requires_grad_(flag)
         for parameter, grad in self.grads:
             parameter.grad = grad if final else None

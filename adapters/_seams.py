@@ -14,7 +14,8 @@ from fly_modules._validation import InvalidParameterError, check_int
 from ._handle import StepCounter
 
 __all__ = [
-    "GENERIC_CALL", "SeamError", "backbone_of", "count_experts", "find_head", "missing_seam", "named_parameters",
+    "GENERIC_CALL", "SeamError", "backbone_of", "count_experts", "find_head", "head_options", "missing_seam",
+    "named_parameters",
     "require_keyword", "step_counter",
 ]
 
@@ -95,11 +96,17 @@ def find_head(model: nn.Module, family: str = "generic") -> Tuple[nn.Module, str
     try:
         path, _ = locate_classifier(model)
     except ClassifierNotFoundError as error:
-        raise SeamError(
-            f"fly_modules.adapters.{family}: {error}; pass head_owner=... and head_name=...: {GENERIC_CALL}"
-        ) from None
+        raise SeamError(f"fly_modules.adapters.{family}: {error}; {head_options(family)}") from None
     parent, _, name = path.rpartition(".")
     return (model.get_submodule(parent) if parent else model), name
+
+
+def head_options(family: str) -> str:
+    """How to name the classifier, in the options ``family`` accepts (only ``generic`` takes ``head_owner``)."""
+    router_only = "retrofit with ensemble=False (the router needs no classifier)"
+    if family == "generic":
+        return f"pass head_owner=... and head_name=..., or {router_only}"
+    return f"{router_only}, or name the classifier with {GENERIC_CALL}"
 
 
 def count_experts(num_experts: Optional[int], default: Any, what: str, *, family: str) -> int:

@@ -10,13 +10,16 @@ import dataclasses
 from typing import Any, Callable, List, Mapping, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fly_modules._validation import InvalidParameterError
 
 from ._batch_independence import HINT, batch_independence, batch_size, take_rows
 from ._restore import Installation, Snapshot, register_retrofit
+from ._verify_ensemble import check_ensemble_inference, check_ensemble_step
+from ._verify_query import SAME, query_checks
+from ._verify_report import Check, VerifyReport
+from ._verify_report import attempt as _attempt
 
 __all__ = ["Check", "UnrestorableStateError", "VerifyReport", "verify"]
 
@@ -26,49 +29,6 @@ _BATCH_SAMPLES = 8  # batch independence: the first samples of the batch, each a
 
 class UnrestorableStateError(RuntimeError):
     """``verify`` refuses a model holding state it could not put back exactly; nothing was run."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-    """One verified claim: ``ok`` is ``True``, ``False``, or ``None`` when it does not apply."""
-
-    name: str
-    ok: Optional[bool]
-    detail: str
-
-    def __str__(self) -> str:
-        mark = {True: "ok  ", False: "FAIL", None: "n/a "}[self.ok]
-        return f"[{mark}] {self.name}: {self.detail}"
-
-
-class VerifyReport:
-    """What :meth:`Retrofit.verify` found; ``print(report)`` reads as a list of plain sentences."""
-
-    def __init__(self, title: str, checks: List[Check]) -> None:
-        self.title = title
-        self.checks = checks
-
-    @property
-    def ok(self) -> bool:
-        """No check failed."""
-        return all(check.ok is not False for check in self.checks)
-
-    @property
-    def failures(self) -> List[Check]:
-        return [check for check in self.checks if check.ok is False]
-
-    def __getitem__(self, name: str) -> Check:
-        for check in self.checks:
-            if check.name == name:
-                return check
-        raise KeyError(name)
-
-    def __str__(self) -> str:
-        verdict = "all checks passed" if self.ok else f"{len(self.failures)} check(s) FAILED"
-        return "\n".join([f"{self.title}: {verdict}", *(f"  {check}" for check in self.checks)])
-
-    def __repr__(self) -> str:
-        return f"VerifyReport(ok={self.ok}, checks={len(self.checks)}, failures={[c.name for c in self.failures]})"
 
 
 # --------------------------------------------------------------------------------------------- runs
@@ -93,6 +53,7 @@ class _Runner:
         self.model, self.batch = handle.model, batch
         self.train_forward = forward or handle.model
         self.eval_forward = forward or handle._inference or handle.model
+        self.forward = forward
         self.devices = sorted({p.device.index or 0 for p in handle.model.parameters() if p.device.type == "cuda"})
 
     def __call__(self, training: bool, batch: Any = None) -> Tensor:
@@ -111,16 +72,6 @@ def _differs(a: Tensor, b: Tensor) -> str:
     return f"max |difference| {gap:.3g}"
 
 
-def _attempt(name: str, checks: List[Check], action: Callable[[], Optional[Check]]) -> None:
-    """Run one check; an exception becomes a failed check naming it."""
-    try:
-        result = action()
-    except Exception as error:  # noqa: BLE001  (any failure of the user's model is reported)
-        result = Check(name, False, f"raised {type(error).__name__}: {error}")
-    if result is not None:
-        checks.append(result)
-
-
 # ------------------------------------------------------------------------------------------- verify
 def verify(
     handle: Any,
@@ -131,6 +82,7 @@ def verify(
     targets: Optional[Tensor] = None,
 ) -> VerifyReport:
     _refuse_a_loop_pair(batch, forward)
+    _refuse_an_empty_batch(batch)
     title = f"Retrofit of {type(handle.model).__name__} (family {handle.family!r})"
     if handle.removed:
         return VerifyReport(title, [Check("retrofit installed", False, "remove() was called on this handle")])
@@ -147,13 +99,15 @@ def verify(
             )
         try:
             handle.discard_batch()
-            removed = _trial_removal(handle, run, snapshot, checks)
+            removed = _trial_removal(handle, run, snapshot, checks, targets)
             _check_training(handle, run, snapshot, removed, checks)
+            _attempt(SAME, checks, lambda: checks.extend(Check(*c) for c in query_checks(handle, run, snapshot.restore,
+                                                                                          batch)))
             _check_experts_trained(handle, run, snapshot, checks)
-            _check_ensemble_step(handle, run, snapshot, checks, loss, targets)
+            check_ensemble_step(handle, run, snapshot, checks, loss, targets)
             _check_routing(handle, run, snapshot, checks)
             _check_batch_independence(handle, run, snapshot, checks)
-            _check_ensemble_inference(handle, run, snapshot, checks)
+            check_ensemble_inference(handle, run, snapshot, checks)
         finally:
             snapshot.restore(final=True)
     return VerifyReport(title, checks)
@@ -168,6 +122,41 @@ def _refuse_a_loop_pair(batch: Any, forward: Optional[Callable[[Any], Any]]) -> 
         )
 
 
+def _refuse_an_empty_batch(batch: Any) -> None:
+    if batch_size(batch) == 0:
+        raise InvalidParameterError(
+            "Retrofit.verify: batch holds 0 samples; pass one batch of your data (at least two samples, so that "
+            "batch independence is checked too)"
+        )
+
+
+def _usage_run(run: _Runner, training: bool, forward: Optional[Callable[[Any], Any]]) -> Tensor:
+    """The un-retrofitted model run the caller's way; its failure is the caller's input, raised in one line."""
+    try:
+        return run(training).detach()
+    except Exception as error:  # noqa: BLE001  (reported as a usage error naming the argument)
+        mode = "training" if training else "eval"
+        what, fix = ("forward=...", "pass forward=... calling the model as your loop does") if forward is not None \
+            else ("model(batch)", "pass the model's input as batch, or forward=... calling the model as your loop does")
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise InvalidParameterError(
+            f"Retrofit.verify: {what} raised {type(error).__name__}: {first} ({mode} mode, on the model without "
+            f"the retrofit); {fix}"
+        ) from None
+
+
+def _refuse_targets(targets: Optional[Tensor], logits: Tensor) -> None:
+    if targets is None:
+        return
+    if not isinstance(targets, Tensor) or targets.ndim == 0 or targets.shape[0] != logits.shape[0]:
+        found = (f"a {type(targets).__name__}" if not isinstance(targets, Tensor) else
+                 f"shape {tuple(targets.shape)}")
+        raise InvalidParameterError(
+            f"Retrofit.verify: targets must be a tensor with one label per sample of the batch ({logits.shape[0]}), "
+            f"got {found}; pass the labels of this batch (y of your loop's (x, y))"
+        )
+
+
 @dataclasses.dataclass
 class _Unretrofitted:
     """What the model is without the retrofit (the real ``remove()``): its parameters ``(name, id,
@@ -178,8 +167,10 @@ class _Unretrofitted:
     train: Optional[Tensor] = None
 
 
-def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> _Unretrofitted:
-    """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly."""
+def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check],
+                   targets: Optional[Tensor]) -> _Unretrofitted:
+    """Run the real ``remove()``, record the un-retrofitted model's outputs, then reinstall exactly. The
+    caller's inputs are checked there first (the model without the retrofit must run them)."""
     model = handle.model
     restore_install = handle._install.snapshot()
     removed = _Unretrofitted()
@@ -198,7 +189,9 @@ def _trial_removal(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[C
         for correct in handle._corrections:
             correct(fixes)
         try:
-            removed.train = run(True).detach()
+            removed.train = _usage_run(run, True, run.forward)
+            _refuse_targets(targets, removed.train)
+            _usage_run(run, False, run.forward)  # only whether it runs (the snapshot puts back what it changed)
         finally:
             fixes.remove()
     finally:
@@ -261,7 +254,7 @@ def _check_training(handle: Any, run: _Runner, snapshot: Snapshot, removed: _Unr
             f"each training batch gives the router a {tuple(query.shape)} query from {handle.record.query_source}"
             + ("" if shape_ok else f", but the router expects width {handle.router.in_features}")
             + ("" if finite else ", holding NaN or infinite values")
-        ))
+        ))  # a query that is the same for every sample: "router query varies across samples" (_verify_query)
 
     _attempt("router receives queries", checks, router_query)
 
@@ -285,60 +278,23 @@ def _check_experts_trained(handle: Any, run: _Runner, snapshot: Snapshot, checks
         trained = handle.record.trained
         snapshot.restore()
         if trained is None:
-            checks.append(Check(name, None, "this family does not tie the prompts trained to an expert"))
+            checks.append(Check(name, None, "this family does not tie the prompts trained to an expert" if
+                                handle.family != "generic" else "nothing shows which expert a training forward "
+                                "trained: pass bank_from_output=... (the expert of each sample, read from "
+                                "route_module's output), or name a pool of per-expert classifiers as the head"))
             return
         used = sorted(set(trained.reshape(-1).tolist()))
         if used != [expert]:
+            parts = "prompts (or per-expert classifiers)" if getattr(handle.ensemble, "per_expert", False) else "prompts"
             checks.append(Check(name, False, (
-                f"after start_expert({expert}) the model trained the prompts of expert(s) {used}: the router would "
-                f"learn expert {expert} for samples that trained another's prompts. The method's own step counter "
+                f"after start_expert({expert}) the model trained the {parts} of expert(s) {used}: the router would "
+                f"learn expert {expert} for samples that trained another's {parts}. The method's own step counter "
                 "must follow the retrofit (no start_expert override that skips it; pass the task id your loop "
-                "passes as handle.current_expert)"
+                "passes as handle.current_expert; start_expert=... adding the task's classifier)"
             )))
             return
         seen.append(str(expert))
     checks.append(Check(name, True, f"after start_expert(e) the model trains expert e's prompts (e = {', '.join(seen)})"))
-
-
-def _check_ensemble_step(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check],
-                         loss: Optional[Callable[[Tensor, Tensor], Tensor]], targets: Optional[Tensor]) -> None:
-    name = "ensemble banks move after an optimizer step"
-    ensemble = handle.ensemble
-    if ensemble is None:
-        checks.append(Check(name, None, "ensemble=False"))
-        return
-
-    def step() -> Check:
-        handle.record.trained_banks = None
-        logits = run(True)
-        labels = targets if targets is not None else torch.arange(logits.shape[0], device=logits.device) % logits.shape[-1]
-        (loss or F.cross_entropy)(logits.float(), labels.to(logits.device)).backward()
-        trainable = [p for p in handle.model.parameters() if p.grad is not None]
-        before_online = ensemble.online.weight.detach().clone()
-        before = ensemble.ema_weight.detach().clone()
-        torch.optim.SGD(trainable, lr=0.5).step()  # a throw-away optimizer: the user's is never stepped
-        head_moved = not torch.equal(before_online, ensemble.online.weight)
-        handle.update_ensemble()
-        moved = sorted(set((before != ensemble.ema_weight).flatten(1).any(1).nonzero().flatten().tolist()))
-        recorded = handle.record.trained_banks
-        expected = sorted(set(recorded.reshape(-1).tolist())) if recorded is not None else [int(ensemble.active_expert)]
-        snapshot.restore()
-        if handle.optimizer is not None:
-            hooked = handle._optimizer_hook_attached()
-            how = (f"after each step of your {type(handle.optimizer).__name__} (its hook is attached)" if hooked else
-                   f"but the hook on your {type(handle.optimizer).__name__} is gone")
-        elif handle._following:
-            hooked, how = True, "after each step of the first optimizer that trains the classifier (optimizer='auto')"
-        else:
-            hooked, how = True, "when you call handle.update_ensemble() after each optimizer.step() (no optimizer given)"
-        if not head_moved:
-            return Check(name, False, "the classifier the ensemble copies got no gradient: the loss does not reach it")
-        ok = bool(moved) and moved == expected and hooked
-        detail = (f"a step moved the EMA copies of bank(s) {moved}, those the forward trained, {how}" if ok else
-                  f"a step moved bank(s) {moved} but the forward trained {expected}; {how}")
-        return Check(name, ok, detail)
-
-    _attempt(name, checks, step)
 
 
 def _check_routing(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
@@ -418,23 +374,3 @@ def _check_batch_independence(handle: Any, run: _Runner, snapshot: Snapshot, che
         checks.append(Check("batch independence", False, f"raised {type(error).__name__}: {error}"))
         return
     checks.extend(Check(c.name, c.ok, c.detail) for c in found)
-
-
-def _check_ensemble_inference(handle: Any, run: _Runner, snapshot: Snapshot, checks: List[Check]) -> None:
-    name = "inference uses the ensemble"
-    if handle.ensemble is None:
-        checks.append(Check(name, None, "ensemble=False"))
-        return
-
-    def infer() -> Check:
-        handle.record.ensembled = None
-        run(False)
-        banks = handle.record.ensembled
-        snapshot.restore()
-        if banks is None:
-            return Check(name, False, "the ensembled head did not run at inference: the model's logits come from "
-                                      "another classifier than the one the adapter wrapped")
-        shown = sorted(set(banks.reshape(-1).tolist())) if isinstance(banks, Tensor) else [int(banks)]
-        return Check(name, True, f"the inference output ensembles the online head with the EMA copies of bank(s) {shown}")
-
-    _attempt(name, checks, infer)

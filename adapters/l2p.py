@@ -31,8 +31,7 @@ class L2P(PoolFamily):
 
     def pool_plan(self, num_experts: Optional[int], slots_per_expert: Optional[int], query: Dict[str, Any]) -> Plan:
         """The JH-LEE pool routed by ``prompt_mask``, the Si-Blurry-lineage pool by its slot range."""
-        num_experts = self.count_experts(num_experts, None, "key-pool slices")
-        prompt = getattr(self.model, "prompt", None)
+        prompt = getattr(self.model, "prompt", None)  # its seams first: a model without one is not an L2P model
         if KeyPool.matches(prompt):
             head = self.find_head(self.backbone_of("the ViT whose classifier is the online head"))
             pool_size, top_k = int(prompt.key.shape[0]), int(getattr(prompt, "selection_size", 1))
@@ -41,6 +40,7 @@ class L2P(PoolFamily):
                                       family=self.family)
             head = self.find_head()
             pool_size, top_k = int(prompt.prompt_key.shape[0]), int(prompt.top_k)
+        num_experts = self.count_experts(num_experts, None, "key-pool slices")
         _, expert_of_slot = slice_layout(pool_size, num_experts, slots_per_expert, top_k, family=self.family,
                                          remainder_to_last=True)
         slots = Slots(expert_of_slot, expert_of_slot, ties_training=False, **query)

@@ -88,12 +88,12 @@ class _Contract(Layout):
         self.record.query_source = f"the forward of {type(self.model).__name__} (its frozen query pass)"
 
     def training_forward(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        if module.training:
+        if self.record.training:
             self.record.seen(query=output.query.router, banks=module.bank_of(output.selection))
 
     def route_at_inference(self, module: nn.Module, args: Any, kwargs: Any) -> Any:
         record = self.record
-        if module.training or kwargs.get("expert") is not None or not record.routing_active():
+        if record.training or kwargs.get("expert") is not None or not record.routing_active():
             return None
         query = kwargs.get("query")
         if query is None:

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional, Tuple
 
 from torch import nn
 
-from benchmarks.flags import Parser, add_output_flag
+from benchmarks.flags import Parser, add_input_flag, add_output_flag
 
 __all__ = [
     "BACKBONES", "BackbonePreset", "BackboneLoadError", "backbone_of", "build_backbone", "cached_weights", "check_backbone_available",
@@ -218,7 +218,7 @@ def main(argv: Optional[list] = None) -> int:
     """``python -m benchmarks.backbone PRESET SOURCE TARGET``: convert an official checkpoint."""
     parser = Parser(prog="python -m benchmarks.backbone", description=main.__doc__)
     parser.add_argument("preset", choices=list(BACKBONES))
-    parser.add_argument("source", help="the official code's checkpoint file")
+    add_input_flag(parser, "source", "file", convert=str, help="the official code's checkpoint file")
     add_output_flag(parser, "target", "file", default=None, help="the safetensors file to write")
     args = parser.parse_args(argv)
     print(f"written: {convert(args.preset, args.source, args.target)}")

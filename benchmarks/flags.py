@@ -15,7 +15,10 @@ every command's parser to check it).
 
 Where a command writes is a flag of its own kind, :class:`OutputPath`: a file where a folder is expected
 (or a folder where a file is), a path under a file, or a folder that cannot be written is refused when
-the flag is parsed, before any work, by the one rule :func:`output_problem`.
+the flag is parsed, before any work, by the one rule :func:`output_problem`; so is each path a command
+writes inside its output folder, declared with the flag (``contents``). Where a command reads a folder or a
+file the user names (a checkout, a results folder), its flag is an :class:`InputPath`: a path that is not
+there, or is the other kind, is refused when parsed by :func:`input_problem`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from fly_modules._validation import (
     REQUIRED,
@@ -39,8 +42,8 @@ from fly_modules._validation import (
     Ridge,
 )
 
-__all__ = ["COMMON_FLAGS", "Checked", "OutputPath", "Parser", "add_common_flag", "add_flag", "add_output_flag",
-           "add_shared_flag", "output_problem"]
+__all__ = ["COMMON_FLAGS", "Checked", "InputPath", "OutputPath", "Parser", "add_common_flag", "add_flag",
+           "add_input_flag", "add_output_flag", "add_shared_flag", "input_problem", "output_problem"]
 
 #: flags many commands share, each with its rule and meaning (the default is each command's own)
 COMMON_FLAGS: Dict[str, Parameter] = {
@@ -163,11 +166,27 @@ def _first_existing(path: Path) -> Path:
     return path
 
 
-def output_problem(path: Path, kind: str) -> Optional[str]:
+def output_problem(path: Path, kind: str, contents: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Why a command cannot write its ``kind`` (``"folder"`` or ``"file"``) at ``path``, or ``None``: a
-    folder where a file goes or the reverse, a path under a file, a folder that cannot be written in.
-    Probes with one temporary file, removed at once; nothing else is created."""
-    path = Path(path)
+    folder where a file goes or the reverse, a path under a file, a folder that cannot be written in; for a
+    folder, also each of ``contents`` (``relative path -> kind``: what the command writes inside it) that
+    exists as the other kind or lies under a file. Probes with one temporary file, removed at once; nothing
+    else is created."""
+    return _place_problem(Path(path), kind) or _contents_problem(Path(path), contents or {})
+
+
+def _contents_problem(folder: Path, contents: Mapping[str, str]) -> Optional[str]:
+    for relative, kind in contents.items():
+        path = folder / relative
+        if path.exists() and path.is_dir() != (kind == "folder"):
+            return f"{path} is a {'folder' if path.is_dir() else 'file'}; expected a {kind} (the command writes it)"
+        existing = _first_existing(path.parent)
+        if not existing.is_dir():
+            return f"{existing} is a file; expected a folder (the command writes {path})"
+    return None
+
+
+def _place_problem(path: Path, kind: str) -> Optional[str]:
     if path.exists() and path.is_dir() != (kind == "folder"):
         return f"{path} is a {'folder' if path.is_dir() else 'file'}; expected a {kind}"
     existing = _first_existing(path if kind == "folder" else path.parent)
@@ -186,14 +205,14 @@ class OutputPath:
     """The ``type`` of a flag naming where a command writes a ``kind`` (``"folder"`` or ``"file"``):
     :func:`output_problem` is an ``ArgumentTypeError`` (one line, exit 2) at parse time, before any work."""
 
-    def __init__(self, flag: str, kind: str) -> None:
-        if kind not in ("folder", "file"):
-            raise ValueError(f"kind must be 'folder' or 'file', got {kind!r}")
-        self.flag, self.kind = flag, kind
+    def __init__(self, flag: str, kind: str, contents: Optional[Mapping[str, str]] = None) -> None:
+        if kind not in ("folder", "file") or (contents and kind != "folder"):
+            raise ValueError(f"kind must be 'folder' (with or without contents) or 'file', got {kind!r}")
+        self.flag, self.kind, self.contents = flag, kind, dict(contents or {})
         self.__name__ = f"output {kind}"
 
     def __call__(self, text: str) -> Path:
-        problem = output_problem(Path(text), self.kind)
+        problem = output_problem(Path(text), self.kind, self.contents)
         if problem:
             raise argparse.ArgumentTypeError(f"{text}: {problem} (choose another {self.flag})")
         return Path(text)
@@ -202,8 +221,50 @@ class OutputPath:
         return f"OutputPath({self.flag!r}, {self.kind!r})"
 
 
-def add_output_flag(parser: Any, flag: str, kind: str, *, default: Any, help: str, **options: Any) -> argparse.Action:
-    """``parser.add_argument(flag, ...)`` for where the command writes a ``kind`` (:class:`OutputPath`); a
-    string default is checked too (argparse converts it when the flag is not given)."""
+def add_output_flag(parser: Any, flag: str, kind: str, *, default: Any, help: str,
+                    contents: Optional[Mapping[str, str]] = None, **options: Any) -> argparse.Action:
+    """``parser.add_argument(flag, ...)`` for where the command writes a ``kind`` (:class:`OutputPath`), and,
+    in a folder, the ``contents`` it writes there (``relative path -> kind``); a string default is checked
+    too (argparse converts it when the flag is not given)."""
     text = help if default is None else _with_default(help, default)
-    return parser.add_argument(flag, type=OutputPath(flag, kind), default=default, help=text, **options)
+    return parser.add_argument(flag, type=OutputPath(flag, kind, contents), default=default, help=text, **options)
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def input_problem(path: Path, kind: str) -> Optional[str]:
+    """Why a command cannot read its ``kind`` (``"folder"`` or ``"file"``) at ``path``, or ``None``: nothing
+    there, the other kind, or not readable."""
+    path = Path(path)
+    if not path.exists():
+        return f"no {kind} there; expected an existing {kind}"
+    if path.is_dir() != (kind == "folder"):
+        return f"{path} is a {'folder' if path.is_dir() else 'file'}; expected a {kind}"
+    if not os.access(path, os.R_OK | (os.X_OK if kind == "folder" else 0)):
+        return f"{path} cannot be read; expected a readable {kind}"
+    return None
+
+
+class InputPath:
+    """The ``type`` of a flag naming a ``kind`` (``"folder"`` or ``"file"``) a command reads: :func:`input_problem`
+    is an ``ArgumentTypeError`` (one line, exit 2) at parse time; the value is given on as ``convert(text)``."""
+
+    def __init__(self, flag: str, kind: str, convert: Callable[[str], Any] = Path) -> None:
+        if kind not in ("folder", "file"):
+            raise ValueError(f"kind must be 'folder' or 'file', got {kind!r}")
+        self.flag, self.kind, self.convert = flag, kind, convert
+        self.__name__ = f"input {kind}"
+
+    def __call__(self, text: str) -> Any:
+        problem = input_problem(Path(text), self.kind)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text}: {problem} (check {self.flag})")
+        return self.convert(text)
+
+    def __repr__(self) -> str:
+        return f"InputPath({self.flag!r}, {self.kind!r})"
+
+
+def add_input_flag(parser: Any, flag: str, kind: str, *, help: str, convert: Callable[[str], Any] = Path,
+                   **options: Any) -> argparse.Action:
+    """``parser.add_argument(flag, ...)`` for a ``kind`` the command reads (:class:`InputPath`)."""
+    return parser.add_argument(flag, type=InputPath(flag, kind, convert), help=help, **options)

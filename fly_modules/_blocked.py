@@ -10,7 +10,7 @@ instead of ``k / B``. The sums are those of the per-batch update, in another ord
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -76,6 +76,19 @@ class PendingRows:
     def discard(self) -> None:
         """Forget the pending rows (the statistics they belonged to were replaced)."""
         self.rows = 0
+
+    def saved(self) -> Tuple[Tensor, Tensor]:
+        """Copies of the pending rows and their ids, ``(rows, M)`` and ``(rows,)`` (empty before the first row)."""
+        if self._phi is None:
+            return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)
+        return self._phi[: self.rows].clone(), self._ids[: self.rows].clone()
+
+    def restore(self, phi: Tensor, ids: Tensor, capacity: int) -> None:
+        """Hold ``phi`` and ``ids`` as the pending rows (a checkpoint's), in storage of ``capacity`` rows."""
+        self.release()
+        if phi.shape[0]:
+            self.allocate(max(capacity, phi.shape[0]), phi)
+            self.append(phi, ids)
 
     def release(self) -> None:
         """Free the storage (after a device or dtype change the next row allocates it anew)."""

@@ -30,7 +30,8 @@ __all__ = [
     "InvalidParameterError", "NotFittedError", "Constraint", "Integer", "Real", "OneOf", "Ridge", "Decays",
     "PositiveReals", "NoneOr", "Parameter", "REQUIRED", "AGGREGATION_RULES", "SHARED_PARAMETERS", "shared_default",
     "shared_constraints", "validate_parameters", "check_shared", "check_int", "check_float", "check_choice",
-    "check_features", "check_expert_ids", "finite_peak",
+    "check_features", "check_expert_ids", "check_logit_mask", "check_member_logits", "check_mask_dtype",
+    "finite_peak",
 ]
 
 
@@ -392,3 +393,44 @@ def _check_expert_range(low: int, high: int, num_experts: int, caller: str) -> N
         raise InvalidParameterError(
             f"{caller}: expert id {high} does not exist (num_experts={num_experts}); create it first with add_expert()"
         )
+
+
+def check_logit_mask(mask: Any, batch_size: int, num_classes: int, *, caller: str, device: torch.device) -> Tensor:
+    """Validate an additive logit mask, ``(num_classes,)`` or ``(batch_size, num_classes)`` floating point
+    (0 where a class may be predicted, ``-inf`` elsewhere), and return it on ``device`` (metadata only)."""
+    shapes = f"({num_classes},) or ({batch_size}, {num_classes})"
+    if not isinstance(mask, Tensor):
+        raise InvalidParameterError(f"{caller}: logit_mask must be a torch.Tensor of shape {shapes}, got "
+                                    f"{type(mask).__name__}")
+    if tuple(mask.shape) not in ((num_classes,), (batch_size, num_classes)):
+        raise InvalidParameterError(
+            f"{caller}: logit_mask must have shape {shapes} (one entry per class of the head's {num_classes}), got "
+            f"shape {tuple(mask.shape)}"
+        )
+    if not mask.is_floating_point():
+        raise InvalidParameterError(
+            f"{caller}: logit_mask must be an additive floating-point mask (0 where a class may be predicted, -inf "
+            f"elsewhere), got dtype {mask.dtype}; build it with fly_modules.class_mask or seen_class_mask"
+        )
+    return mask.to(device)
+
+
+def check_member_logits(member_logits: Any, *, caller: str) -> Tensor:
+    """Validate the members' logits ``(N, H, C)``, floating point, with at least one member."""
+    shape = tuple(getattr(member_logits, "shape", ()))
+    if not isinstance(member_logits, Tensor) or member_logits.ndim != 3 or shape[1] == 0:
+        raise InvalidParameterError(
+            f"{caller}: member_logits must be a tensor of shape (N, H, C) with H >= 1 members, got "
+            f"{type(member_logits).__name__ if not isinstance(member_logits, Tensor) else f'shape {shape}'}"
+        )
+    if not member_logits.is_floating_point():
+        raise InvalidParameterError(f"{caller}: member_logits must be floating point, got dtype {member_logits.dtype}")
+    return member_logits
+
+
+def check_mask_dtype(dtype: Any, *, caller: str) -> torch.dtype:
+    """A mask's dtype: floating point, the only kind that holds ``-inf``."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise InvalidParameterError(f"{caller}: dtype must be a floating-point torch.dtype (the mask holds -inf), "
+                                    f"got {dtype}")
+    return dtype

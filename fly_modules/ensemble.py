@@ -27,6 +27,8 @@ from ._validation import (
     check_expert_ids,
     check_features,
     check_int,
+    check_logit_mask,
+    check_member_logits,
     shared_constraints,
     shared_default,
     validate_parameters,
@@ -56,10 +58,7 @@ def aggregate_logits(member_logits: Tensor, rule: str = shared_default("aggregat
     so masked (``-inf``) classes contribute 0 rather than NaN. A row whose classes are *all* masked has
     no prediction: the softmax rules give NaN there and the others ``-inf``.
     """
-    if not isinstance(member_logits, Tensor) or member_logits.ndim != 3:
-        raise InvalidParameterError(
-            f"aggregate_logits: expected member logits of shape (N, H, C), got {tuple(getattr(member_logits, 'shape', ()))}"
-        )
+    check_member_logits(member_logits, caller="aggregate_logits")
     check_choice(rule, "rule", AGGREGATION_RULES, caller="aggregate_logits")
     if rule == "mean":
         return member_logits.mean(dim=1)
@@ -307,6 +306,10 @@ class TemporalEnsembleHead(nn.Module):
         self, features: Tensor, expert_ids: Union[None, int, Tensor] = None, logit_mask: Optional[Tensor] = None
     ) -> Tensor:
         """Online logits (``expert_ids`` is ``None``) or the ensemble's scores over each sample's expert."""
+        if logit_mask is not None:  # checked before any work, against the batch and the head's classes
+            batch = self._check_features(features).shape[0]
+            logit_mask = check_logit_mask(logit_mask, batch, self.num_classes, caller="TemporalEnsembleHead",
+                                          device=self.online.weight.device)
         if expert_ids is None:
             logits = self.online(self._check_features(features))
             return logits if logit_mask is None else logits + logit_mask

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validation import SHARED_PARAMETERS, Integer, OneOf, shared_default, validate_parameters
+from ._validation import SHARED_PARAMETERS, Integer, OneOf, check_features, shared_default, validate_parameters
 
 __all__ = ["RandomExpansion"]
 
@@ -81,6 +81,9 @@ class RandomExpansion(nn.Module):
         ``docs/router.md`` ("Precision") shows to be exact enough, unless torch is set to round
         float32 matmuls to TF32 or bfloat16; float64 features are multiplied in float64. Autocast is off
         inside (under a mixed-precision loop the product stays float32)."""
+        # metadata only (shape, dtype, device): the router has read the values already
+        check_features(features, self.in_features, caller="RandomExpansion", device=self.weight.device,
+                       allow_empty=True, check_finite=False)
         if self.out_features == 0:
             return features.to(self.weight.dtype)
         with _without_autocast(features.device.type):  # autocast would round the float32 product

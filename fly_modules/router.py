@@ -80,8 +80,8 @@ class AnalyticRouter(nn.Module):
         device: device of all buffers.
         fold_rows: expanded rows buffered before they are added to ``G`` and ``Q`` in one rank-k update;
             ``None`` (default) chooses from ``M`` and the device (``docs/router.md``, "Blocked updates"),
-            ``1`` adds every batch at once. :meth:`flush` folds the pending rows; solves, ``state_dict``,
-            ``merge_`` and the collectives call it first.
+            ``1`` adds every batch at once. :meth:`flush` folds the pending rows; solves, ``merge_`` and
+            the collectives call it first; ``state_dict`` saves them as they wait.
 
     Shape:
         - features: ``(N, in_features)``, any floating dtype (lower than float64: expanded with a
@@ -102,7 +102,7 @@ class AnalyticRouter(nn.Module):
         solver_: the solver actually used by the last solve.
 
     .. note::
-        The checkpoint holds the statistics, the expansion and the settings (``ridge``, ``ridge_grid``,
+        The checkpoint holds the statistics (with the rows not yet folded), the expansion and the settings (``ridge``, ``ridge_grid``,
         ``solver``, ``activation``, ``seed``); loading one saved with other settings raises
         :class:`InvalidParameterError` and changes nothing (``docs/router.md``, "Checkpoints"). The
         cached solution is not saved: a loaded router solves again on first use. ``.half()`` leaves
@@ -123,7 +123,8 @@ class AnalyticRouter(nn.Module):
     """
 
     # 2: the settings (ridge, ridge_grid, solver, activation, seed) are saved as extra state.
-    _version = 2
+    # 3: the rows waiting to be folded are saved as they wait (pending_phi, pending_ids), not folded.
+    _version = 3
     #: the rules of the arguments, in the order they are checked (the expansion checks its own)
     _parameter_constraints = {
         "fold_rows": NoneOr(Integer(minimum=1)),
@@ -318,8 +319,9 @@ class AnalyticRouter(nn.Module):
         """Fold the pending rows into ``G`` and ``Q`` now, in one rank-k update (nothing when none are pending).
 
         The router's own readers of the statistics call it first: solves, :meth:`gram_matrix`,
-        ``state_dict``, :meth:`merge_`, :meth:`add_expert`, device moves and the collectives of
-        :mod:`fly_modules.distributed`. Code that reads the ``gram`` or ``cross`` buffers itself calls
+        :meth:`merge_`, :meth:`add_expert`, device or dtype moves that change something and the collectives
+        of :mod:`fly_modules.distributed` (``state_dict`` saves the pending rows unfolded, so a resumed run
+        folds where the uninterrupted one does). Code that reads the ``gram`` or ``cross`` buffers itself calls
         it before: reading them never changes them.
         """
         self._pending.fold_into(self.gram, self.cross)
@@ -454,20 +456,29 @@ class AnalyticRouter(nn.Module):
     def _apply(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
         # A parent's .half() / .bfloat16() must not round G: the solve needs float32 at least. Device
         # moves and float32 <-> float64 casts apply as usual (the features are cast on input anyway).
-        # Pending rows are folded first; the buffer is allocated again where the statistics now live.
-        self.flush()
-        self._pending.release()
+        # A real move folds the pending rows first and allocates the buffer again where the statistics
+        # now live; a move that changes nothing (a framework's model.to(device) on every experience) is
+        # no fold boundary, so a run's fold history does not depend on how often it is called.
         def keep_solvable_precision(tensor: Tensor) -> Tensor:
             moved = fn(tensor)
             if tensor.is_floating_point() and moved.dtype not in (torch.float32, torch.float64):
                 return tensor.to(device=moved.device)
             return moved
 
+        probe = self.gram.new_empty(0)
+        if keep_solvable_precision(probe) is not probe:
+            self.flush()
+            self._pending.release()
         return super()._apply(keep_solvable_precision, *args, **kwargs)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[no-untyped-def]
-        self.flush()  # a checkpoint holds every row added so far
+        # A checkpoint holds every row added so far: the folded ones in G and Q, the pending ones as
+        # they wait. Saving folds nothing, so a resumed run folds where the uninterrupted one does and
+        # continues bit for bit on any CPU (a fold at the save would change G's summation order).
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        phi, ids = self._pending.saved()
+        destination[prefix + "pending_phi"] = phi.to(self.gram.device, self.gram.dtype).reshape(-1, self.expansion_dim)
+        destination[prefix + "pending_ids"] = ids.to(self.gram.device)
 
     def get_extra_state(self) -> Dict[str, Any]:
         """The settings that decide the numbers and are not buffers (plain Python: ``weights_only=True`` loads them)."""
@@ -509,7 +520,7 @@ class AnalyticRouter(nn.Module):
         if has_settings:
             self._check_saved_settings(state_dict[extra_key])
         self._check_statistics(entries, prefix)
-        self._pending.discard()  # the checkpoint's statistics replace the rows added since
+        pending = self._saved_pending_rows(state_dict, prefix, experts=entries["cross"].shape[1])
         # Q and the counts grow with the experts: take the checkpoint's expert count.
         experts = entries["cross"].shape[1]
         if experts != self.num_experts:
@@ -518,8 +529,31 @@ class AnalyticRouter(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         if not has_settings and extra_key in missing_keys:
             missing_keys.remove(extra_key)
+        for name in _PENDING_ENTRIES:
+            if prefix + name in unexpected_keys:
+                unexpected_keys.remove(prefix + name)
+        # The checkpoint's pending rows replace the rows added since (none in checkpoints before version 3).
+        phi, ids = pending
+        capacity = self.fold_rows or _blocked.default_fold_rows(self.expansion_dim, self.gram.device)
+        self._pending.restore(phi.to(self.gram), ids.to(self.gram.device, torch.long), capacity)
         self._solution = None
         self._mark_stale()
+
+    def _saved_pending_rows(self, state_dict: Dict[str, Any], prefix: str, experts: int) -> Tuple[Tensor, Tensor]:
+        """The checkpoint's pending rows and ids, checked (empty when it predates them: version < 3)."""
+        caller = "AnalyticRouter.load_state_dict"
+        if not holds_any(state_dict, prefix, _PENDING_ENTRIES):
+            return self.gram.new_zeros(0, self.expansion_dim), torch.zeros(0, dtype=torch.long)
+        entries = checkpoint_entries(state_dict, prefix, _PENDING_ENTRIES, caller=caller)
+        phi, ids = entries["pending_phi"], entries["pending_ids"]
+        check_entry(phi, prefix + "pending_phi", (None, self.expansion_dim), caller=caller)
+        check_entry(ids, prefix + "pending_ids", (phi.shape[0],), caller=caller, integer=True)
+        if ids.numel() and not bool(((ids >= 0) & (ids < experts)).all()):
+            raise InvalidParameterError(
+                f"{caller}: checkpoint entry {prefix}pending_ids holds expert ids outside 0..{experts - 1} "
+                f"(the checkpoint's {experts} experts)"
+            )
+        return phi, ids
 
     def _check_statistics(self, entries: Dict[str, Tensor], prefix: str) -> None:
         caller = "AnalyticRouter.load_state_dict"
@@ -540,6 +574,8 @@ class AnalyticRouter(nn.Module):
 
 
 # ====================================================================================== helpers
+#: checkpoint entries of the rows not yet folded into G and Q (version 3 on)
+_PENDING_ENTRIES = ("pending_phi", "pending_ids")
 _INTERNAL_DIRECTORIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
 
 

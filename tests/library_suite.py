@@ -12,6 +12,8 @@ LIBRARY_TESTS = [
     "tests/test_router_solvers.py",
     "tests/test_states_across_torch.py",
     "tests/test_ensemble.py",
+    "tests/test_tensor_arguments.py",
+    "tests/test_library_warnings.py",
     "tests/test_masks_schedule.py",
     "tests/test_distributed.py",
     "tests/test_torch_fallbacks.py",

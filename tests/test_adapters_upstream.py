@@ -1,5 +1,5 @@
 """Family adapters on the stand-ins of the upstream codebases (``upstream_standins``, ``flygcl_standins``,
-``upstream_cases``)."""
+``generic_standins``, ``upstream_cases``)."""
 
 from __future__ import annotations
 

@@ -365,7 +365,10 @@ def test_generic_bank_from_output_without_a_router_says_what_it_reads_and_works_
     model.eval()
     out = case.forward(model, original, x)
     assert torch.equal(handle.record.ensembled, out[1])  # the banks read from the route module's output
-    assert handle.verify(x, forward=lambda x: case.forward(model, original, x)[0]).ok
+    # the banks read in training also show which expert's prompts it trained: the loop passes the current expert
+    assert handle.verify(x, forward=lambda x: case.forward(model, original, x, task=handle.current_expert)[0]).ok
+    report = handle.verify(x, forward=lambda x: case.forward(model, original, x)[0])  # a fixed task id
+    assert report["training follows the current expert"].ok is False
 
 
 def test_verify_compares_every_pair_of_experts_not_only_with_expert_0():
@@ -374,6 +377,7 @@ def test_verify_compares_every_pair_of_experts_not_only_with_expert_0():
     kwargs = case.adapter_kwargs(model, original)
     # experts 1, 2, ... all select the prompts of expert 1: each differs from expert 0, not from each other
     kwargs.update(num_experts=E + 1, route_value=lambda experts, *rest: experts.clamp(max=1).unsqueeze(1))
+    del kwargs["bank_from_output"]  # which would show the prompts used, failing the check before this one
     handle = generic.retrofit(model, **{**kwargs, **ROUTER})
     check = handle.verify(batch()[0], forward=lambda x: case.forward(model, original, x)[0])[
         "forcing each expert changes the logits"]

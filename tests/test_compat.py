@@ -73,6 +73,8 @@ def test_oldest_is_the_oldest_python_then_torch_and_names_are_checkouts():
     assert [row.checkout for row in select(rows, ["oldest"])] == ["mid"]
     assert [row.checkout for row in select(rows, ["old", "new"])] == ["new", "old"]  # the table's order
     assert select(rows, ["all"]) == rows
+    assert [row.checkout for row in select(rows, ["oldest", "new"])] == ["new", "mid"]  # a mix: both rows
+    assert select(rows, ["old", "all"]) == rows and select(rows, ["oldest", "mid"]) == select(rows, ["oldest"])
     with pytest.raises(UsageError, match="unknown 'nope'; choose all, oldest or checkouts new, old"):
         select(rows, ["nope"])
     assert select(environments.load_environments(), ["oldest"])[0].label == "Python 3.8, torch 1.12.1, timm 0.6.7"
@@ -253,6 +255,39 @@ def test_usage_errors_are_one_line_before_anything_is_built(capsys, tmp_path, mo
                                                                                    "library"])
 
 
+@pytest.fixture
+def nothing_built(monkeypatch):
+    """Every interpreter found (this one) and no environment built: a command line that gets as far fails."""
+    monkeypatch.setattr(venvs, "find_interpreter", lambda minor: sys.executable)
+    monkeypatch.setattr(venvs, "ensure_environment", lambda *a, **k: pytest.fail("built an environment"))
+
+
+def test_oldest_mixed_with_a_checkout_name_runs_both_rows(nothing_built):
+    args = cli.build_parser().parse_args(["--envs", "oldest", "FlyGCL", "--checks", "library"])
+    assert [row.checkout for row in cli.resolve(args)] == ["l2p-pytorch", "FlyGCL"]
+
+
+def test_a_cache_that_is_a_file_is_one_line_before_any_work(capsys, tmp_path, nothing_built):
+    cache = tmp_path / "a-file"
+    cache.write_text("the user's")
+    for value in (cache, cache / "under"):
+        error = one_line_error(capsys, cli.main, ["--envs", "oldest", "--checks", "install", "--cache", str(value)])
+        assert "--cache" in error and str(cache) in error, error
+    assert cache.read_text() == "the user's" and os.listdir(tmp_path) == ["a-file"]
+
+
+def test_a_checkouts_folder_without_the_rows_checkouts_is_refused_before_any_build(capsys, tmp_path, nothing_built):
+    empty = tmp_path / "checkouts"
+    empty.mkdir()
+    argv = ["--envs", "FlyGCL", "--checks", "upstream", "--checkouts", str(empty), "--cache", str(tmp_path / "c")]
+    error = one_line_error(capsys, cli.main, argv)
+    assert f"--checkouts {empty}: no checkout FlyGCL in it" in error, error
+    (empty / "FlyGCL").mkdir()  # an empty folder is no checkout either
+    assert "no checkout FlyGCL" in one_line_error(capsys, cli.main, argv)
+    assert "no checkout l2p-pytorch, FlyGCL" in one_line_error(capsys, cli.main, ["--envs", "oldest", *argv[1:]])
+    assert sorted(os.listdir(tmp_path)) == ["checkouts"]  # no cache folder made
+
+
 def test_the_reported_command_names_no_path_of_this_machine(tmp_path):
     args = cli.build_parser().parse_args(["--envs", "oldest", "--checks", "quickstart", "--checkouts",
                                           str(tmp_path)])
@@ -262,7 +297,7 @@ def test_the_reported_command_names_no_path_of_this_machine(tmp_path):
 
 def test_upstream_python_must_run_the_harnesses(capsys, tmp_path):
     error = one_line_error(capsys, upstream_cli.main, ["--checkouts", str(tmp_path), "--python", str(tmp_path / "no")])
-    assert "--python: expected an interpreter" in error
+    assert f"--python: {tmp_path / 'no'}: no file there" in error  # refused when parsed
     other = fake_python(tmp_path / "bin", "3.8.18")  # answers, but not as the probe asks
     assert "--python: expected a Python interpreter" in one_line_error(
         capsys, upstream_cli.main, ["--checkouts", str(tmp_path), "--python", str(other)])

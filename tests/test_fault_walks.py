@@ -31,7 +31,7 @@ from benchmarks.ablation import cli
 from benchmarks.core import plan_file, run_file
 from benchmarks.core import results as results_module
 from benchmarks.core.errors import UsageError
-from benchmarks.flags import OutputPath, Parser
+from benchmarks.flags import InputPath, OutputPath, Parser
 from benchmarks.proxy import summary
 from benchmarks.studies import cost, routing_oracle
 
@@ -57,37 +57,55 @@ def one_line_problems(status: Any, err: str, *named: str) -> List[str]:
 # ------------------------------------------------------------------------------------------- run files
 def field_faults(whole: Dict[str, Any], table: Dict[str, Any]) -> List[Tuple[str, str, Dict[str, Any]]]:
     """``(field, fault, document)``: each field of ``table`` removed (where every file has it) and each given a
-    value of another type, in a copy of ``whole`` that is otherwise intact (``a[0].b``: a list item's field)."""
+    value of another type, in a copy of ``whole`` that is otherwise intact (``a[0].b``: a list item's field).
+    The name returned is the one a refusal gives: ``a.*.b`` (an object's values) with the key the walk took."""
     faults = []
     for name, field in run_file.field_names(table):
         *parents, key = name.split(".")
         for fault in ("removed", "wrong type") if field.required else ("wrong type",):
             document = copy.deepcopy(whole)
-            holder = _holder(document, parents)
+            holder, path = _holder(document, parents)
             if fault == "removed":
                 del holder[key]
             else:
                 holder[key] = WRONG[field.kind]
-            faults.append((name, fault, document))
+            faults.append((".".join([*path, key]), fault, document))
     return faults
 
 
-def _holder(document: Dict[str, Any], parents: List[str]) -> Any:
-    """The object holding a field named ``a.b[0].c``'s last part, the list items' ``[0]`` followed."""
+def _holder(document: Dict[str, Any], parents: List[str]) -> Tuple[Any, List[str]]:
+    """The object holding a field named ``a.b[0].c``'s (or ``a.*.c``'s) last part, the list items' ``[0]``
+    and an object's first value followed; with the parents' names as a refusal gives them."""
+    path = []
     for parent in parents:
         key, _, index = parent.partition("[")
+        if key == "*":
+            key = next(iter(document))
         document = document[key][int(index[:-1])] if index else document[key]
-    return document
+        path.append(f"{key}[{index}" if index else key)
+    return document, path
+
+
+#: diagnostics of every kind the readers read, from committed run files (studies of routers, aggregations,
+#: subsets of heads, CKA), one record's worth
+WHOLE_DIAGNOSTICS = {
+    **json.loads((FIXTURES.parents[1] / "docs/results/proxy-10-studies/runs/synthetic/hide/both/seed3.json")
+                 .read_text())["diagnostics"],
+    **{key: value for key, value in json.loads(
+        (FIXTURES.parents[1] / "docs/results/studies/decays/runs/cifar100-like/flyprompt/full/seed3.json")
+        .read_text())["diagnostics"].items() if key == "heads"},
+    "cka": {"experts": [0, 1], "residual": [[1.0, 0.5], [0.5, 1.0]], "raw": [[1.0, 0.9], [0.9, 1.0]], "samples": 8},
+}
 
 
 def run_file_faults() -> List[Tuple[str, str, Dict[str, Any]]]:
     """Every field of the run file removed or retyped in a whole record."""
-    return field_faults(run_record(SPEC, {}), run_file.RUN_FILE)
+    return field_faults(run_record(SPEC, {}, diagnostics=WHOLE_DIAGNOSTICS), run_file.RUN_FILE)
 
 
 def test_every_field_of_a_run_file_removed_or_retyped_is_named(tmp_path):
     path = tmp_path / "seed1.json"
-    path.write_text(json.dumps(run_record(SPEC, {})))
+    path.write_text(json.dumps(run_record(SPEC, {}, diagnostics=WHOLE_DIAGNOSTICS)))
     assert results_module.read_result(path)["spec"] == SPEC  # the whole record is read
     wrong = []
     faults = run_file_faults()
@@ -99,7 +117,8 @@ def test_every_field_of_a_run_file_removed_or_retyped_is_named(tmp_path):
         except results_module.UnreadableResultError as error:
             if str(path) not in str(error) or f"'{name}'" not in str(error) or "\n" in str(error):
                 wrong.append(f"{name} {fault}: {error}")
-    assert len(faults) > 40 and not wrong, "\n".join(wrong)
+    assert len(faults) > 90 and not wrong, "\n".join(wrong)
+    assert {"log.records[0].correct", "diagnostics.members.online.A_auc"} <= {name for name, _, _ in faults}
 
 
 # ------------------------------------------------------------------------------------------ plan files
@@ -171,8 +190,12 @@ READERS: Dict[str, Tuple[Callable[..., int], List[str]]] = {
 def reader_walk(tmp_path: Path, capsys) -> List[str]:
     """Every reader on a run file with its metrics of a wrong type and on one without its log."""
     wrong = []
-    for fault, field, change in [("metrics", "'metrics'", {"metrics": "x"}), ("log removed", "'log'", {"log": None})]:
-        record = {key: value for key, value in {**run_record(SPEC, {}), **change}.items() if value is not None}
+    whole = run_record(SPEC, {})
+    log = copy.deepcopy(whole["log"])
+    log["records"][0]["correct"] = "many"  # an entry of the log: the merge's curves read it
+    for fault, field, change in [("metrics", "'metrics'", {"metrics": "x"}), ("log removed", "'log'", {"log": None}),
+                                 ("records entry", "'log.records[0].correct'", {"log": log})]:
+        record = {key: value for key, value in {**whole, **change}.items() if value is not None}
         for reader, (main, argv) in READERS.items():
             out = tmp_path / f"{reader.split()[0]}-{fault.split()[0]}"
             path = _results_folder(out, record)
@@ -198,9 +221,9 @@ def test_the_reader_walk_fails_on_a_bare_json_load(tmp_path, capsys, monkeypatch
 
 # --------------------------------------------------------------------------------------------- outputs
 #: the names of flags where a command writes: each must be checked by the output rule
-OUTPUT_DESTS = {"output", "json", "markdown", "target", "workdir"}
+OUTPUT_DESTS = {"output", "json", "markdown", "target", "workdir", "cache"}
 #: positionals before an output positional, per command
-POSITIONALS = {"benchmarks.backbone": ["sup21k", "source.pt"]}
+POSITIONALS = {"benchmarks.backbone": ["sup21k", "{a-file}"]}  # {a-file}: an existing file (the source read)
 
 
 def output_actions(parser: argparse.ArgumentParser) -> List[argparse.Action]:
@@ -225,7 +248,8 @@ def output_walk(name: str, main: Callable[..., int], tmp_path: Path, monkeypatch
         flag = action.option_strings[-1] if action.option_strings else action.dest
         place = a_file if action.type.kind == "folder" else a_folder
         for value in (place, a_file / "under"):
-            argv = [f"{flag}={value}"] if action.option_strings else [*POSITIONALS.get(name, []), str(value)]
+            ahead = [text.replace("{a-file}", str(a_file)) for text in POSITIONALS.get(name, [])]
+            argv = [f"{flag}={value}"] if action.option_strings else [*ahead, str(value)]
             before = files_of(tmp_path)
             status, err = outcome(main, argv, monkeypatch, capsys)
             problems = one_line_problems(status, err, flag)
@@ -253,6 +277,68 @@ def test_the_walk_finds_the_outputs_and_fails_on_an_unruled_one(tmp_path, monkey
     assert output_walk("planted", planted, tmp_path, monkeypatch, capsys) == ["output: parsed without the output rule"]
 
 
+def contents_walk(main: Callable[..., int], tmp_path: Path, monkeypatch, capsys) -> Tuple[List[str], int]:
+    """Each path an output folder's flag declares it writes (``contents``) made the other kind in an otherwise
+    empty output folder: exit status 2 and one line naming the flag and the path, at parse time."""
+    wrong, walked = [], 0
+    for action in output_actions(parser_of(main, monkeypatch)):
+        flag = action.option_strings[-1] if action.option_strings else ""
+        for relative, kind in action.type.contents.items():  # (no positional output declares contents)
+            out = tmp_path / f"{flag.strip('-')}-{relative.replace('/', '-')}"
+            (out / relative).parent.mkdir(parents=True)
+            (out / relative).mkdir() if kind == "file" else (out / relative).write_text("the user's")
+            before = files_of(tmp_path)
+            status, err = outcome(main, [f"{flag}={out}"], monkeypatch, capsys)
+            problems = one_line_problems(status, err, flag, str(out / relative))
+            problems += [] if files_of(tmp_path) == before else ["files changed"]
+            wrong += [f"{flag} with {relative} the other kind: {problem}" for problem in problems]
+            walked += 1
+    return wrong, walked
+
+
+def test_every_path_a_command_writes_in_its_output_folder_is_checked_when_parsed(tmp_path, monkeypatch, capsys):
+    wrong, walked = [], 0
+    for name, main in sorted(COMMANDS.items()):
+        found, count = contents_walk(main, tmp_path / name, monkeypatch, capsys)
+        wrong += [f"{name}: {line}" for line in found]
+        walked += count
+    assert walked >= 20 and not wrong, "\n".join(wrong)  # the sweep's, the studies' and the GPU cost's paths
+
+
+@pytest.mark.parametrize("backend", ["csv", "tensorboard"])
+def test_a_log_folder_that_is_a_file_is_refused_before_training(backend, tmp_path, capsys, no_work):
+    pytest.importorskip(backend) if backend != "csv" else None
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "logs").write_text("the user's")
+    status = _status(cli.main, [*TINY, "--output", str(out), "--log", backend])
+    assert not one_line_problems(status, capsys.readouterr().err, "--output", str(out / "logs"))
+    assert files_of(tmp_path) == {"out/logs": b"the user's"}
+    (out / "logs").unlink()
+    (out / "logs").mkdir()
+    (out / "logs" / backend).write_text("the user's")
+    status = _status(cli.main, [*TINY, "--output", str(out), "--log", backend])
+    assert not one_line_problems(status, capsys.readouterr().err, "--output", str(out / "logs" / backend))
+
+
+def test_a_later_points_folder_that_is_a_file_stops_the_study_before_its_first_training(tmp_path, capsys, no_work):
+    out = tmp_path / "out"
+    (out / "sweep").mkdir(parents=True)
+    (out / "sweep" / "expansion_dim=32").write_text("the user's")
+    status = _status(cli.main, [*TINY, "--sweep", "M=16,32", "--output", str(out)])
+    assert not one_line_problems(status, capsys.readouterr().err, str(out / "sweep" / "expansion_dim=32"))
+    assert files_of(tmp_path) == {"out/sweep/expansion_dim=32": b"the user's"}
+
+
+def test_the_routing_study_writing_into_its_results_checks_them_as_its_output(tmp_path, capsys):
+    out = _results_folder(tmp_path, run_record(SPEC, {})).parents[4]
+    (out / "study_routing.md").mkdir()
+    before = files_of(out)
+    status = _status(routing_oracle.main, ["--results", str(out)])
+    assert not one_line_problems(status, capsys.readouterr().err, "--results", str(out / "study_routing.md"))
+    assert files_of(out) == before
+
+
 @pytest.mark.parametrize("study", ["cost", "components-cost", "routing"])
 def test_a_study_whose_output_is_a_file_or_under_one_is_one_line(study, tmp_path, capsys, no_work):
     (tmp_path / "a-file").write_text("the user's")
@@ -260,6 +346,61 @@ def test_a_study_whose_output_is_a_file_or_under_one_is_one_line(study, tmp_path
         status = _status(cli.main, [*TINY, "--study", study, "--output", str(output)])
         assert not one_line_problems(status, capsys.readouterr().err, "--output", str(output))
     assert (tmp_path / "a-file").read_text() == "the user's"
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+#: the names of flags naming a folder or file a command reads: each must be checked by the input rule
+INPUT_DESTS = {"checkouts", "checkout", "flygcl", "misa", "reference_repo", "results", "write", "check", "python",
+               "source"}
+#: positionals around an input positional, per command
+INPUT_POSITIONALS = {"benchmarks.backbone": (["sup21k"], ["target.safetensors"])}
+
+
+def input_actions(parser: argparse.ArgumentParser) -> List[argparse.Action]:
+    return [action for action in parser._actions if isinstance(action.type, InputPath)]
+
+
+def input_walk(name: str, main: Callable[..., int], tmp_path: Path, monkeypatch, capsys) -> Tuple[List[str], int]:
+    """Each input flag of ``main`` given nothing, the other kind, and a path under a file: exit status 2 and
+    one line naming the flag, at parse time, nothing written."""
+    parser = parser_of(main, monkeypatch)
+    wrong = [f"{action.dest}: parsed without the input rule" for action in parser._actions
+             if action.dest in INPUT_DESTS and not isinstance(action.type, InputPath)]
+    a_file, a_folder = tmp_path / "a-file", tmp_path / "a-folder"
+    a_file.write_text("the user's")
+    a_folder.mkdir(exist_ok=True)
+    actions = input_actions(parser)
+    for action in actions:
+        flag = action.option_strings[-1] if action.option_strings else action.dest
+        for value in (tmp_path / "nothing", a_file if action.type.kind == "folder" else a_folder, a_file / "under"):
+            before = files_of(tmp_path)
+            ahead, after = INPUT_POSITIONALS.get(name, ([], []))
+            argv = [f"{flag}={value}"] if action.option_strings else [*ahead, str(value), *map(str, after)]
+            status, err = outcome(main, argv, monkeypatch, capsys)
+            problems = one_line_problems(status, err, flag, str(value))
+            problems += [] if files_of(tmp_path) == before else ["files changed"]
+            wrong += [f"{flag} {value}: {problem}" for problem in problems]
+    return wrong, len(actions)
+
+
+def test_every_input_of_every_command_is_checked_when_parsed(tmp_path, monkeypatch, capsys):
+    wrong, walked = [], 0
+    for name, main in sorted(COMMANDS.items()):
+        (tmp_path / name).mkdir()
+        found, count = input_walk(name, main, tmp_path / name, monkeypatch, capsys)
+        wrong += [f"{name}: {line}" for line in found]
+        walked += count
+    assert walked >= 16 and not wrong, "\n".join(wrong)
+
+
+def test_the_input_walk_fails_on_an_unruled_input(tmp_path, monkeypatch, capsys):
+    def planted(argv):
+        parser = Parser(prog="planted")
+        parser.add_argument("--results", type=Path, default=None)
+        parser.parse_args(argv)
+        return 0
+
+    assert input_walk("planted", planted, tmp_path, monkeypatch, capsys)[0] == ["results: parsed without the input rule"]
 
 
 # -------------------------------------------------------------------------------------------- checkouts

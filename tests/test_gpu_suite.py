@@ -176,4 +176,4 @@ def test_usage_errors_are_one_line(tmp_path, capsys):
     assert "--stages: expected names from environment" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gpu_suite.main(["--output", str(tmp_path), "--device", "cpu", "--reference-repo", str(tmp_path / "nowhere")])
-    assert "--reference-repo: expected a folder" in capsys.readouterr().err
+    assert "nowhere: no folder there; expected an existing folder (check --reference-repo)" in capsys.readouterr().err

@@ -38,6 +38,8 @@ from fly_modules._validation import (
 )
 from fly_modules.router import RandomExpansion
 
+FAKE_FLYGCL = Path(__file__).resolve().parent / "fixtures" / "fake_flygcl"
+
 
 def refused_values(rule: Any) -> List[str]:
     """Spellings that ``rule`` refuses, derived from it (its bounds, its type)."""
@@ -122,7 +124,7 @@ def test_the_walk_catches_a_bare_int_flag_and_an_unchecked_value(monkeypatch, ca
 def test_the_three_examples_of_a_new_user_end_in_one_line(monkeypatch, capsys):
     for name, argv in [("benchmarks.speed.router_timing", ["--expansion-dim", "-5"]),
                        ("benchmarks.speed.router_timing", ["--threads", "0"]),
-                       ("benchmarks.fidelity.cli", ["--flygcl", "DIR", "--threads", "0"])]:
+                       ("benchmarks.fidelity.cli", ["--flygcl", str(FAKE_FLYGCL), "--threads", "0"])]:
         status, error = outcome(COMMANDS[name], argv, monkeypatch, capsys)
         assert status == 2 and error.count("\n") == 1 and argv[-2] in error, (name, argv, error)
 

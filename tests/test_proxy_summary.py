@@ -73,9 +73,11 @@ def test_a_page_without_the_markers_or_a_folder_without_runs_is_one_line(tmp_pat
     page = tmp_path / "page.md"
     page.write_text("no markers\n")
     assert summary.main(["--results", str(tmp_path), "--dataset", "toy", "--check", str(page)]) == 2
-    assert summary.main(["--results", str(tmp_path / "none"), "--dataset", "toy"]) == 2
+    with pytest.raises(SystemExit) as refused:  # a folder that is not there: refused when parsed
+        summary.main(["--results", str(tmp_path / "none"), "--dataset", "toy"])
+    assert refused.value.code == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 2 and "add that line" in errors[0] and "no run files" in errors[1]
+    assert len(errors) == 2 and "add that line" in errors[0] and "none: no folder there" in errors[1]
 
 
 def test_every_number_the_results_list_quotes_is_a_committed_one():

@@ -8,6 +8,7 @@ import io
 
 import pytest
 import torch
+from fold_log import FoldLog
 from ridge_bounds import assert_same_solution
 
 from fly_modules import AnalyticRouter, InvalidParameterError, _blocked, _compat, _ridge
@@ -88,26 +89,77 @@ def test_the_buffer_size_rule_and_its_memory_bound():
     assert router.pending_bytes == 64 * M * 8 + 64 * 8  # 64 float64 rows of phi and their int64 ids
 
 
-def test_state_dict_holds_every_row_and_a_resumed_run_is_bit_identical():
+def test_state_dict_holds_every_row_and_a_resumed_run_folds_where_the_uninterrupted_one_does(monkeypatch):
     features, ids = stream(90)
+    folds = FoldLog(monkeypatch)
+    whole = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    feed(whole, features, ids, [5] * 18)
+    whole.flush()
+    uninterrupted = folds.take()
+
     run = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
     feed(run, features[:35], ids[:35], [5] * 7)
-    assert run.pending_rows
+    assert run.pending_rows == 5
     buffer = io.BytesIO()
     torch.save(run.state_dict(), buffer)
-    assert run.pending_rows == 0
+    assert run.pending_rows == 5 and folds.sizes == [15, 15]  # saving folds nothing
     buffer.seek(0)
     resumed = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
-    resumed.update(features[:3], ids[:3])  # rows of another run, replaced by the checkpoint's statistics
+    resumed.update(features[:3], ids[:3])  # rows of another run, replaced by the checkpoint's
     resumed.load_state_dict(_compat.load_weights(buffer))
-    assert resumed.pending_rows == 0
-    assert_float64_statistics(resumed, features[:35], ids[:35])
-    for router in (run, resumed):
-        feed(router, features[35:], ids[35:], [5] * 11)
-        router.flush()
+    assert resumed.pending_rows == 5 and resumed.num_samples == 35
+    assert_float64_statistics(copy.deepcopy(resumed), features[:35], ids[:35])
+    del folds.sizes[2:]  # the copy's fold
+    feed(resumed, features[35:], ids[35:], [5] * 11)
+    resumed.flush()
+    assert folds.sizes == uninterrupted  # the same summation history, so the same bits on any CPU
     for name in ("gram", "cross", "counts"):
-        assert torch.equal(getattr(run, name), getattr(resumed, name)), name
-    assert torch.equal(run.weight, resumed.weight)
+        assert torch.equal(getattr(whole, name), getattr(resumed, name)), name
+    assert torch.equal(whole.weight, resumed.weight)
+
+
+def test_a_checkpoint_before_pending_rows_were_saved_still_loads():
+    features, ids = stream(20)
+    old = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    old.update(features, ids)
+    old.flush()
+    state = {k: v for k, v in old.state_dict().items() if not k.startswith("pending_")}  # version 2's entries
+    loaded = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    loaded.update(features[:4], ids[:4])
+    loaded.load_state_dict(state)
+    assert loaded.pending_rows == 0
+    assert_float64_statistics(loaded, features, ids)
+
+
+@pytest.mark.parametrize("fault, match", [
+    (lambda s: s.pop("pending_ids"), "lacks"),
+    (lambda s: s.update(pending_phi=s["pending_phi"][:, :-1]), "pending_phi has shape"),
+    (lambda s: s.update(pending_ids=s["pending_ids"][:-1]), "pending_ids has shape"),
+    (lambda s: s.update(pending_ids=s["pending_ids"].double()), "integer dtype"),
+    (lambda s: s.update(pending_ids=s["pending_ids"] + EXPERTS), "outside 0..2"),
+])
+def test_damaged_pending_rows_are_refused_before_anything_changes(fault, match):
+    features, ids = stream(12)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    router.update(features[:7], ids[:7])
+    state = router.state_dict()
+    fault(state)
+    other = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    other.update(features[7:], ids[7:])
+    with pytest.raises(InvalidParameterError, match=match):
+        other.load_state_dict(state)
+    assert other.pending_rows == 5
+    assert_float64_statistics(other, features[7:], ids[7:])
+
+
+def test_a_move_that_changes_nothing_folds_nothing_and_a_real_one_folds_first():
+    features, ids = stream(12)
+    router = AnalyticRouter(D, EXPERTS, expansion_dim=M, ridge=1.0, fold_rows=16)
+    router.update(features, ids)
+    router.to("cpu").to(torch.float64).cpu().double().half()  # a framework's per-experience model.to(device)
+    assert router.pending_rows == 12
+    router.float()
+    assert router.pending_rows == 0 and router.gram.dtype == torch.float32
 
 
 def test_a_refused_checkpoint_keeps_the_pending_rows():

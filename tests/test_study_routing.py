@@ -51,4 +51,4 @@ def test_the_routing_study_and_its_standalone_command_agree(tmp_path, capsys):
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["--results", str(tmp_path / "nothing")])
-    assert "has no runs/ folder" in capsys.readouterr().err
+    assert "nothing: no folder there; expected an existing folder (check --results)" in capsys.readouterr().err

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_missing_checkouts_folder_is_one_line(capsys, tmp_path):
     missing = tmp_path / "nowhere"
-    assert f"found no folder at {missing}" in one_line_error(capsys, cli.main, ["--checkouts", str(missing)])
+    assert f"{missing}: no folder there" in one_line_error(capsys, cli.main, ["--checkouts", str(missing)])
 
 
 def test_unknown_only_name_lists_the_names(capsys, tmp_path):

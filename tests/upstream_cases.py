@@ -16,6 +16,7 @@ from flygcl_standins import (
     prefix_train_forward,
     sprompt_eval_forward,
 )
+from generic_standins import PGPL2P, HiDePETLoRA, hide_pet_eval_forward
 from torch import Tensor, nn
 from upstream_standins import (
     JLL2P,
@@ -119,6 +120,69 @@ class JLL2PCase(Case):
         for b, expert in enumerate(experts.tolist()):
             similarity = F.normalize(query[b], dim=0) @ F.normalize(keys[3 * expert : 3 * expert + 3], dim=1).t()
             assert selection[b].tolist() == (similarity.topk(2).indices + 3 * expert).tolist()
+
+
+class PGPL2PCase(JLL2PCase):
+    """PGP's L2P through the generic seams, as its harness wires it: the query is ``original_model``'s
+    ``pre_logits``, the route ``Prompt.forward``'s ``prompt_mask`` (expert ``e`` = slots ``[2e, 2e + 2)``), the
+    classifier ``head``; banks: the current expert in training, the routed one at inference."""
+
+    method = "generic"
+
+    def __init__(self) -> None:
+        super().__init__(query_module=True)
+
+    def build(self):
+        return PGPL2P(), Original()
+
+    def adapter_kwargs(self, model, original):
+        return dict(num_experts=E, query_module=original, route_module=model.prompt, route_kwarg="prompt_mask",
+                    route_value=lambda experts, module, args, kwargs: experts[:, None] * 2 + torch.arange(2))
+
+    def expert_of(self, selection):
+        return selection[:, 0] // 2
+
+    check_routed = Case.check_routed
+
+    def bank_of(self, selection, handle):
+        if handle.model.training:
+            return torch.full_like(selection[:, 0], handle.current_expert)
+        routed = handle.routing_active()
+        return self.expert_of(selection) if routed else torch.full_like(selection[:, 0], handle.ensemble.active_expert)
+
+
+class HiDePETLoRACase(Case):
+    """HiDe-PET's HiDe-LoRA through the generic seams, as its harness wires it: the query is
+    ``original_model``'s ``pre_logits``, the route the model's own ``task_id`` (one id per sample). Their
+    training never runs ``original_model``; the user's line gives ``end_batch`` its features, here the same
+    pass run before the training call (its hook records them)."""
+
+    method = "generic"
+    craftable = False
+
+    def build(self):
+        return HiDePETLoRA(), Original()
+
+    def adapter_kwargs(self, model, original):
+        return dict(num_experts=E, query_module=original, route_module=model, route_kwarg="task_id")
+
+    def router_features(self, model, original, x):
+        with torch.no_grad():
+            return original(x)["pre_logits"]
+
+    def forward(self, model, original, x, *, task=0, query=None):
+        if model.training:
+            with torch.no_grad():
+                original(x)  # the user's line: the query pass their training loop does not run
+            out = model(x, task_id=task, train=True)
+        else:
+            out = hide_pet_eval_forward(model, original, x)
+        return out["logits"], model.last_task_ids
+
+    def bank_of(self, selection, handle):
+        if handle.model.training:
+            return torch.full_like(selection, handle.current_expert)
+        return selection if handle.routing_active() else torch.full_like(selection, handle.ensemble.active_expert)
 
 
 class JLDualPromptCase(Case):
@@ -371,6 +435,8 @@ CASES: Dict[str, Case] = {
     "jhlee-l2p": JLL2PCase(),
     "jhlee-l2p-query-module": JLL2PCase(query_module=True),
     "jhlee-dualprompt": JLDualPromptCase(),
+    "pgp-l2p-generic": PGPL2PCase(),
+    "hide-pet-lora-generic": HiDePETLoRACase(),
     "flygcl-dualprompt": KeyPoolCase(FlyGCLDualPrompt),
     "misa-patched-gather": KeyPoolCase(lambda: MISADualPrompt(fixed_gather=True), method="misa"),
     "flygcl-l2p": FlyGCLL2PCase(),

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 from benchmarks.ablation.expert_schedules import EXPERT_SCHEDULES
 from benchmarks.ablation.loggers import LOGGERS, parse_loggers
 from benchmarks.ablation.logit_masks import TRAIN_MASKS
+from benchmarks.ablation.output_layout import SWEEP_OUTPUTS
 from benchmarks.ablation.preemption import RESUMABLE_EXIT_CODE
 from benchmarks.ablation.shard import parse_shard
 from benchmarks.ablation.sweep_values import SWEEP_ALIASES, parser_of
@@ -247,7 +248,8 @@ def add_sweep_flags(parser: argparse.ArgumentParser) -> None:
                         help="training images per class of every generated dataset")
     parser.add_argument("--synthetic-test-per-class", type=_integer(1), default=None,
                         help="test images per class of every generated dataset")
-    add_output_flag(parser, "--output", "folder", default=None, help="output folder (default: results/<preset>)")
+    add_output_flag(parser, "--output", "folder", default=None, help="output folder (default: results/<preset>)",
+                    contents=SWEEP_OUTPUTS)
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if "
                                                        "available, else cpu)")
     parser.add_argument("--threads", type=_integer(1), default=None,

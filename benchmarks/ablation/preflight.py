@@ -28,6 +28,7 @@ from ..core.protocol import Protocol
 from ..core.proxy_datasets import is_generated
 from ..flags import output_problem
 from ..methods import method_class
+from .output_layout import sweep_outputs
 
 __all__ = ["PreflightError", "USER_ERRORS", "check", "check_output", "check_device", "check_models", "class_counts"]
 
@@ -50,10 +51,11 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {line if len(line) <= 200 else line[:197] + '...'}"
 
 
-def check_output(output: Path) -> None:
-    """The output folder is a folder (or can be created) and a file can be written in it: the rule every
-    command's output flags use (:func:`benchmarks.flags.output_problem`), for the default folder too."""
-    problem = output_problem(Path(output), "folder")
+def check_output(output: Path, log: Sequence[str] = ()) -> None:
+    """The output folder is a folder (or can be created), a file can be written in it, and nothing the sweep
+    writes there (``output_layout``, the dashboards' folders of ``log`` included) is in the way: the rule
+    every command's output flags use (:func:`benchmarks.flags.output_problem`), for the default folder too."""
+    problem = output_problem(Path(output), "folder", sweep_outputs(log))
     if problem:
         raise PreflightError(f"--output {output}: {problem} (choose another --output)")
 
@@ -143,7 +145,7 @@ def check(sweep: Any) -> None:
     """Every check of this module for a ``benchmarks.ablation.sweep.Sweep``; raises :class:`PreflightError`."""
     if sweep.threads:
         torch.set_num_threads(sweep.threads)  # as the sweep will
-    check_output(sweep.output)
+    check_output(sweep.output, sweep.log)
     check_device(sweep.device)
     check_models(sweep.protocol, sweep.methods, sweep.datasets, class_counts(sweep.data), sweep.seeds[0])
 

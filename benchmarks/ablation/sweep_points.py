@@ -23,8 +23,9 @@ from benchmarks.ablation.work_plan import run_plan
 from benchmarks.backbone import downloads_allowed
 from benchmarks.core.plan_file import PLAN_FILE, read_plan
 from benchmarks.core.results import load_results
+from benchmarks.flags import output_problem
 from benchmarks.studies.registry import Study, SweepPoint
-from benchmarks.studies.sweep_table import write_points
+from benchmarks.studies.sweep_table import table_name, write_points
 
 __all__ = ["PointsRun", "run_points"]
 
@@ -46,6 +47,17 @@ class PointsRun:
                 self.sweeps.append((point, resolve(point_arguments(args, point, PROTOCOL_FLAGS, self.base))))
             except UsageError as error:
                 raise UsageError(f"{study.name}, point {point.label}: {error}") from None
+        self.check_outputs()
+
+    def check_outputs(self) -> None:
+        """Before the first point trains: every point's folder and the study's table files in the base folder
+        can be written (a file where a later point's folder goes would stop the study after hours)."""
+        stem = table_name(self.study)
+        for _, sweep in self.sweeps:
+            preflight.check_output(sweep.output, sweep.log)
+        problem = output_problem(self.base, "folder", {f"{stem}.{suffix}": "file" for suffix in ("md", "json", "png")})
+        if problem:
+            raise UsageError(f"--output {self.base}: {problem} (choose another --output)")
 
     def plan(self, argv: Optional[Sequence[str]]) -> int:
         """``--plan`` of every point, then the study's total device time."""

@@ -24,7 +24,7 @@ from benchmarks.compat.outcome import Outcome
 from benchmarks.compat.report import CHECKS, Row, failed, markdown, scrub, to_json
 from benchmarks.core.errors import UsageError
 from benchmarks.core.results import write_text_atomic
-from benchmarks.flags import Parser, add_output_flag
+from benchmarks.flags import Parser, add_input_flag, add_output_flag
 
 DEFAULT_CACHE = Path.home() / ".cache" / "fly-modules" / "envs"
 CHECK_NAMES = tuple(name for name, _ in CHECKS)
@@ -49,13 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m benchmarks.compat", description=__doc__.split("\n\n")[1],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="+", default=["all"], metavar="NAME",
-                        help="all (default), oldest, or checkout folder names of docs/compatibility.md's table")
+                        help="all (default), oldest, checkout folder names of docs/compatibility.md's table, or a "
+                             "mix of them (oldest FlyGCL: both rows)")
     parser.add_argument("--checks", type=_check_list, default=CHECK_NAMES,
                         help=f"comma-separated, among {','.join(CHECK_NAMES)} (default: all; install always runs)")
-    parser.add_argument("--checkouts", type=Path, default=None,
+    add_input_flag(parser, "--checkouts", "folder", default=None,
                         help="folder holding the upstream checkouts (needed by the upstream check)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
-                        help=f"where the environments are built and kept (default {DEFAULT_CACHE})")
+    add_output_flag(parser, "--cache", "folder", default=str(DEFAULT_CACHE),
+                    help="where the environments are built and kept")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the environments even when cached")
     add_output_flag(parser, "--json", "file", default=None, help="write every row, version and outcome here")
     add_output_flag(parser, "--markdown", "file", default=None, help="write the table here (for docs/results/)")
@@ -65,13 +66,26 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve(args: argparse.Namespace) -> List[Environment]:
     """The rows to run; every argument and every interpreter checked before anything is built."""
     rows = select(load_environments(), args.envs)
-    if "upstream" in args.checks and (args.checkouts is None or not args.checkouts.is_dir()):
-        raise UsageError("--checkouts: expected the folder holding the upstream checkouts (the upstream check "
-                         f"needs it), found {args.checkouts or 'none'}; or leave upstream out of --checks")
+    if "upstream" in args.checks:
+        check_checkouts(args.checkouts, rows)
     for python in sorted({row.python for row in rows}):
         venvs.find_interpreter(python)
     args.files = venvs.tree_files()
     return rows
+
+
+def check_checkouts(checkouts: Optional[Path], rows: Sequence[Environment]) -> None:
+    """Before anything is built: the upstream check's folder holds a checkout of every row asked for."""
+    if checkouts is None or not checkouts.is_dir():
+        raise UsageError("--checkouts: expected the folder holding the upstream checkouts (the upstream check "
+                         f"needs it), found {checkouts or 'none'}; or leave upstream out of --checks")
+    missing = [row for row in rows if not (checkouts / row.checkout).is_dir()
+               or not any((checkouts / row.checkout).iterdir())]
+    if missing:
+        names = ", ".join(row.checkout for row in missing)
+        raise UsageError(f"--checkouts {checkouts}: no checkout {names} in it (expected {checkouts / missing[0].checkout}, "
+                         f"a clone of https://github.com/{missing[0].codebase}); clone it there, narrow --envs, or "
+                         "leave upstream out of --checks")
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -122,14 +122,24 @@ def load_environments(page: Path = TABLE_PAGE) -> List[Environment]:
     return parse_table(page.read_text())
 
 
+#: the words ``--envs`` takes beside checkout names: each names a set of rows
+SELECTIONS = ("all", "oldest")
+
+
 def select(environments: Sequence[Environment], names: Sequence[str]) -> List[Environment]:
-    """``all``, ``oldest`` (the oldest Python and torch) or checkout folder names, in the table's order."""
-    if list(names) == ["all"]:
-        return list(environments)
-    if list(names) == ["oldest"]:
-        return [min(environments, key=Environment.age)]
+    """The rows that any of ``names`` names, in the table's order: ``all``, ``oldest`` (the oldest Python and
+    torch) and checkout folder names, mixed at will (``oldest FlyGCL``: the oldest row and FlyGCL's)."""
     known: Dict[str, Environment] = {row.checkout: row for row in environments}
-    unknown = [name for name in names if name not in known]
+    unknown = [name for name in names if name not in known and name not in SELECTIONS]
     if unknown:
-        raise UsageError(f"--envs: unknown {unknown[0]!r}; choose all, oldest or checkouts {', '.join(known)}")
-    return [row for row in environments if row.checkout in names]
+        raise UsageError(f"--envs: unknown {unknown[0]!r}; choose all, oldest or checkouts {', '.join(known)} "
+                         "(several may be given)")
+    chosen = set()
+    for name in names:
+        if name == "all":
+            chosen.update(known)
+        elif name == "oldest":
+            chosen.add(min(environments, key=Environment.age).checkout)
+        else:
+            chosen.add(name)
+    return [row for row in environments if row.checkout in chosen]

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from benchmarks.core import reference_checkout as ref
 from benchmarks.core.method_names import canonical_method
-from benchmarks.flags import Parser
+from benchmarks.flags import Parser, add_input_flag
 from fly_modules import aggregate_logits, seen_class_mask
 
 from .comparison import checkout_commit
@@ -107,7 +107,7 @@ def markdown_table(rows: Sequence[AggregationRow], commit: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.fidelity.aggregations", description=__doc__)
-    parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
+    add_input_flag(parser, "--flygcl", "folder", convert=str, required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
     parser.add_argument("--methods", nargs="+", type=canonical_method, choices=TRAINERS, default=list(TRAINERS),
                         help="the official trainers whose _ensemble_logits to compare")
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ import torch
 from benchmarks.core import reference_checkout as ref
 from benchmarks.core.method_names import canonical_method
 from benchmarks.core.results import write_text_atomic
-from benchmarks.flags import Parser, add_common_flag, add_output_flag
+from benchmarks.flags import Parser, add_common_flag, add_input_flag, add_output_flag
 
 from .comparison import compare_method
 from .loop import load_loop_checkout, loop_record, run_loops
@@ -30,8 +30,8 @@ __all__ = ["main", "parse_args"]
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(prog="python -m benchmarks.fidelity", description=__doc__)
-    parser.add_argument("--flygcl", help="a checkout of AnAppleCore/FlyGCL (read only)")
-    parser.add_argument("--misa", help="a checkout of kangzhiq/MISA (read only): the misa rows against its own code")
+    add_input_flag(parser, "--flygcl", "folder", convert=str, help="a checkout of AnAppleCore/FlyGCL (read only)")
+    add_input_flag(parser, "--misa", "folder", convert=str, help="a checkout of kangzhiq/MISA (read only): the misa rows against its own code")
     parser.add_argument("--misa-vit", choices=("base-16px", "micro"), default="base-16px",
                         help="the MISA rows' backbone (default ViT-B/16 on 16 x 16 images, the shipped prompts' width)")
     parser.add_argument("--methods", nargs="+", type=canonical_method, choices=sorted(PAIRS), default=list(PAIRS))

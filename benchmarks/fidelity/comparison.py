@@ -3,15 +3,14 @@ stream batches by their own code, then their trainable tensors, decisions and me
 
 from __future__ import annotations
 
-import subprocess
 import time
-from pathlib import Path
 from typing import Any, Dict, List
 
 import torch
 from torch import Tensor
 
 from benchmarks.core import reference_checkout as ref
+from benchmarks.core.checkout_commit import checkout_commit
 
 from .evaluations import OfficialEvaluations
 from .measures import agreement, base_name, copy_tensors, tensor_differences, worst
@@ -22,12 +21,6 @@ from .row import FidelityRow
 from .setting import Setting
 
 __all__ = ["compare_method", "checkout_commit"]
-
-
-def checkout_commit(path: Path) -> str:
-    """The checkout's commit (``unknown`` when it is not a git work tree)."""
-    result = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
 def check_pairing(pair: MethodPair, official: OfficialSide, ours: OursSide) -> None:

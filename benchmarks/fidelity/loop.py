@@ -15,7 +15,7 @@ import torch
 from benchmarks.core import reference_checkout as ref
 from benchmarks.core.method_names import canonical_method
 from benchmarks.core.results import write_text_atomic
-from benchmarks.flags import Parser, add_common_flag, add_output_flag
+from benchmarks.flags import Parser, add_common_flag, add_input_flag, add_output_flag
 
 from .loop_comparison import LOOP_METHODS, LOOP_SETUPS, LoopRow, compare_loop
 from .official_loop import missing_loop_files
@@ -62,7 +62,7 @@ def markdown_table(rows: Sequence[LoopRow]) -> str:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(prog="python -m benchmarks.fidelity.loop", description=__doc__)
-    parser.add_argument("--flygcl", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
+    add_input_flag(parser, "--flygcl", "folder", convert=str, required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
     parser.add_argument("--methods", nargs="+", type=canonical_method, choices=LOOP_METHODS, default=list(LOOP_METHODS))
     add_output_flag(parser, "--json", "file", default=None,
                     help="write the rows, every evaluation included, to this JSON file")

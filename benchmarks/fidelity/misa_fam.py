@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from benchmarks.core.reference_checkout import CheckoutError
 from benchmarks.fidelity.misa_checkout import MISA
-from benchmarks.flags import Parser, add_flag
+from benchmarks.flags import Parser, add_flag, add_input_flag
 from benchmarks.methods.misa_adaptation import ForgettingAwareStep
 from fly_modules._validation import Integer
 
@@ -65,7 +65,7 @@ def largest_difference(fam_class: type, *, updates: int = 20, lr: float = 5e-3, 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--misa", type=Path, required=True, help="a checkout of kangzhiq/MISA (read only)")
+    add_input_flag(parser, "--misa", "folder", required=True, help="a checkout of kangzhiq/MISA (read only)")
     add_flag(parser, "--updates", Integer(minimum=1), default=20, help="forgetting-aware updates compared")
     args = parser.parse_args(argv)
     try:

@@ -220,7 +220,8 @@ def price_paper_table(cost: CostDocument, units: Dict[tuple, Dict[str, Any]], pr
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_output_flag(parser, "--output", "folder", default=None, required=True,
-                    help="folder for paper_cost.json and paper_table_plan.md")
+                    help="folder for paper_cost.json and paper_table_plan.md",
+                    contents={"paper_cost.json": "file", "paper_table_plan.md": "file"})
     parser.add_argument("--device", default="cuda", help="cuda (the GPU check) or cpu (with --tiny: the CI check)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes: every step end to end in seconds")
     add_flag(parser, "--budget", Real(above=0), default=BUDGET_SECONDS, help="seconds for all steps together")

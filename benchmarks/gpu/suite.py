@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from benchmarks.flags import Parser, add_flag, add_output_flag
+from benchmarks.flags import Parser, add_flag, add_input_flag, add_output_flag
 from benchmarks.gpu.children import (
     REPO,
     TAIL_CHARACTERS,
@@ -433,10 +433,11 @@ def run_stage_body(args: argparse.Namespace) -> int:
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_output_flag(parser, "--output", "folder", default=None, required=True,
-                    help=f"folder for the {len(OUTPUT_FILES)} result files")
+                    help=f"folder for the {len(OUTPUT_FILES)} result files",
+                    contents={name: "file" for name in OUTPUT_FILES.values()})
     parser.add_argument("--device", default="cuda", help="cuda (the GPU run) or cpu (with --tiny: the CI check)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes: every stage end to end in seconds")
-    parser.add_argument("--reference-repo", default=None,
+    add_input_flag(parser, "--reference-repo", "folder", convert=str, default=None,
                         help="a checkout of AnAppleCore/FlyGCL for the vs_reference stage (skipped without it)")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help="comma-separated stages to run, from " + ", ".join(STAGES) + " (environment always runs)")

@@ -19,7 +19,7 @@ import numpy as np
 from benchmarks.core.errors import UsageError
 from benchmarks.core.method_names import METHOD_NAMES, METHOD_ORDER
 from benchmarks.core.results import read_result
-from benchmarks.flags import Parser
+from benchmarks.flags import Parser, add_input_flag
 from benchmarks.studies.paper_rows import paper_row
 
 __all__ = ["DELTAS", "ProxySummary", "load_runs", "markers", "render", "replace_block"]
@@ -191,11 +191,11 @@ def replace_block(page: str, block: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.proxy.summary", description=__doc__.splitlines()[0])
-    parser.add_argument("--results", type=Path, default=Path("docs/results/proxy"), help="the proxy's output folder")
+    add_input_flag(parser, "--results", "folder", default=Path("docs/results/proxy"), help="the proxy's output folder")
     parser.add_argument("--dataset", default="cifar100-like", help="the dataset whose runs to summarise")
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--write", type=Path, help="replace the block of this page")
-    action.add_argument("--check", type=Path, help="exit 1 if this page's block is not the computed one")
+    add_input_flag(action, "--write", "file", help="replace the block of this page")
+    add_input_flag(action, "--check", "file", help="exit 1 if this page's block is not the computed one")
     args = parser.parse_args(argv)
     try:
         summary = ProxySummary(load_runs(args.results, args.dataset), args.dataset)

@@ -38,7 +38,6 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -47,10 +46,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from benchmarks.core import reference_checkout as ref
+from benchmarks.core.checkout_commit import checkout_commit
 from benchmarks.core.errors import UsageError
 from benchmarks.core.reference_checkout import EvalBatches
 from benchmarks.core.results import write_text_atomic
-from benchmarks.flags import Parser, add_common_flag, add_flag, add_output_flag, add_shared_flag
+from benchmarks.flags import Parser, add_common_flag, add_flag, add_input_flag, add_output_flag, add_shared_flag
 from benchmarks.speed.timing import Report, configure_threads, format_seconds, median, print_header
 from benchmarks.speed.vs_reference_agreement import compare_inference, compare_training
 from benchmarks.speed.vs_reference_variants import (
@@ -305,14 +305,6 @@ def profile(variants: Dict[str, Variant], test_set: EvalBatches, args: argparse.
 
 
 # ===================================================================================== main
-def reference_commit(path: str) -> str:
-    try:
-        found = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown (git not available)"
-    return found.stdout.strip() if found.returncode == 0 else "unknown (not a git checkout)"
-
-
 def use_quick_sizes(args: argparse.Namespace) -> None:
     """With --quick: a micro ViT and small sizes for a smoke test (seconds)."""
     if not args.quick:
@@ -326,7 +318,8 @@ def use_quick_sizes(args: argparse.Namespace) -> None:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--reference-repo", required=True, help="a checkout of AnAppleCore/FlyGCL (read only)")
+    add_input_flag(parser, "--reference-repo", "folder", convert=str, required=True,
+                   help="a checkout of AnAppleCore/FlyGCL (read only)")
     parser.add_argument("--methods", nargs="+", choices=ref.METHODS, default=list(ref.METHODS))
     parser.add_argument("--vit", choices=sorted(ref.VIT_PRESETS), default="tiny",
                         help="ViT shape (random weights): " + "; ".join(
@@ -378,7 +371,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def print_settings(args: argparse.Namespace, checkout: ref.Checkout, device_name: str, timm_version: str) -> None:
     """The run's header: the checkout, the device, the model and every size."""
     print_header("fly-modules vs the official FlyPrompt code (FlyGCL), same model, side by side", {
-        "reference checkout": f"{checkout.path} (commit {reference_commit(str(checkout.path))})",
+        "reference checkout": f"{checkout.path} (commit {checkout_commit(checkout.path)})",
         "device": f"{args.device} ({device_name})", "timm": timm_version,
         "ViT (random weights)": f"{args.vit}: " + ", ".join(f"{k}={v}" for k, v in ref.VIT_PRESETS[args.vit].items()),
         "methods": ", ".join(args.methods), "classes / experts (steps)": f"{args.num_classes} / {args.num_experts}",
@@ -454,7 +447,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results: Dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items()}, "environment": {
         "device": device_name, "torch": torch.__version__, "timm": timm.__version__, "python": platform.python_version(),
         "threads": torch.get_num_threads(), "load_average_start": os.getloadavg(),
-        "reference_commit": reference_commit(str(checkout.path)), "gemm_gflops": args.gemm_rates,
+        "reference_commit": checkout_commit(checkout.path), "gemm_gflops": args.gemm_rates,
     }}
     for method in args.methods:
         results[method] = run_method(method, checkout, args, report)

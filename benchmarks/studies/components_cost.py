@@ -165,7 +165,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for field, text in (("experts", "T, experts"), ("prompt_length", "l, prompt tokens"), ("width", "d, feature width"),
                         ("classes", "C, classes")):
         add_flag(parser, f"--{field.replace('_', '-')}", Integer(minimum=1), default=getattr(defaults, field), help=text)
-    add_output_flag(parser, "--output", "folder", default="results/components_cost", help="folder of the tables")
+    add_output_flag(parser, "--output", "folder", default="results/components_cost", help="folder of the tables",
+                    contents={f"study_components_cost.{suffix}": "file" for suffix in ("md", "json", "png")})
     args = parser.parse_args(argv)
     setting = CostSetting(expansion_dim=args.expansion_dim, experts=args.experts, prompt_length=args.prompt_length,
                           width=args.width, classes=args.classes)

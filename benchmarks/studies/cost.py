@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from benchmarks.flags import Parser, add_output_flag
+from benchmarks.flags import Parser, add_input_flag, add_output_flag
 
 from ..core.errors import UsageError
 from ..core.method_names import canonical_method
@@ -117,10 +117,11 @@ def format_cost(rows: Sequence[Dict[str, Any]]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.studies.cost", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=Path, default=None,
+    add_input_flag(parser, "--results", "folder", default=None,
                         help="a sweep's output folder: BWT and training seconds per batch from its result files, "
                              "inference seconds per test batch from its plan.json (run --plan into it)")
-    add_output_flag(parser, "--output", "folder", default="results/cost", help="folder of cost.md / cost.json")
+    add_output_flag(parser, "--output", "folder", default="results/cost", help="folder of cost.md / cost.json",
+                    contents={"cost.md": "file", "cost.json": "file"})
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods")
     args = parser.parse_args(argv)
     methods = [canonical_method(m) for m in args.methods.split(",") if m.strip()]

@@ -12,6 +12,7 @@ number for either figure (they are images), so the table has no paper column.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -20,7 +21,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from benchmarks.flags import Parser, add_output_flag
+from benchmarks.flags import Parser, add_input_flag, add_output_flag
 
 from ..core.errors import UsageError
 from ..core.files import save_figure
@@ -149,11 +150,17 @@ def write_routing(output: Path, results: Iterable[Dict[str, Any]]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(prog="python -m benchmarks.studies.routing_oracle",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=Path, required=True, help="a sweep's output folder (its runs/)")
-    add_output_flag(parser, "--output", "folder", default=None, help="where to write (default: --results)")
+    add_input_flag(parser, "--results", "folder", required=True, help="a sweep's output folder (its runs/)")
+    output = add_output_flag(parser, "--output", "folder", default=None, help="where to write (default: --results)",
+                             contents={f"study_routing.{suffix}": "file" for suffix in ("md", "json", "png")})
     args = parser.parse_args(argv)
     if not (args.results / "runs").is_dir():
         parser.error(f"--results: {args.results} has no runs/ folder (the output folder of a sweep)")
+    if args.output is None:  # written into --results: the output rule, for that folder too
+        try:
+            output.type(str(args.results))
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"--results (where --output defaults to): {error}")
     try:
         results = load_results(args.results)
     except UsageError as error:

@@ -336,10 +336,15 @@ def banks_move_in_last_task(harness: Harness, run: RetrofittedRun) -> None:
     if last not in banks.first:
         return
     moved = moved_banks(banks.first[last], banks.last[last])
-    note = ""
-    if banks.optimizer.get(last) != banks.optimizer.get(0):
-        note = ("; the loop re-created its optimizer at the task start and the banks follow it" if moved
-                else "; the loop re-created its optimizer at the task start, the step hook sits on the first one")
+    note, recreated = "", banks.optimizer.get(last) != banks.optimizer.get(0)
+    if moved:
+        note = "; the loop re-created its optimizer at the task start and the banks follow it" if recreated else ""
+    elif not run.handle.ensemble.online.weight.requires_grad:
+        note = "; the wrapped classifier is frozen in this task (the model trains another one)"
+    elif recreated:
+        followed = id(run.handle.optimizer) == banks.optimizer[last]
+        note = "; the loop re-created its optimizer at the task start" + (
+            " and the step hook follows it" if followed else ", the step hook sits on the first one")
     harness.report.add("e2", "PASS" if moved else "FAIL", f"banks still move in the last task (task {last})",
                        f"banks moved between its first and last batch: {moved}{note}")
 

@@ -11,17 +11,16 @@ import importlib
 import json
 import sys
 import warnings
-from pathlib import Path
 from typing import Optional, Sequence
 
 from benchmarks.core.results import write_text_atomic
-from benchmarks.flags import Parser, add_common_flag, add_output_flag
+from benchmarks.flags import Parser, add_common_flag, add_input_flag, add_output_flag
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("name")
-    parser.add_argument("--checkout", required=True, type=Path)
+    add_input_flag(parser, "--checkout", "folder", required=True, help="the checkout the harness runs on")
     add_output_flag(parser, "--json", "file", default=None, required=True, help="where the rows go")
     add_common_flag(parser, "threads", default=1)
     add_common_flag(parser, "seed", default=0)

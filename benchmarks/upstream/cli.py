@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.core.results import write_text_atomic
-from benchmarks.flags import add_common_flag, add_output_flag
+from benchmarks.flags import add_common_flag, add_input_flag, add_output_flag
 from benchmarks.requirements import UPSTREAM_CHILD
 from benchmarks.upstream.registry import HARNESSES, REPOSITORIES, checkout_commit
 from benchmarks.upstream.table import markdown_table, status_line, summarise
@@ -46,9 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m benchmarks.upstream", description=__doc__.split("\n\n")[1],
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      epilog=f"checkout folders: {folders}; harnesses: {', '.join(HARNESSES)}")
-    parser.add_argument("--checkouts", required=True, type=Path, help="folder holding one checkout per repository")
+    add_input_flag(parser, "--checkouts", "folder", required=True, help="folder holding one checkout per repository")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="harness or checkout folder names")
-    parser.add_argument("--python", type=Path, default=Path(sys.executable),
+    add_input_flag(parser, "--python", "file", default=Path(sys.executable),
                         help="the interpreter the harnesses run under (your environment's python; default this one)")
     add_output_flag(parser, "--json", "file", default=None, help="write every harness's rows and metadata here")
     add_output_flag(parser, "--markdown", "file", default=None,

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, Tuple
+
+from benchmarks.core.checkout_commit import checkout_commit
+
+__all__ = ["HARNESSES", "REPOSITORIES", "ROWS", "Repository", "Row", "checkout_commit"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,12 @@ REPOSITORIES: Dict[str, Repository] = {r.folder: r for r in (
                "e418337fe9af0b34dba0fbb2de0f60b983ccf8ad"),
     Repository("mammoth", "https://github.com/aimagelab/mammoth", "e75a491c69fd729edeb01431afb753d9157d9a81"),
     Repository("LAMDA-PILOT", "https://github.com/LAMDA-CL/LAMDA-PILOT", "5240714d3d6071aca824f8aed4a92a46ac6f883c"),
+    # Outside the nine, retrofitted through the generic seams only.
+    Repository("prompt-gradient-projection", "https://github.com/JingyangQiao/prompt-gradient-projection",
+               "c566b81f1abb19f8350da3fb71149ca9b8061a13"),
+    Repository("S-Prompts", "https://github.com/iamwangyabin/S-Prompts", "a26e822ae1b139d7bc7663740ea5a951b12be250"),
+    Repository("InfLoRA", "https://github.com/liangyanshuo/InfLoRA", "e08b00edd54f2f10cf2f9826eae7d44fdcb6354b"),
+    Repository("HiDe-PET", "https://github.com/thu-ml/HiDe-PET", "581170286e8e5ed2a7f4b6178279940ff3de1ee1"),
 )}
 
 # harness module (benchmarks/upstream/harnesses/<name>.py) -> checkout folder
@@ -40,6 +48,8 @@ HARNESSES: Dict[str, str] = {
     "flygcl_sprompt": "FlyGCL", "flygcl_hide": "FlyGCL", "flygcl_norga": "FlyGCL", "flygcl_coda_prompt": "FlyGCL",
     "flygcl_hide_lora": "FlyGCL", "flygcl_hide_adapter": "FlyGCL", "flygcl_sdlora": "FlyGCL",
     "mammoth_coda_prompt": "mammoth", "pilot_coda_prompt": "LAMDA-PILOT",
+    "pgp_l2p": "prompt-gradient-projection", "sprompts_sinet": "S-Prompts", "inflora_sinet": "InfLoRA",
+    "hide_pet_lora": "HiDe-PET",
 }
 
 
@@ -102,17 +112,13 @@ ROWS: Tuple[Row, ...] = (
     Row("—", "aimagelab/mammoth, LAMDA-CL/LAMDA-PILOT (`coda_prompt`)", "—",
         "not supported: refused by every family ([why]({adapters}#coda-prompt))",
         ("mammoth_coda_prompt", "pilot_coda_prompt")),
+    Row("`generic`", "JingyangQiao/prompt-gradient-projection (`l2p-pgp`)", "`model` (5 lines of user code)",
+        "pool-wide top-k key match → the routed slice (`Prompt.forward`'s `prompt_mask`)", ("pgp_l2p",)),
+    Row("`generic`", "thu-ml/HiDe-PET (HiDe-LoRA)", "`model` (+ `original_model`; 4 lines of user code)",
+        "TII class → task mapping → the routed task's LoRA (the model's `task_id`)", ("hide_pet_lora",)),
+    Row("`generic`", "iamwangyabin/S-Prompts (`SiNet`)", "`learner._network`",
+        "not yet: nearest domain key → the routed domain (`interface(image, selection)`)", ("sprompts_sinet",)),
+    Row("`generic`", "liangyanshuo/InfLoRA (`SiNet`)", "`learner._network`",
+        "nothing: no per-sample selection (every sample uses every task's LoRA); not yet: the ensemble over "
+        "`classifier_pool`", ("inflora_sinet",)),
 )
-
-
-def checkout_commit(path: Path) -> str:
-    """The commit of a checkout: ``git rev-parse HEAD``, or for an exported tree without ``.git``
-    (``git archive``) the hash written in its ``.upstream_commit`` file; "unknown" otherwise."""
-    if (path / ".git").exists():
-        try:
-            return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-    marker = path / ".upstream_commit"
-    return marker.read_text().strip() if marker.is_file() else "unknown"
