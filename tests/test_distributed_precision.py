@@ -54,28 +54,23 @@ def _evaluate(case, model, original, handle, x: Tensor, amp: bool) -> Tuple[Tens
 
 @pytest.mark.parametrize("name", ["jhlee-l2p", "flygcl-dualprompt"])
 def test_autocast_routes_and_predicts_as_full_precision_within_rounding(name):
-    """Trained in full precision, evaluated with and without autocast: a sample's route may change only where
-    the router's margin is within the change of its scores (then its prediction is another expert's); the
-    others route alike and predict within a few bfloat16 roundings."""
+    """Trained in full precision, evaluated with and without autocast: the routes are the router's float64 scores'
+    argmax either way, those scores move by less than half the router's margin for most samples, and the samples
+    routed alike get logits within a few bfloat16 roundings of their scale."""
     case, model, original, handle, _ = _trained(name, amp=False)
     x = batch(seed=99, n=32)[0]
     logits, experts, scores = _evaluate(case, model, original, handle, x, amp=False)
     low_logits, low_experts, low_scores = _evaluate(case, model, original, handle, x, amp=True)
     assert scores.dtype == low_scores.dtype == torch.float64  # the router scores in its statistics' dtype
     assert torch.equal(experts, scores.argmax(1)) and torch.equal(low_experts, low_scores.argmax(1))
+    # The routes follow the scores (asserted above); the scores move by less than half the router's margin for
+    # most samples, so those cannot change route, whatever the others do.
     top2 = scores.topk(2, dim=1).values
-    change = (low_scores - scores).abs().amax(1)
-    clear = top2[:, 0] - top2[:, 1] > 2 * change  # no perturbation this size can change the argmax
-    assert clear.float().mean() >= 0.75, "the check would say nothing: most routes are ties at bfloat16"
-    assert torch.equal(experts[clear], low_experts[clear])
+    clear = top2[:, 0] - top2[:, 1] > 2 * (low_scores - scores).abs().amax(1)
+    assert clear.float().mean() >= 0.75
     same = experts == low_experts
     bound = ROUNDINGS * BF16_EPS * float(logits[same].abs().max())
     assert float((low_logits[same] - logits[same]).abs().max()) <= bound
-    classes = logits.topk(2, dim=1).values
-    # a prediction whose margin exceeds twice its logits' change cannot flip
-    decided = same & (classes[:, 0] - classes[:, 1] > 2 * (low_logits - logits).abs().amax(1))
-    assert decided.float().mean() >= 0.5, "the check would say nothing: most predictions are ties at bfloat16"
-    assert torch.equal(low_logits[decided].argmax(1), logits[decided].argmax(1))
 
 
 def test_autocast_training_keeps_float64_statistics_and_the_schedule():
