@@ -29,7 +29,7 @@ from fly_modules import (
 from fly_modules._validation import InvalidParameterError, check_int
 
 from . import _verify
-from ._head import no_ema_cause
+from ._head import ClassifierSteps, no_ema_cause
 from ._log import DiagnosticsLog
 from ._options import Schedule
 from ._record import Record
@@ -130,6 +130,8 @@ class Retrofit:
         self.family = family
         self.router = router
         self.ensemble = ensemble
+        # what moved the classifier since the last end_batch (the no-EMA warning's cause)
+        self._classifier_steps = None if ensemble is None else ClassifierSteps(ensemble)
         self.schedule = schedule
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.current_expert = int(current_expert)
@@ -288,11 +290,12 @@ class Retrofit:
         recorded = self.record.size
         if batch_size is None:
             batch_size = features.shape[0] if features is not None else (recorded or 0)
-        # Once the copies have moved the hook works: a batch without a step is one GradScaler skipped.
         if self.ensemble is not None and recorded is not None and self.record.ensemble_steps == 0 \
-                and not self.record.warned_no_ema and not _copies_moved(self.ensemble):
-            self.record.warned_no_ema = True
-            warnings.warn(no_ema_cause(self.ensemble), RuntimeWarning, stacklevel=3)
+                and not self.record.warned_no_ema:
+            cause = no_ema_cause(self.ensemble, stepped=self._classifier_steps.stepped())
+            if cause is not None:
+                self.record.warned_no_ema = True
+                warnings.warn(cause, RuntimeWarning, stacklevel=3)
         # Before forgetting the batch: a rejected update keeps it (discard_batch() drops it).
         global_size = self._add_batch(features, int(batch_size))
         self.record.query, self.record.size, self.record.ensemble_steps = None, None, 0
@@ -301,6 +304,8 @@ class Retrofit:
             started = self.schedule.step(global_size)
             for expert in started:
                 self.start_expert(expert)
+        if self._classifier_steps is not None:
+            self._classifier_steps.rebase()
         return started
 
     def _add_batch(self, features: Optional[Tensor], batch_size: int) -> int:
@@ -512,8 +517,3 @@ class Retrofit:
 def _cloned(state: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()}
 
-
-def _copies_moved(ensemble: Any) -> bool:
-    """Whether any EMA copy has moved yet (one ensemble, or a pool's per-expert ones)."""
-    members = getattr(ensemble, "members", None)
-    return any(bool(head.num_updates.any()) for head in (members if members is not None else [ensemble]))

@@ -3,7 +3,7 @@ is what it answers at inference."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -11,10 +11,11 @@ from torch import Tensor, nn
 from fly_modules import TemporalEnsembleHead
 from fly_modules._validation import check_logit_mask
 
-__all__ = ["EnsembleLinear", "bank_copies", "ensemble_scores", "no_ema_cause", "perturb_banks"]
+__all__ = ["ClassifierSteps", "EnsembleLinear", "bank_copies", "ensemble_scores", "no_ema_cause", "perturb_banks"]
 
 _NO_OPTIMIZER = (
-    "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch: pass "
+    "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch while the "
+    "classifier they copy did: pass "
     "optimizer=... to retrofit, call handle.attach_optimizer(new_optimizer) when your loop re-creates "
     "it, or call handle.update_ensemble() after each optimizer.step()"
 )
@@ -87,17 +88,40 @@ class EnsembleLinear(nn.Linear):
         return f"in_features={self.in_features}, out_features={self.out_features}, online={type(self.online).__name__}"
 
 
-def no_ema_cause(ensemble: Any) -> str:
-    """Why the EMA copies did not move during a batch: a frozen classifier (nothing to follow), else no step hook."""
+class ClassifierSteps:
+    """Whether something stepped the classifier the ensemble copies since :meth:`rebase`: the version counters
+    of its parameters move with every in-place update (read on the host, no device synchronisation). A batch
+    whose classifier moved while its copies did not has an optimizer the ensemble does not follow; one whose
+    classifier did not move either (a step ``GradScaler`` skipped, gradient accumulation) lost nothing."""
+
+    def __init__(self, ensemble: Any) -> None:
+        self.ensemble = ensemble
+        self.seen = self._versions()
+
+    def _versions(self) -> Tuple[Tuple[int, int], ...]:
+        online = self.ensemble.online
+        return () if online is None else tuple((id(p), p._version) for p in online.parameters())
+
+    def rebase(self) -> None:
+        self.seen = self._versions()
+
+    def stepped(self) -> bool:
+        return self._versions() != self.seen
+
+
+def no_ema_cause(ensemble: Any, stepped: bool) -> Optional[str]:
+    """Why the EMA copies did not move during a batch, if that loses anything: a frozen classifier (nothing
+    to follow; where each task has its own, one frozen after its task), or a classifier ``stepped`` by an
+    optimizer without the step hook; ``None`` when the classifier did not move either."""
     online = ensemble.online
-    if not online.weight.requires_grad:
+    if online is not None and not online.weight.requires_grad:
         return (
             f"Retrofit.end_batch: the classifier the ensemble copies ({type(online).__name__} "
             f"{tuple(online.weight.shape)}) is frozen (requires_grad=False), so its EMA copies have nothing to "
             "follow; where each task has its own classifier, name the pool of them (docs/adapters.md, "
             "\"Per-expert classifiers\")"
         )
-    return _NO_OPTIMIZER
+    return _NO_OPTIMIZER if stepped else None
 
 
 def bank_copies(ensemble: Any) -> List[Tensor]:

@@ -233,6 +233,42 @@ def test_a_frozen_classifier_is_named_as_the_cause_not_a_missing_optimizer():
     assert len(messages) == 1 and "is frozen (requires_grad=False)" in messages[0] and "optimizer=" not in messages[0]
 
 
+def _no_ema_warnings(handle, model, step) -> list:
+    """The end_batch warnings of one training batch whose optimizer step is ``step()``."""
+    model.train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = model(torch.randn(4, D), task=0).sum()
+        loss.backward()
+        step()
+        handle.end_batch()
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def _one_classifier(optimizer: bool):
+    model = TaskNet()
+    model.fc = nn.Linear(D, C)
+    loop_optimizer = torch.optim.SGD(model.fc.parameters(), lr=0.1)
+    handle = generic.retrofit(model, num_experts=2, router=False, head_owner=model, head_name="fc",
+                              optimizer=loop_optimizer if optimizer else None)
+    return model, loop_optimizer, handle
+
+
+def test_end_batch_warns_when_the_classifier_moved_without_its_copies_and_only_then():
+    model, loop_optimizer, handle = _one_classifier(optimizer=True)
+    assert _no_ema_warnings(handle, model, lambda: None) == []  # a first step GradScaler skipped: nothing lost
+    assert _no_ema_warnings(handle, model, loop_optimizer.step) == []  # the copies follow the hooked optimizer
+    assert int(handle.ensemble.num_updates.sum()) == 1
+    assert _no_ema_warnings(handle, model, lambda: None) == []  # a later skipped step: the classifier did not move
+    model.fc.requires_grad_(False)  # only the first task's classifier was named; it is frozen after its task
+    messages = _no_ema_warnings(handle, model, lambda: None)
+    assert len(messages) == 1 and "is frozen" in messages[0]  # although the copies moved before
+
+    model, loop_optimizer, handle = _one_classifier(optimizer=False)
+    messages = _no_ema_warnings(handle, model, loop_optimizer.step)  # the loop steps an optimizer nobody follows
+    assert len(messages) == 1 and "optimizer=" in messages[0]
+
+
 def test_a_router_only_retrofit_needs_no_classifier():
     model = TaskNet()
     model.fc = nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, C))  # not one nn.Linear

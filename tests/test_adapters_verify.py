@@ -319,6 +319,7 @@ def test_a_recreated_optimizer_is_followed_and_a_missing_one_warns():
     step_model.train()
     torch.nn.functional.cross_entropy(step_model(x, task_id=0, prompt_id=torch.zeros(8, 1).long(), train=True)
                                       ["logits"], y).backward()
+    torch.optim.SGD(step_model.parameters(), lr=0.1).step()  # the loop's own optimizer, unknown to the retrofit
     with pytest.warns(RuntimeWarning, match=r"EMA copies did not move.*update_ensemble"):
         bare.end_batch()
 
