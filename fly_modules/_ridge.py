@@ -18,7 +18,9 @@ from torch import Tensor
 
 __all__ = [
     "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
-    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound", "preferred_solver",
+    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "solve_warm", "error_bound", "preferred_solver",
+    "WarmFactor", "warm_iteration_budget",
+    "fold_product_dtype", "FOLD_PRODUCT_DTYPE",
 ]
 
 # G is updated in row panels of PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], a fraction
@@ -26,6 +28,11 @@ __all__ = [
 # GEMM is smaller and is a synchronisation point of the BLAS threads; 512 rows measured best on 2-core
 # AVX-512 CPUs (benchmarks/speed/router.py prints the kernel ratio).
 PANEL_ROWS = 512
+# Products of G with a few vectors (the refinement's and the warm solve's residuals) walk it in shorter
+# panels: each panel is read twice (for both triangles), and at 128 rows the second read hits the cache.
+# On a 2-core AMD EPYC at M = 4,000, one product took 0.048 s in panels of 512 rows, 0.024 s in panels
+# of 128 (a dense product with the full matrix: 0.024 s).
+PRODUCT_PANEL_ROWS = 128
 
 
 # GPUs whose float64 arithmetic runs at half the float32 rate or better, by compute capability: the
@@ -63,7 +70,8 @@ class RidgeSolution(NamedTuple):
     solver: str  #: ``"mixed"``, ``"cholesky"`` or ``"eigh"``
     condition: float  #: cond_2(G + ridge I): exact for eigh, a lower bound from the factor otherwise
     precision: torch.dtype  #: the precision the answer is accurate to, up to ``condition``
-    refinement_steps: int = 0  #: float64 residual products of the mixed solver
+    refinement_steps: int = 0  #: float64 residual products of the mixed solver; iterations of the warm one
+    factor: Optional[Tensor] = None  #: the float32 Cholesky factor of ``G + ridge I`` (lower), when one was made
 
 
 def error_bound(solution: RidgeSolution) -> float:
@@ -76,10 +84,43 @@ def panels(size: int, panel_rows: int) -> List[Tuple[int, int]]:
     return [(start, min(start + panel_rows, size)) for start in range(0, size, panel_rows)]
 
 
-def accumulate_lower_gram(gram: Tensor, phi: Tensor, panel_rows: int = PANEL_ROWS) -> None:
-    """Add ``phi^T phi`` to the lower triangle of ``gram`` (plus, harmlessly, the panels' diagonal blocks)."""
+# The precision of the fold's products, per device type (``docs/router.md``, "Fold precision"): from
+# width FOLD_LOW_PRECISION_MIN_WIDTH, rows that are float32 numbers (the default expansion product of
+# float32 features) are multiplied by a float32 GEMM whose panels are added to the float64 G; other
+# rows, smaller G (whose folds cost little) and devices not listed multiply in G's dtype.
+FOLD_PRODUCT_DTYPE = {"cpu": torch.float32}
+FOLD_LOW_PRECISION_MIN_WIDTH = 2048
+# Panel height of the low-precision fold: each panel's product is a temporary added to G; at 128 rows it
+# stays in the cache (2-core AMD EPYC, M = 4,000, 512 rows: 0.12 s in panels of 128, 0.15 s of 512,
+# against 0.20 s for the float64 fold).
+LOW_PRECISION_PANEL_ROWS = 128
+
+
+def fold_product_dtype(gram: Tensor, phi: Tensor) -> torch.dtype:
+    """The dtype ``accumulate_lower_gram`` multiplies ``phi`` in: ``FOLD_PRODUCT_DTYPE[device]`` when ``gram`` is
+    float64, at least ``FOLD_LOW_PRECISION_MIN_WIDTH`` wide, and every entry of ``phi`` is exactly a float32
+    number (nothing is rounded before the product; only the GEMM's products and sums are)."""
+    chosen = FOLD_PRODUCT_DTYPE.get(gram.device.type, gram.dtype)
+    small = gram.shape[0] < FOLD_LOW_PRECISION_MIN_WIDTH
+    if small or chosen == gram.dtype or phi.dtype != torch.float64 or gram.dtype != torch.float64:
+        return gram.dtype
+    return chosen if bool(torch.equal(phi.to(chosen).double(), phi)) else gram.dtype
+
+
+def accumulate_lower_gram(gram: Tensor, phi: Tensor, panel_rows: int = PANEL_ROWS,
+                          product_dtype: Optional[torch.dtype] = None) -> None:
+    """Add ``phi^T phi`` to the lower triangle of ``gram`` (plus, harmlessly, the panels' diagonal blocks).
+
+    ``product_dtype`` (default: ``gram``'s) is the precision of each panel's GEMM; a panel computed in a
+    lower precision is added to ``gram`` in ``gram``'s.
+    """
+    if product_dtype is None or product_dtype == gram.dtype:
+        for start, stop in panels(gram.shape[0], panel_rows):
+            gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
+        return
+    low = phi.to(product_dtype)
     for start, stop in panels(gram.shape[0], panel_rows):
-        gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
+        gram[start:stop, :stop] += low[:, start:stop].t() @ low[:, :stop]
 
 
 def symmetrize_lower(block: Tensor) -> Tensor:
@@ -169,8 +210,10 @@ def factorisation_failure(info: int, dtype: torch.dtype, ridge: float, gram: Ten
     )
 
 
-def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float) -> RidgeSolution:
+def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, *, keep_factor: bool = False) -> RidgeSolution:
     """Cholesky solve in ``gram``'s dtype; raises :class:`RouterSolveError` when the factorisation fails.
+
+    With ``keep_factor`` the answer carries a float32 copy of the factor (for later warm solves).
 
     The condition estimate costs one extra pair of triangular solves: a probe vector rides along with
     ``Q`` (``y1 = A^-1 x``), one more solve gives ``y2 = A^-1 y1``, and ``||y1|| / ||y2|| >= lambda_min``
@@ -187,10 +230,11 @@ def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float) -> RidgeSolution:
     largest_diagonal = float(gram.diagonal().max()) + ridge
     growth = float(second.double().norm() / first.double().norm())  # in float64: float32 would overflow
     condition = max(diagonal_ratio_squared(factor), largest_diagonal * growth)
-    return RidgeSolution(weights.contiguous(), ridge, "cholesky", condition, gram.dtype)
+    kept = factor.to(torch.float32) if keep_factor else None
+    return RidgeSolution(weights.contiguous(), ridge, "cholesky", condition, gram.dtype, factor=kept)
 
 
-def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = PANEL_ROWS,
+def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = PRODUCT_PANEL_ROWS,
                 max_iter: int = 30) -> Optional[RidgeSolution]:
     """Float32 Cholesky factor + float64 iterative refinement; ``None`` when it does not converge.
 
@@ -215,15 +259,110 @@ def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = 
         residual = cross - symmetric_matmul(gram, solution, panel_rows) - ridge * solution
         size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
         if size_r <= eps * norm * size_x:
-            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps)
+            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps, factor)
         correction = cholesky_solve(factor, residual.float()).double()
         size = float(correction.abs().max())
         if size > 0.5 * previous:
             stalled_at_rounding_noise = size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x
-            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps) if stalled_at_rounding_noise else None
+            if not stalled_at_rounding_noise:
+                return None
+            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps, factor)
         solution += correction
         previous = size
     return None
+
+
+# ================================================================================= warm start
+# Iterations a warm solve may take, per unit of M, by device type (``docs/router.md``, "Warm solves"). An
+# iteration is a pass over G and two over the float32 factor (O(M^2) memory traffic), a factorisation
+# M^3 / 3 flops: their ratio grows with M. A warm solve that runs out of iterations costs them on top of
+# the full solve that follows. GPUs: not measured, no warm solves.
+WARM_ITERATIONS_PER_WIDTH = {"cpu": 1 / 500}
+WARM_MIN_ITERATIONS = 12  # below this budget a warm solve rarely converges: the full solve runs directly
+# A warm solve is tried only when the samples added since the factor are at most this fraction of those
+# it was made from (larger changes took more iterations than the budget in the measurements).
+WARM_MAX_CHANGE = 0.5
+
+
+def warm_iteration_budget(device: torch.device, width: int) -> int:
+    """Iterations a warm solve of width ``M`` may take on ``device``; 0 when warm solves are off there."""
+    budget = int(width * WARM_ITERATIONS_PER_WIDTH.get(device.type, 0.0))
+    return budget if budget >= WARM_MIN_ITERATIONS else 0
+
+
+class WarmFactor:
+    """The float32 Cholesky factor of ``G + ridge I`` from the last full solve, kept to precondition the
+    next solves (derived state: never saved; a router without one solves in full)."""
+
+    def __init__(self, factor: Tensor, ridge: float, samples: int) -> None:
+        self.factor, self.ridge, self.samples = factor, ridge, samples
+        self.slow = False  #: the last warm solve used over 3/4 of its budget: refactorise next time
+
+    def usable(self, gram: Tensor, ridge: float, samples: int) -> bool:
+        """Whether a warm solve of ``(gram + ridge I)`` with ``samples`` accumulated may start from this factor."""
+        same_system = (self.ridge == ridge and self.factor.shape == gram.shape
+                       and self.factor.device == gram.device)
+        change = abs(samples - self.samples)
+        return same_system and not self.slow and change <= WARM_MAX_CHANGE * self.samples
+
+
+def solve_warm(gram: Tensor, cross: Tensor, ridge: float, factor: Tensor, start: Tensor, *,
+               max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS) -> Optional[RidgeSolution]:
+    """Conjugate gradients on ``(G + ridge I) X = Q`` from ``start``, preconditioned by ``factor``: the float32
+    Cholesky factor of an earlier ``G' + ridge I``; ``None`` when it does not converge in ``max_iter`` steps.
+
+    Each column runs its own CG (Polak-Ribiere ``beta``, robust to the float32 preconditioner's rounding).
+    It stops on the true float64 residual, by the mixed solver's test: ``||r|| <= eps64 ||A|| ||x||``
+    (infinity norms), or LAPACK ``dsposv``'s ``sqrt(M)`` looser one once a restart from the true residual
+    no longer gains (rounding noise). The recurrence's residual only says when to compute the true one.
+    """
+    eps = torch.finfo(torch.float64).eps
+    norm = float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge
+
+    def system_times(vectors: Tensor) -> Tensor:
+        return symmetric_matmul(gram, vectors, panel_rows) + ridge * vectors
+
+    def precondition(vectors: Tensor) -> Tensor:
+        return cholesky_solve(factor, vectors.to(factor.dtype)).double()
+
+    solution, steps, previous_true = start.clone(), 0, math.inf
+    while True:
+        residual = cross - system_times(solution)  # the true residual: a check, and a restart
+        size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
+        stalled = size_r >= 0.5 * previous_true and size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x
+        if size_r <= eps * norm * size_x or stalled:
+            return RidgeSolution(solution, ridge, "warm", diagonal_ratio_squared(factor), torch.float64, steps)
+        if steps >= max_iter:
+            return None
+        previous_true = size_r
+        steps = _conjugate_gradients(system_times, precondition, solution, residual, eps * norm, steps, max_iter)
+
+
+def _conjugate_gradients(system_times, precondition, solution: Tensor, residual: Tensor,  # type: ignore[no-untyped-def]
+                         tolerance: float, steps: int, max_iter: int) -> int:
+    """Preconditioned CG steps on ``solution`` (in place) from its true ``residual`` until the recurrence's
+    residual meets ``tolerance * max|x|`` or ``max_iter`` steps in all; returns the steps taken in all."""
+    preconditioned = precondition(residual)
+    direction = preconditioned.clone()
+    product = (residual * preconditioned).sum(dim=0)
+    while steps < max_iter:
+        steps += 1
+        image = system_times(direction)
+        curvature = (direction * image).sum(dim=0)
+        alpha = torch.where(curvature > 0, product / curvature.clamp_min(torch.finfo(curvature.dtype).tiny),
+                            torch.zeros_like(product))
+        solution.addcmul_(direction, alpha)
+        residual.sub_(image * alpha)
+        if float(residual.abs().max()) <= tolerance * float(solution.abs().max()):
+            break
+        previous = preconditioned
+        preconditioned = precondition(residual)
+        updated = (residual * (preconditioned - previous)).sum(dim=0)
+        beta = torch.where(product > 0, updated / product.clamp_min(torch.finfo(product.dtype).tiny),
+                           torch.zeros_like(product)).clamp_min(0)
+        direction = preconditioned + direction * beta
+        product = (residual * preconditioned).sum(dim=0)
+    return steps
 
 
 # ======================================================================================= eigh

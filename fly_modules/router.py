@@ -169,6 +169,9 @@ class AnalyticRouter(nn.Module):
         self._solution_key: Optional[Tuple[int, ...]] = None
         self.ridge_: Optional[float] = None
         self.solver_: Optional[str] = None
+        #: float64 residual products (mixed) or conjugate-gradient iterations (warm) of the last solve
+        self.solve_steps_: Optional[int] = None
+        self._warm: Optional[_ridge.WarmFactor] = None  # the last full solve's factor (docs/router.md, "Warm solves")
         #: ``torch.distributed`` group whose processes' batches ``update`` gathers (``None``: local only).
         self.process_group: Optional[Any] = None
 
@@ -394,23 +397,56 @@ class AnalyticRouter(nn.Module):
                 "AnalyticRouter has no statistics yet: call update(features, expert_ids) before routing"
             )
         self.flush()
-        result = self._solve_system()
+        result = self._solve_warm() or self._solve_system()
         if _ridge.error_bound(result) > _UNRELIABLE_ERROR_BOUND:
             warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
                           RouterConditioningWarning, stacklevel=_user_stacklevel())
+        if result.factor is not None:
+            self._warm = _ridge.WarmFactor(result.factor, result.ridge, self.num_samples)
         self._solution = result.weights
         self._solution_key = self._statistics_key()
-        self.ridge_, self.solver_ = result.ridge, result.solver
+        self.ridge_, self.solver_, self.solve_steps_ = result.ridge, result.solver, result.refinement_steps
         return result.weights
+
+    def _warm_budget(self) -> int:
+        """Iterations a warm solve may take here: 0 unless float64 statistics, a fixed ridge and a solver
+        that promises float64 accuracy by refinement (``"auto"`` or ``"mixed"``) on a device and ``M`` where
+        warm solves pay (``_ridge.warm_iteration_budget``)."""
+        if self.solver not in ("auto", "mixed") or self.ridge == "auto" or self.stats_dtype != torch.float64:
+            return 0
+        return _ridge.warm_iteration_budget(self.device, self.expansion_dim)
+
+    def _solve_warm(self) -> Optional[_ridge.RidgeSolution]:
+        """Conjugate gradients from the last solution, preconditioned by the last full solve's factor, when
+        ``WarmFactor.usable`` allows; ``None`` (and the factor dropped) when the full solve must run."""
+        budget, warm, previous = self._warm_budget(), self._warm, self._solution
+        usable = (budget and warm is not None and previous is not None and previous.shape[0] == self.expansion_dim
+                  and warm.usable(self.gram, self.ridge, self.num_samples))
+        result = None
+        if usable:
+            start = torch.cat([previous, previous.new_zeros(previous.shape[0], self.num_experts - previous.shape[1])], 1)
+            result = _ridge.solve_warm(self.gram, self.cross, self.ridge, warm.factor, start.to(self.gram),
+                                       max_iter=budget)
+        if result is None:
+            self._forget_factor()  # before the full solve allocates its own
+        else:
+            warm.slow = 4 * result.refinement_steps > 3 * budget
+        return result
+
+    def _forget_factor(self) -> None:
+        """Drop the cached factor (its memory, M x M float32); the next solve is a full one. Called when the
+        statistics are replaced or moved (load, device move, reset) and before a full solve."""
+        self._warm = None
 
     def _solve_system(self) -> _ridge.RidgeSolution:
         if self.ridge == "auto" or self.solver == "eigh":
             ridge = None if self.ridge == "auto" else self.ridge
             return _ridge.solve_eigh(self.gram, self.cross, ridge, grid=self.ridge_grid, num_samples=self.num_samples)
+        keep_factor = self._warm_budget() > 0
         if self.solver == "auto" and _ridge.preferred_solver(self.device, self.expansion_dim) == "cholesky":
-            return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
+            return _ridge.solve_cholesky(self.gram, self.cross, self.ridge, keep_factor=keep_factor)
         if self.solver in ("auto", "mixed") and self.stats_dtype == torch.float64:
-            result = _ridge.solve_mixed(self.gram, self.cross, self.ridge, panel_rows=_ridge.PANEL_ROWS)
+            result = _ridge.solve_mixed(self.gram, self.cross, self.ridge)
             if result is not None:
                 return result
             if self.solver == "mixed":
@@ -420,7 +456,7 @@ class AnalyticRouter(nn.Module):
                     RuntimeWarning,
                     stacklevel=_user_stacklevel(),
                 )
-        return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
+        return _ridge.solve_cholesky(self.gram, self.cross, self.ridge, keep_factor=keep_factor)
 
     def _solve_if_stale(self) -> Tensor:
         self.flush()
