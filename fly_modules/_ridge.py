@@ -281,7 +281,7 @@ WARM_ITERATIONS_PER_WIDTH = {"cpu": 1 / 500}
 WARM_MIN_ITERATIONS = 12  # below this budget a warm solve rarely converges: the full solve runs directly
 # A warm solve is tried only when the samples added since the factor are at most this fraction of those
 # it was made from (larger changes took more iterations than the budget in the measurements).
-WARM_MAX_CHANGE = 0.5
+WARM_MAX_CHANGE = 0.1
 
 
 def warm_iteration_budget(device: torch.device, width: int) -> int:
@@ -328,14 +328,21 @@ def solve_warm(gram: Tensor, cross: Tensor, ridge: float, factor: Tensor, start:
     solution, steps, previous_true = start.clone(), 0, math.inf
     while True:
         residual = cross - system_times(solution)  # the true residual: a check, and a restart
-        size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
-        stalled = size_r >= 0.5 * previous_true and size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x
-        if size_r <= eps * norm * size_x or stalled:
+        size_r = float(residual.abs().max())
+        if warm_converged(size_r, previous_true, float(solution.abs().max()), eps * norm, gram.shape[0]):
             return RidgeSolution(solution, ridge, "warm", diagonal_ratio_squared(factor), torch.float64, steps)
         if steps >= max_iter:
             return None
         previous_true = size_r
         steps = _conjugate_gradients(system_times, precondition, solution, residual, eps * norm, steps, max_iter)
+
+
+def warm_converged(residual: float, previous: float, solution: float, scale: float, width: int) -> bool:
+    """The warm solve's stopping test on the true residual's largest entry ``residual`` (``previous``: at the
+    last check): ``residual <= scale * solution`` (``scale = eps64 ||A||``, ``solution = max|x|``), or stalled
+    (less than halved since ``previous``) within ``sqrt(M)`` times that, as LAPACK ``dsposv`` accepts."""
+    stalled = residual >= 0.5 * previous and residual <= math.sqrt(width) * scale * solution
+    return residual <= scale * solution or stalled
 
 
 def _conjugate_gradients(system_times, precondition, solution: Tensor, residual: Tensor,  # type: ignore[no-untyped-def]

@@ -1,0 +1,126 @@
+"""AnalyticRouter's warm solves (conjugate gradients preconditioned by the last full solve's factor): the answer
+against a full factorisation within float64 rounding, a stale answer caught by the same bound, and when each
+path runs, tested by its rule (never by timing)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ridge_bounds import assert_same_solution
+from test_router import clustered
+
+from fly_modules import AnalyticRouter, _ridge
+
+RIDGE = 10.0
+
+
+@pytest.fixture
+def warm_everywhere(monkeypatch):
+    """A budget of M iterations on the CPU, so the small systems of the tests take the warm path."""
+    monkeypatch.setitem(_ridge.WARM_ITERATIONS_PER_WIDTH, "cpu", 1.0)
+
+
+def streamed_router(solver: str = "auto", experts: int = 3, samples: int = 2000) -> AnalyticRouter:
+    features, ids = clustered(samples + 400, 16, experts, seed=4)
+    router = AnalyticRouter(16, experts, expansion_dim=300, ridge=RIDGE, solver=solver)
+    router.update(features[:samples], ids[:samples])
+    router.solve()  # the full solve whose factor the next ones start from
+    router.update(features[samples:samples + 100], ids[samples:samples + 100])  # 5% more: a warm solve next
+    router.stream = (features[samples + 100:], ids[samples + 100:])  # rows left for the test
+    return router
+
+
+def full_solution(router: AnalyticRouter) -> torch.Tensor:
+    return _ridge.solve_cholesky(router.gram, router.cross, RIDGE).weights
+
+
+@pytest.mark.parametrize("solver", ["auto", "mixed"])
+def test_warm_solve_agrees_with_the_full_factorisation(warm_everywhere, solver):
+    router = streamed_router(solver)
+    warm = router.solve()
+    assert router.solver_ == "warm" and router.solve_steps_ > 0
+    assert_same_solution(warm, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_a_stale_warm_solution_fails_the_bound(warm_everywhere, monkeypatch):
+    """The planted bug: the warm start accepted without its convergence check returns the last solution."""
+    router = streamed_router()
+    monkeypatch.setattr(_ridge, "warm_converged", lambda *args: True)
+    stale = router.solve()
+    assert router.solver_ == "warm" and router.solve_steps_ == 0
+    with pytest.raises(AssertionError, match="beyond float64 rounding"):
+        assert_same_solution(stale, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_new_experts_start_from_zero_columns(warm_everywhere):
+    router = streamed_router()
+    features, ids = router.stream
+    router.add_expert()
+    router.update(features[:50], torch.full((50,), 3))
+    warm = router.solve()
+    assert router.solver_ == "warm" and warm.shape == (300, 4)
+    assert_same_solution(warm, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_the_first_solve_and_a_large_change_factorise(warm_everywhere):
+    features, ids = clustered(2000, 16, 3, seed=4)
+    router = AnalyticRouter(16, 3, expansion_dim=300, ridge=RIDGE)
+    router.update(features[:1000], ids[:1000])
+    router.solve()
+    assert router.solver_ == "cholesky"  # auto below 3,072 on a CPU; its factor is kept
+    # More new samples than WARM_MAX_CHANGE of those the factor was made from: a full solve.
+    added = int(_ridge.WARM_MAX_CHANGE * 1000) + 1
+    router.update(features[1000:1000 + added], ids[1000:1000 + added])
+    router.solve()
+    assert router.solver_ == "cholesky"
+    router.update(features[1900:], ids[1900:])  # 100 new samples, 9% of 1,101: warm
+    router.solve()
+    assert router.solver_ == "warm"
+
+
+def test_a_changed_ridge_or_an_exact_solver_factorises(warm_everywhere):
+    router = streamed_router()
+    router.ridge = 2 * RIDGE
+    router.solve()
+    assert router.solver_ == "cholesky"
+    for solver in ("cholesky", "eigh"):
+        router.solver = solver
+        router.update(*(t[:10] for t in router.stream))
+        router.solve()
+        assert router.solver_ == solver
+
+
+def test_a_warm_solve_out_of_iterations_falls_back_and_refactorises(warm_everywhere, monkeypatch):
+    router = streamed_router()
+    monkeypatch.setitem(_ridge.WARM_ITERATIONS_PER_WIDTH, "cpu", 1 / 300)  # a budget of 1 iteration
+    monkeypatch.setattr(_ridge, "WARM_MIN_ITERATIONS", 1)
+    solution = router.solve()
+    assert router.solver_ == "cholesky"
+    assert router._warm is not None and router._warm.samples == router.num_samples  # the new factor
+    assert_same_solution(solution, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_a_slow_warm_solve_makes_the_next_one_full(warm_everywhere):
+    router = streamed_router()
+    router.solve()
+    assert router.solver_ == "warm"
+    router._warm.slow = True  # as after a solve that used over 3/4 of its budget
+    router.update(*(t[:10] for t in router.stream))
+    router.solve()
+    assert router.solver_ == "cholesky"
+
+
+def test_the_budget_rule_keeps_small_systems_and_other_devices_on_full_solves():
+    assert _ridge.warm_iteration_budget(torch.device("cpu"), 300) == 0
+    assert _ridge.warm_iteration_budget(torch.device("cpu"), 10_000) == 20
+    assert _ridge.warm_iteration_budget(torch.device("cuda"), 10_000) == 0  # not measured there
+    router = streamed_router()
+    router.solve()
+    assert router.solver_ == "cholesky" and router._warm is None  # nothing kept where it cannot be used
+
+
+def test_a_forgotten_factor_means_a_full_solve(warm_everywhere):
+    router = streamed_router()
+    router._forget_factor()
+    router.solve()
+    assert router.solver_ == "cholesky"
