@@ -18,8 +18,7 @@ from torch import Tensor
 
 __all__ = [
     "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
-    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "solve_warm", "error_bound", "preferred_solver",
-    "WarmFactor", "warm_iteration_budget",
+    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound", "preferred_solver",
     "fold_product_dtype", "FOLD_PRODUCT_DTYPE",
 ]
 
@@ -70,7 +69,7 @@ class RidgeSolution(NamedTuple):
     solver: str  #: ``"mixed"``, ``"cholesky"`` or ``"eigh"``
     condition: float  #: cond_2(G + ridge I): exact for eigh, a lower bound from the factor otherwise
     precision: torch.dtype  #: the precision the answer is accurate to, up to ``condition``
-    refinement_steps: int = 0  #: float64 residual products of the mixed solver; iterations of the warm one
+    refinement_steps: int = 0  #: float64 residual products of the mixed solver; iterations of a warm solve
     factor: Optional[Tensor] = None  #: the float32 Cholesky factor of ``G + ridge I`` (lower), when one was made
 
 
@@ -270,106 +269,6 @@ def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = 
         solution += correction
         previous = size
     return None
-
-
-# ================================================================================= warm start
-# Iterations a warm solve may take, per unit of M, by device type (``docs/router.md``, "Warm solves"). An
-# iteration is a pass over G and two over the float32 factor (O(M^2) memory traffic), a factorisation
-# M^3 / 3 flops: their ratio grows with M. A warm solve that runs out of iterations costs them on top of
-# the full solve that follows. GPUs: not measured, no warm solves.
-WARM_ITERATIONS_PER_WIDTH = {"cpu": 1 / 500}
-WARM_MIN_ITERATIONS = 12  # below this budget a warm solve rarely converges: the full solve runs directly
-# A warm solve is tried only when the samples added since the factor are at most this fraction of those
-# it was made from (larger changes took more iterations than the budget in the measurements).
-WARM_MAX_CHANGE = 0.1
-
-
-def warm_iteration_budget(device: torch.device, width: int) -> int:
-    """Iterations a warm solve of width ``M`` may take on ``device``; 0 when warm solves are off there."""
-    budget = int(width * WARM_ITERATIONS_PER_WIDTH.get(device.type, 0.0))
-    return budget if budget >= WARM_MIN_ITERATIONS else 0
-
-
-class WarmFactor:
-    """The float32 Cholesky factor of ``G + ridge I`` from the last full solve, kept to precondition the
-    next solves (derived state: never saved; a router without one solves in full)."""
-
-    def __init__(self, factor: Tensor, ridge: float, samples: int) -> None:
-        self.factor, self.ridge, self.samples = factor, ridge, samples
-        self.slow = False  #: the last warm solve used over 3/4 of its budget: refactorise next time
-
-    def usable(self, gram: Tensor, ridge: float, samples: int) -> bool:
-        """Whether a warm solve of ``(gram + ridge I)`` with ``samples`` accumulated may start from this factor."""
-        same_system = (self.ridge == ridge and self.factor.shape == gram.shape
-                       and self.factor.device == gram.device)
-        change = abs(samples - self.samples)
-        return same_system and not self.slow and change <= WARM_MAX_CHANGE * self.samples
-
-
-def solve_warm(gram: Tensor, cross: Tensor, ridge: float, factor: Tensor, start: Tensor, *,
-               max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS) -> Optional[RidgeSolution]:
-    """Conjugate gradients on ``(G + ridge I) X = Q`` from ``start``, preconditioned by ``factor``: the float32
-    Cholesky factor of an earlier ``G' + ridge I``; ``None`` when it does not converge in ``max_iter`` steps.
-
-    Each column runs its own CG (Polak-Ribiere ``beta``, robust to the float32 preconditioner's rounding).
-    It stops on the true float64 residual, by the mixed solver's test: ``||r|| <= eps64 ||A|| ||x||``
-    (infinity norms), or LAPACK ``dsposv``'s ``sqrt(M)`` looser one once a restart from the true residual
-    no longer gains (rounding noise). The recurrence's residual only says when to compute the true one.
-    """
-    eps = torch.finfo(torch.float64).eps
-    norm = float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge
-
-    def system_times(vectors: Tensor) -> Tensor:
-        return symmetric_matmul(gram, vectors, panel_rows) + ridge * vectors
-
-    def precondition(vectors: Tensor) -> Tensor:
-        return cholesky_solve(factor, vectors.to(factor.dtype)).double()
-
-    solution, steps, previous_true = start.clone(), 0, math.inf
-    while True:
-        residual = cross - system_times(solution)  # the true residual: a check, and a restart
-        size_r = float(residual.abs().max())
-        if warm_converged(size_r, previous_true, float(solution.abs().max()), eps * norm, gram.shape[0]):
-            return RidgeSolution(solution, ridge, "warm", diagonal_ratio_squared(factor), torch.float64, steps)
-        if steps >= max_iter:
-            return None
-        previous_true = size_r
-        steps = _conjugate_gradients(system_times, precondition, solution, residual, eps * norm, steps, max_iter)
-
-
-def warm_converged(residual: float, previous: float, solution: float, scale: float, width: int) -> bool:
-    """The warm solve's stopping test on the true residual's largest entry ``residual`` (``previous``: at the
-    last check): ``residual <= scale * solution`` (``scale = eps64 ||A||``, ``solution = max|x|``), or stalled
-    (less than halved since ``previous``) within ``sqrt(M)`` times that, as LAPACK ``dsposv`` accepts."""
-    stalled = residual >= 0.5 * previous and residual <= math.sqrt(width) * scale * solution
-    return residual <= scale * solution or stalled
-
-
-def _conjugate_gradients(system_times, precondition, solution: Tensor, residual: Tensor,  # type: ignore[no-untyped-def]
-                         tolerance: float, steps: int, max_iter: int) -> int:
-    """Preconditioned CG steps on ``solution`` (in place) from its true ``residual`` until the recurrence's
-    residual meets ``tolerance * max|x|`` or ``max_iter`` steps in all; returns the steps taken in all."""
-    preconditioned = precondition(residual)
-    direction = preconditioned.clone()
-    product = (residual * preconditioned).sum(dim=0)
-    while steps < max_iter:
-        steps += 1
-        image = system_times(direction)
-        curvature = (direction * image).sum(dim=0)
-        alpha = torch.where(curvature > 0, product / curvature.clamp_min(torch.finfo(curvature.dtype).tiny),
-                            torch.zeros_like(product))
-        solution.addcmul_(direction, alpha)
-        residual.sub_(image * alpha)
-        if float(residual.abs().max()) <= tolerance * float(solution.abs().max()):
-            break
-        previous = preconditioned
-        preconditioned = precondition(residual)
-        updated = (residual * (preconditioned - previous)).sum(dim=0)
-        beta = torch.where(product > 0, updated / product.clamp_min(torch.finfo(product.dtype).tiny),
-                           torch.zeros_like(product)).clamp_min(0)
-        direction = preconditioned + direction * beta
-        product = (residual * preconditioned).sum(dim=0)
-    return steps
 
 
 # ======================================================================================= eigh

@@ -17,7 +17,7 @@ from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import _blocked, _ridge
+from . import _blocked, _ridge, _warm
 from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._ridge import RouterSolveError
 from ._validation import (
@@ -171,7 +171,7 @@ class AnalyticRouter(nn.Module):
         self.solver_: Optional[str] = None
         #: float64 residual products (mixed) or conjugate-gradient iterations (warm) of the last solve
         self.solve_steps_: Optional[int] = None
-        self._warm: Optional[_ridge.WarmFactor] = None  # the last full solve's factor (docs/router.md, "Warm solves")
+        self._warm: Optional[_warm.WarmFactor] = None  # the last full solve's factor (docs/router.md, "Warm solves")
         #: ``torch.distributed`` group whose processes' batches ``update`` gathers (``None``: local only).
         self.process_group: Optional[Any] = None
 
@@ -299,6 +299,8 @@ class AnalyticRouter(nn.Module):
             )
         # index_add_ rather than bincount, which reads the largest id back to size its output on CUDA.
         self.counts.index_add_(0, ids, torch.ones_like(ids))
+        if self._warm is not None:
+            self._warm.record(phi)  # the next solve's preconditioner (docs/router.md, "Warm solves")
         pending, capacity = self._pending, self.fold_rows or _blocked.default_fold_rows(phi.shape[1], phi.device)
         if pending.capacity != capacity and pending.capacity:
             self.flush()
@@ -402,35 +404,35 @@ class AnalyticRouter(nn.Module):
             warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
                           RouterConditioningWarning, stacklevel=_user_stacklevel())
         if result.factor is not None:
-            self._warm = _ridge.WarmFactor(result.factor, result.ridge, self.num_samples)
+            self._warm = _warm.WarmFactor(result.factor, result.ridge, self.num_samples)
         self._solution = result.weights
         self._solution_key = self._statistics_key()
         self.ridge_, self.solver_, self.solve_steps_ = result.ridge, result.solver, result.refinement_steps
         return result.weights
 
-    def _warm_budget(self) -> int:
-        """Iterations a warm solve may take here: 0 unless float64 statistics, a fixed ridge and a solver
-        that promises float64 accuracy by refinement (``"auto"`` or ``"mixed"``) on a device and ``M`` where
-        warm solves pay (``_ridge.warm_iteration_budget``)."""
+    def _warm_allowed(self) -> bool:
+        """Whether solves may start warm here: float64 statistics, a fixed ridge, a solver that promises float64
+        accuracy by refinement (``"auto"`` or ``"mixed"``), and a device and ``M`` where warm solves pay
+        (``_warm.warm_enabled``)."""
         if self.solver not in ("auto", "mixed") or self.ridge == "auto" or self.stats_dtype != torch.float64:
-            return 0
-        return _ridge.warm_iteration_budget(self.device, self.expansion_dim)
+            return False
+        return _warm.warm_enabled(self.device, self.expansion_dim)
 
     def _solve_warm(self) -> Optional[_ridge.RidgeSolution]:
-        """Conjugate gradients from the last solution, preconditioned by the last full solve's factor, when
-        ``WarmFactor.usable`` allows; ``None`` (and the factor dropped) when the full solve must run."""
-        budget, warm, previous = self._warm_budget(), self._warm, self._solution
-        usable = (budget and warm is not None and previous is not None and previous.shape[0] == self.expansion_dim
-                  and warm.usable(self.gram, self.ridge, self.num_samples))
+        """Conjugate gradients from the last solution, preconditioned by the last full solve's factor and the rows
+        added since, when ``WarmFactor.usable`` allows; ``None`` (and the factor dropped) when the full solve must run."""
+        warm, previous = self._warm, self._solution
+        usable = (self._warm_allowed() and warm is not None and previous is not None
+                  and previous.shape[0] == self.expansion_dim and warm.usable(self.gram, self.ridge, self.num_samples))
         result = None
         if usable:
             start = torch.cat([previous, previous.new_zeros(previous.shape[0], self.num_experts - previous.shape[1])], 1)
-            result = _ridge.solve_warm(self.gram, self.cross, self.ridge, warm.factor, start.to(self.gram),
-                                       max_iter=budget)
+            result = _warm.solve_warm(self.gram, self.cross, self.ridge, warm, start.to(self.gram),
+                                      max_iter=_warm.WARM_MAX_ITERATIONS)
         if result is None:
             self._forget_factor()  # before the full solve allocates its own
         else:
-            warm.slow = 4 * result.refinement_steps > 3 * budget
+            warm.slow = 4 * result.refinement_steps > 3 * _warm.WARM_MAX_ITERATIONS
         return result
 
     def _forget_factor(self) -> None:
@@ -442,7 +444,7 @@ class AnalyticRouter(nn.Module):
         if self.ridge == "auto" or self.solver == "eigh":
             ridge = None if self.ridge == "auto" else self.ridge
             return _ridge.solve_eigh(self.gram, self.cross, ridge, grid=self.ridge_grid, num_samples=self.num_samples)
-        keep_factor = self._warm_budget() > 0
+        keep_factor = self._warm_allowed()
         if self.solver == "auto" and _ridge.preferred_solver(self.device, self.expansion_dim) == "cholesky":
             return _ridge.solve_cholesky(self.gram, self.cross, self.ridge, keep_factor=keep_factor)
         if self.solver in ("auto", "mixed") and self.stats_dtype == torch.float64:

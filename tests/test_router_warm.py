@@ -1,6 +1,6 @@
-"""AnalyticRouter's warm solves (conjugate gradients preconditioned by the last full solve's factor): the answer
-against a full factorisation within float64 rounding, a stale answer caught by the same bound, and when each
-path runs, tested by its rule (never by timing)."""
+"""AnalyticRouter's warm solves (conjugate gradients preconditioned by the last full solve's factor and the rows
+added since): the answer against a full factorisation within float64 rounding, a stale answer caught by the same
+bound, and when each path runs, tested by its rule (never by timing)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ import torch
 from ridge_bounds import assert_same_solution
 from test_router import clustered
 
-from fly_modules import AnalyticRouter, _ridge
+from fly_modules import AnalyticRouter, _ridge, _warm
 
 RIDGE = 10.0
 
 
 @pytest.fixture
 def warm_everywhere(monkeypatch):
-    """A budget of M iterations on the CPU, so the small systems of the tests take the warm path."""
-    monkeypatch.setitem(_ridge.WARM_ITERATIONS_PER_WIDTH, "cpu", 1.0)
+    """Warm solves from any M on the CPU, with up to M rows kept, so the small systems of the tests take them."""
+    monkeypatch.setitem(_warm.WARM_MIN_WIDTH, "cpu", 1)
+    monkeypatch.setattr(_warm, "WARM_ROWS_PER_WIDTH", 1.0)
 
 
 def streamed_router(solver: str = "auto", experts: int = 3, samples: int = 2000) -> AnalyticRouter:
@@ -45,7 +46,7 @@ def test_warm_solve_agrees_with_the_full_factorisation(warm_everywhere, solver):
 def test_a_stale_warm_solution_fails_the_bound(warm_everywhere, monkeypatch):
     """The planted bug: the warm start accepted without its convergence check returns the last solution."""
     router = streamed_router()
-    monkeypatch.setattr(_ridge, "warm_converged", lambda *args: True)
+    monkeypatch.setattr(_warm, "warm_converged", lambda *args: True)
     stale = router.solve()
     assert router.solver_ == "warm" and router.solve_steps_ == 0
     with pytest.raises(AssertionError, match="beyond float64 rounding"):
@@ -62,20 +63,23 @@ def test_new_experts_start_from_zero_columns(warm_everywhere):
     assert_same_solution(warm, full_solution(router), router.gram_matrix(), RIDGE)
 
 
-def test_the_first_solve_and_a_large_change_factorise(warm_everywhere):
+def test_more_rows_than_kept_or_samples_without_rows_factorise(warm_everywhere):
     features, ids = clustered(2000, 16, 3, seed=4)
     router = AnalyticRouter(16, 3, expansion_dim=300, ridge=RIDGE)
     router.update(features[:1000], ids[:1000])
     router.solve()
     assert router.solver_ == "cholesky"  # auto below 3,072 on a CPU; its factor is kept
-    # More new samples than WARM_MAX_CHANGE of those the factor was made from: a full solve.
-    added = int(_ridge.WARM_MAX_CHANGE * 1000) + 1
-    router.update(features[1000:1000 + added], ids[1000:1000 + added])
+    router.update(features[1000:1301], ids[1000:1301])  # 301 rows: one more than the 300 kept
     router.solve()
     assert router.solver_ == "cholesky"
-    router.update(features[1900:], ids[1900:])  # 100 new samples, 9% of 1,101: warm
+    router.update(features[1301:1601], ids[1301:1601])  # exactly 300: warm
     router.solve()
     assert router.solver_ == "warm"
+    other = AnalyticRouter(16, 3, expansion_dim=300, ridge=RIDGE)
+    other.update(features[1601:1611], ids[1601:1611])
+    router.merge_(other)  # samples whose rows the factor never saw
+    router.solve()
+    assert router.solver_ == "cholesky"
 
 
 def test_a_changed_ridge_or_an_exact_solver_factorises(warm_everywhere):
@@ -92,8 +96,7 @@ def test_a_changed_ridge_or_an_exact_solver_factorises(warm_everywhere):
 
 def test_a_warm_solve_out_of_iterations_falls_back_and_refactorises(warm_everywhere, monkeypatch):
     router = streamed_router()
-    monkeypatch.setitem(_ridge.WARM_ITERATIONS_PER_WIDTH, "cpu", 1 / 300)  # a budget of 1 iteration
-    monkeypatch.setattr(_ridge, "WARM_MIN_ITERATIONS", 1)
+    monkeypatch.setattr(_warm, "WARM_MAX_ITERATIONS", 1)
     solution = router.solve()
     assert router.solver_ == "cholesky"
     assert router._warm is not None and router._warm.samples == router.num_samples  # the new factor
@@ -104,16 +107,16 @@ def test_a_slow_warm_solve_makes_the_next_one_full(warm_everywhere):
     router = streamed_router()
     router.solve()
     assert router.solver_ == "warm"
-    router._warm.slow = True  # as after a solve that used over 3/4 of its budget
+    router._warm.slow = True  # as after a solve that used over 3/4 of its iterations
     router.update(*(t[:10] for t in router.stream))
     router.solve()
     assert router.solver_ == "cholesky"
 
 
-def test_the_budget_rule_keeps_small_systems_and_other_devices_on_full_solves():
-    assert _ridge.warm_iteration_budget(torch.device("cpu"), 300) == 0
-    assert _ridge.warm_iteration_budget(torch.device("cpu"), 10_000) == 20
-    assert _ridge.warm_iteration_budget(torch.device("cuda"), 10_000) == 0  # not measured there
+def test_the_width_rule_keeps_small_systems_and_other_devices_on_full_solves():
+    assert not _warm.warm_enabled(torch.device("cpu"), _warm.WARM_MIN_WIDTH["cpu"] - 1)
+    assert _warm.warm_enabled(torch.device("cpu"), _warm.WARM_MIN_WIDTH["cpu"])
+    assert not _warm.warm_enabled(torch.device("cuda"), 10_000)  # not measured there
     router = streamed_router()
     router.solve()
     assert router.solver_ == "cholesky" and router._warm is None  # nothing kept where it cannot be used
