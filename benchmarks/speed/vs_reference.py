@@ -95,6 +95,7 @@ class Timings:
     eval_repeat: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     solve_fresh: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     solve_repeat: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
+    solver_paths: List[str] = field(default_factory=list)  # ours: router.solver_ after each measured fresh evaluation
 
 
 def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argparse.Namespace) -> Timings:
@@ -145,6 +146,8 @@ def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argpar
                 if measured:
                     total[variant.name].append(seconds)
                     solve[variant.name].append(sum(variant.solve_seconds[solves:]))
+                    if phase == "fresh" and variant.name == "ours":
+                        timings.solver_paths.append(str(variant.handle.router.solver_))
     timings.eval_repeat["baseline"] = list(timings.eval_fresh["baseline"])
     timings.solve_repeat["baseline"] = [0.0] * len(timings.eval_fresh["baseline"])
     return timings
@@ -200,7 +203,6 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
         speedup[key] = paired_ratio(totals, "official", "ours")
         print(f"    ours / official: {speedup[key]:.2f}x (median of per-round ratios; batches alone: "
               f"{figures[f'{key}:official:batches'] / figures[f'{key}:ours:batches']:.2f}x)")
-    solve_share = solving_share(timings, args)
     report.check(f"vs_reference.{method}.eval_speedup", speedup["fresh"], ">=", TARGET_EVAL_SPEEDUP, unit="x",
                  detail=f"evaluation throughput ours / official after new statistics, batch {args.eval_batch}; "
                         f"unchanged statistics: {speedup['repeat']:.2f}x")
@@ -209,7 +211,7 @@ def report_timings(method: str, timings: Timings, test_set: EvalBatches, args: a
         "eval_seconds_all": {"fresh": timings.eval_fresh, "repeat": timings.eval_repeat},
         "solve_seconds_all": {"fresh": timings.solve_fresh, "repeat": timings.solve_repeat},
         "eval_speedup_fresh": speedup["fresh"], "eval_speedup_repeat": speedup["repeat"],
-        "solving_share_percent": solve_share,
+        "solving_share_percent": solving_share(timings, args),
     }
 
 
@@ -221,7 +223,8 @@ def solving_share(timings: Timings, args: argparse.Namespace) -> Dict[str, float
         rounds = zip(timings.train[name], timings.eval_fresh[name], timings.solve_fresh[name])
         share[name] = 100.0 * median([solve / (train * args.block_batches + total) for train, total, solve in rounds])
     print(f"  share of an anytime-evaluation run spent solving (a block of {args.block_batches} stream batches, then an "
-          f"evaluation): official {share['official']:.1f}%, ours {share['ours']:.1f}%")
+          f"evaluation): official {share['official']:.1f}%, ours {share['ours']:.1f}%; our solves after new "
+          f"statistics, round by round: {', '.join(timings.solver_paths)} (router.solver_)")
     return share
 
 
