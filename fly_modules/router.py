@@ -76,7 +76,9 @@ class AnalyticRouter(nn.Module):
             and for ``M`` below 3,072 on a CPU, otherwise mixed precision with float64 fallback),
             ``"mixed"``, ``"cholesky"`` (in ``stats_dtype``) or ``"eigh"``. ``ridge="auto"`` always
             uses ``"eigh"``.
-        stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default).
+        stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default). The sums
+            are float64; on a CPU from ``M = 2,048`` rows that are float32 numbers (float32 features) are
+            multiplied by a float32 GEMM before they are added (``docs/router.md``, "Fold precision").
         device: device of all buffers.
         fold_rows: expanded rows buffered before they are added to ``G`` and ``Q`` in one rank-k update;
             ``None`` (default) chooses from ``M`` and the device (``docs/router.md``, "Blocked updates"),
@@ -99,7 +101,9 @@ class AnalyticRouter(nn.Module):
         cross: buffer ``(M, num_experts)`` in ``stats_dtype``; ``Q``.
         counts: buffer ``(num_experts,)`` long; samples accumulated per expert.
         ridge_: the ridge used by the last solve (the chosen value when ``ridge="auto"``).
-        solver_: the solver actually used by the last solve.
+        solver_: the solver actually used by the last solve: ``"mixed"``, ``"cholesky"``, ``"eigh"``, or
+            ``"warm"`` (started from the last solution and factor, ``docs/router.md``, "Warm solves").
+        solve_steps_: float64 residual products of the last solve (mixed refinement or warm iterations).
 
     .. note::
         The checkpoint holds the statistics, the expansion and the settings (``ridge``, ``ridge_grid``,
