@@ -10,7 +10,7 @@ mixed solver's refinement does after a factorisation (``docs/router.md``, "Warm 
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -23,7 +23,8 @@ from ._ridge import (
     symmetric_matmul,
 )
 
-__all__ = ["WARM_MIN_WIDTH", "WARM_MAX_ITERATIONS", "WarmFactor", "warm_enabled", "solve_warm", "warm_converged"]
+__all__ = ["WARM_MIN_WIDTH", "WARM_MAX_ITERATIONS", "WarmFactor", "warm_enabled", "warm_allowed", "solve_from",
+           "solve_warm", "warm_converged"]
 
 # Smallest M whose solves start warm, per device type. A warm solve costs triangular solves with the new rows
 # (O(k M^2)) and a few passes over G; the factorisation it replaces costs M^3 / 3. From M = 3,072 on a CPU
@@ -41,6 +42,26 @@ def warm_enabled(device: torch.device, width: int) -> bool:
     """Whether solves of width ``M`` on ``device`` may start warm (and full solves keep their factor)."""
     minimum = WARM_MIN_WIDTH.get(device.type)
     return minimum is not None and width >= minimum
+
+
+def warm_allowed(solver: str, ridge: Union[float, str], dtype: torch.dtype, device: torch.device, width: int) -> bool:
+    """The router's rule: float64 statistics, a fixed ridge, a solver that promises float64 accuracy by
+    refinement (``"auto"`` or ``"mixed"``), and a device and ``M`` where warm solves pay (``warm_enabled``)."""
+    refined = solver in ("auto", "mixed") and ridge != "auto" and dtype == torch.float64
+    return refined and warm_enabled(device, width)
+
+
+def solve_from(warm: "WarmFactor", previous: Optional[Tensor], gram: Tensor, cross: Tensor, ridge: float,
+               samples: int) -> Optional[RidgeSolution]:
+    """The warm solve from the last solution ``previous`` (new experts' columns start at zero) when ``warm``
+    is usable for this system; ``None`` when not, or when it does not converge in ``WARM_MAX_ITERATIONS``."""
+    if previous is None or previous.shape[0] != gram.shape[0] or not warm.usable(gram, ridge, samples):
+        return None
+    start = torch.cat([previous, previous.new_zeros(previous.shape[0], cross.shape[1] - previous.shape[1])], 1)
+    result = solve_warm(gram, cross, ridge, warm, start.to(gram), max_iter=WARM_MAX_ITERATIONS)
+    if result is not None:
+        warm.slow = 4 * result.refinement_steps > 3 * WARM_MAX_ITERATIONS
+    return result
 
 
 class WarmFactor:

@@ -415,28 +415,16 @@ class AnalyticRouter(nn.Module):
         return result.weights
 
     def _warm_allowed(self) -> bool:
-        """Whether solves may start warm here: float64 statistics, a fixed ridge, a solver that promises float64
-        accuracy by refinement (``"auto"`` or ``"mixed"``), and a device and ``M`` where warm solves pay
-        (``_warm.warm_enabled``)."""
-        if self.solver not in ("auto", "mixed") or self.ridge == "auto" or self.stats_dtype != torch.float64:
-            return False
-        return _warm.warm_enabled(self.device, self.expansion_dim)
+        return _warm.warm_allowed(self.solver, self.ridge, self.stats_dtype, self.device, self.expansion_dim)
 
     def _solve_warm(self) -> Optional[_ridge.RidgeSolution]:
-        """Conjugate gradients from the last solution, preconditioned by the last full solve's factor and the rows
-        added since, when ``WarmFactor.usable`` allows; ``None`` (and the factor dropped) when the full solve must run."""
-        warm, previous = self._warm, self._solution
-        usable = (self._warm_allowed() and warm is not None and previous is not None
-                  and previous.shape[0] == self.expansion_dim and warm.usable(self.gram, self.ridge, self.num_samples))
+        """A warm solve when the factor kept allows one (``docs/router.md``, "Warm solves"); ``None``, and the
+        factor dropped, when the full solve must run."""
         result = None
-        if usable:
-            start = torch.cat([previous, previous.new_zeros(previous.shape[0], self.num_experts - previous.shape[1])], 1)
-            result = _warm.solve_warm(self.gram, self.cross, self.ridge, warm, start.to(self.gram),
-                                      max_iter=_warm.WARM_MAX_ITERATIONS)
+        if self._warm is not None and self._warm_allowed():
+            result = _warm.solve_from(self._warm, self._solution, self.gram, self.cross, self.ridge, self.num_samples)
         if result is None:
             self._forget_factor()  # before the full solve allocates its own
-        else:
-            warm.slow = 4 * result.refinement_steps > 3 * _warm.WARM_MAX_ITERATIONS
         return result
 
     def _forget_factor(self) -> None:
