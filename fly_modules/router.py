@@ -407,7 +407,7 @@ class AnalyticRouter(nn.Module):
         if _ridge.error_bound(result) > _UNRELIABLE_ERROR_BOUND:
             warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
                           RouterConditioningWarning, stacklevel=_user_stacklevel())
-        if result.factor is not None:
+        if result.factor is not None and self._warm_allowed():
             self._warm = _warm.WarmFactor(result.factor, result.ridge, self.num_samples)
         self._solution = result.weights
         self._solution_key = self._statistics_key()

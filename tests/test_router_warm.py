@@ -117,9 +117,10 @@ def test_the_width_rule_keeps_small_systems_and_other_devices_on_full_solves():
     assert not _warm.warm_enabled(torch.device("cpu"), _warm.WARM_MIN_WIDTH["cpu"] - 1)
     assert _warm.warm_enabled(torch.device("cpu"), _warm.WARM_MIN_WIDTH["cpu"])
     assert not _warm.warm_enabled(torch.device("cuda"), 10_000)  # not measured there
-    router = streamed_router()
-    router.solve()
-    assert router.solver_ == "cholesky" and router._warm is None  # nothing kept where it cannot be used
+    for solver, path in (("auto", "cholesky"), ("mixed", "mixed")):
+        router = streamed_router(solver)
+        router.solve()
+        assert router.solver_ == path and router._warm is None  # nothing kept where it cannot be used
 
 
 def test_a_forgotten_factor_means_a_full_solve(warm_everywhere):
