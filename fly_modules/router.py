@@ -75,7 +75,8 @@ class AnalyticRouter(nn.Module):
         solver: ``"auto"`` (by device and ``M``: a float64 Cholesky on GPUs with full-rate float64
             and for ``M`` below 3,072 on a CPU, otherwise mixed precision with float64 fallback),
             ``"mixed"``, ``"cholesky"`` (in ``stats_dtype``) or ``"eigh"``. ``ridge="auto"`` always
-            uses ``"eigh"``.
+            uses ``"eigh"``. With ``"auto"``/``"mixed"`` on a CPU from ``M = 3,072`` a solve may start
+            from the last one (``docs/router.md``, "Warm solves"), with the same float64 accuracy.
         stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default). The sums
             are float64; on a CPU from ``M = 2,048`` rows that are float32 numbers (float32 features) are
             multiplied by a float32 GEMM before they are added (``docs/router.md``, "Fold precision").
