@@ -92,7 +92,8 @@ class WarmFactor:
             self.overflow, self.rows, self.basis, self.capacitance = True, None, None, None
             return
         if self.rows is None:
-            self.rows = self.factor.new_empty(self.capacity, self.factor.shape[0])
+            with torch.inference_mode(False):  # written by later updates, inside inference mode or not
+                self.rows = self.factor.new_empty(self.capacity, self.factor.shape[0])
         self.rows[self.count:self.count + phi.shape[0]].copy_(phi)
         self.count += phi.shape[0]
 
@@ -107,8 +108,9 @@ class WarmFactor:
         new = slice(self.solved, self.count)
         if new.start < new.stop:
             if self.basis is None:
-                self.basis = self.factor.new_empty(self.capacity, self.factor.shape[0])
-                self.capacitance = torch.eye(self.capacity, dtype=torch.float64, device=self.factor.device)
+                with torch.inference_mode(False):  # written by later solves, inside inference mode or not
+                    self.basis = self.factor.new_empty(self.capacity, self.factor.shape[0])
+                    self.capacitance = torch.eye(self.capacity, dtype=torch.float64, device=self.factor.device)
             # X L^T = U: the new rows' triangular solve, O(k M^2), the warm solve's main cost
             solved = torch.linalg.solve_triangular(self.factor.mT, self.rows[new], upper=True, left=False)
             self.basis[new] = solved

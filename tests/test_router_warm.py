@@ -128,3 +128,19 @@ def test_a_forgotten_factor_means_a_full_solve(warm_everywhere):
     router._forget_factor()
     router.solve()
     assert router.solver_ == "cholesky"
+
+
+def test_warm_solves_inside_and_outside_inference_mode(warm_everywhere):
+    router = streamed_router()
+    features, ids = router.stream
+    with torch.inference_mode():
+        router.solve()  # allocates the triangular solves of the rows
+        router.update(features[:10], ids[:10])  # the first rows kept since the factor
+    router.update(features[10:20], ids[10:20])
+    router.solve()
+    assert router.solver_ == "warm"
+    with torch.inference_mode():
+        router.update(features[20:30], ids[20:30])
+        warm = router.solve()
+    assert router.solver_ == "warm"
+    assert_same_solution(warm, full_solution(router), router.gram_matrix(), RIDGE)
