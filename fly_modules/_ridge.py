@@ -19,6 +19,7 @@ from torch import Tensor
 __all__ = [
     "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
     "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound", "preferred_solver",
+    "fold_product_dtype", "FOLD_PRODUCT_DTYPE",
 ]
 
 # G is updated in row panels of PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], a fraction
@@ -26,6 +27,11 @@ __all__ = [
 # GEMM is smaller and is a synchronisation point of the BLAS threads; 512 rows measured best on 2-core
 # AVX-512 CPUs (benchmarks/speed/router.py prints the kernel ratio).
 PANEL_ROWS = 512
+# Products of G with a few vectors (the refinement's and the warm solve's residuals) walk it in shorter
+# panels: each panel is read twice (for both triangles), and at 128 rows the second read hits the cache.
+# On a 2-core AMD EPYC at M = 4,000, one product took 0.048 s in panels of 512 rows, 0.024 s in panels
+# of 128 (a dense product with the full matrix: 0.024 s).
+PRODUCT_PANEL_ROWS = 128
 
 
 # GPUs whose float64 arithmetic runs at half the float32 rate or better, by compute capability: the
@@ -63,7 +69,8 @@ class RidgeSolution(NamedTuple):
     solver: str  #: ``"mixed"``, ``"cholesky"`` or ``"eigh"``
     condition: float  #: cond_2(G + ridge I): exact for eigh, a lower bound from the factor otherwise
     precision: torch.dtype  #: the precision the answer is accurate to, up to ``condition``
-    refinement_steps: int = 0  #: float64 residual products of the mixed solver
+    refinement_steps: int = 0  #: float64 residual products of the mixed solver; iterations of a warm solve
+    factor: Optional[Tensor] = None  #: the float32 Cholesky factor of ``G + ridge I`` (lower), when one was made
 
 
 def error_bound(solution: RidgeSolution) -> float:
@@ -76,10 +83,43 @@ def panels(size: int, panel_rows: int) -> List[Tuple[int, int]]:
     return [(start, min(start + panel_rows, size)) for start in range(0, size, panel_rows)]
 
 
-def accumulate_lower_gram(gram: Tensor, phi: Tensor, panel_rows: int = PANEL_ROWS) -> None:
-    """Add ``phi^T phi`` to the lower triangle of ``gram`` (plus, harmlessly, the panels' diagonal blocks)."""
+# The precision of the fold's products, per device type (``docs/router.md``, "Fold precision"): from
+# width FOLD_LOW_PRECISION_MIN_WIDTH, rows that are float32 numbers (the default expansion product of
+# float32 features) are multiplied by a float32 GEMM whose panels are added to the float64 G; other
+# rows, smaller G (whose folds cost little) and devices not listed multiply in G's dtype.
+FOLD_PRODUCT_DTYPE = {"cpu": torch.float32}
+FOLD_LOW_PRECISION_MIN_WIDTH = 2048
+# Panel height of the low-precision fold: each panel's product is a temporary added to G; at 128 rows it
+# stays in the cache (2-core AMD EPYC, M = 4,000, 512 rows: 0.12 s in panels of 128, 0.15 s of 512,
+# against 0.20 s for the float64 fold).
+LOW_PRECISION_PANEL_ROWS = 128
+
+
+def fold_product_dtype(gram: Tensor, phi: Tensor) -> torch.dtype:
+    """The dtype ``accumulate_lower_gram`` multiplies ``phi`` in: ``FOLD_PRODUCT_DTYPE[device]`` when ``gram`` is
+    float64, at least ``FOLD_LOW_PRECISION_MIN_WIDTH`` wide, and every entry of ``phi`` is exactly a float32
+    number (nothing is rounded before the product; only the GEMM's products and sums are)."""
+    chosen = FOLD_PRODUCT_DTYPE.get(gram.device.type, gram.dtype)
+    small = gram.shape[0] < FOLD_LOW_PRECISION_MIN_WIDTH
+    if small or chosen == gram.dtype or phi.dtype != torch.float64 or gram.dtype != torch.float64:
+        return gram.dtype
+    return chosen if bool(torch.equal(phi.to(chosen).double(), phi)) else gram.dtype
+
+
+def accumulate_lower_gram(gram: Tensor, phi: Tensor, panel_rows: int = PANEL_ROWS,
+                          product_dtype: Optional[torch.dtype] = None) -> None:
+    """Add ``phi^T phi`` to the lower triangle of ``gram`` (plus, harmlessly, the panels' diagonal blocks).
+
+    ``product_dtype`` (default: ``gram``'s) is the precision of each panel's GEMM; a panel computed in a
+    lower precision is added to ``gram`` in ``gram``'s.
+    """
+    if product_dtype is None or product_dtype == gram.dtype:
+        for start, stop in panels(gram.shape[0], panel_rows):
+            gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
+        return
+    low = phi.to(product_dtype)
     for start, stop in panels(gram.shape[0], panel_rows):
-        gram[start:stop, :stop].addmm_(phi[:, start:stop].t(), phi[:, :stop])
+        gram[start:stop, :stop] += low[:, start:stop].t() @ low[:, :stop]
 
 
 def symmetrize_lower(block: Tensor) -> Tensor:
@@ -169,8 +209,10 @@ def factorisation_failure(info: int, dtype: torch.dtype, ridge: float, gram: Ten
     )
 
 
-def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float) -> RidgeSolution:
+def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, *, keep_factor: bool = False) -> RidgeSolution:
     """Cholesky solve in ``gram``'s dtype; raises :class:`RouterSolveError` when the factorisation fails.
+
+    With ``keep_factor`` the answer carries a float32 copy of the factor (for later warm solves).
 
     The condition estimate costs one extra pair of triangular solves: a probe vector rides along with
     ``Q`` (``y1 = A^-1 x``), one more solve gives ``y2 = A^-1 y1``, and ``||y1|| / ||y2|| >= lambda_min``
@@ -187,10 +229,11 @@ def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float) -> RidgeSolution:
     largest_diagonal = float(gram.diagonal().max()) + ridge
     growth = float(second.double().norm() / first.double().norm())  # in float64: float32 would overflow
     condition = max(diagonal_ratio_squared(factor), largest_diagonal * growth)
-    return RidgeSolution(weights.contiguous(), ridge, "cholesky", condition, gram.dtype)
+    kept = factor.to(torch.float32) if keep_factor else None
+    return RidgeSolution(weights.contiguous(), ridge, "cholesky", condition, gram.dtype, factor=kept)
 
 
-def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = PANEL_ROWS,
+def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = PRODUCT_PANEL_ROWS,
                 max_iter: int = 30) -> Optional[RidgeSolution]:
     """Float32 Cholesky factor + float64 iterative refinement; ``None`` when it does not converge.
 
@@ -215,12 +258,14 @@ def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = 
         residual = cross - symmetric_matmul(gram, solution, panel_rows) - ridge * solution
         size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
         if size_r <= eps * norm * size_x:
-            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps)
+            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps, factor)
         correction = cholesky_solve(factor, residual.float()).double()
         size = float(correction.abs().max())
         if size > 0.5 * previous:
             stalled_at_rounding_noise = size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x
-            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps) if stalled_at_rounding_noise else None
+            if not stalled_at_rounding_noise:
+                return None
+            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps, factor)
         solution += correction
         previous = size
     return None

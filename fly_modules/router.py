@@ -17,7 +17,7 @@ from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import _blocked, _ridge
+from . import _blocked, _ridge, _warm
 from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
 from ._ridge import RouterSolveError
 from ._validation import (
@@ -75,8 +75,11 @@ class AnalyticRouter(nn.Module):
         solver: ``"auto"`` (by device and ``M``: a float64 Cholesky on GPUs with full-rate float64
             and for ``M`` below 3,072 on a CPU, otherwise mixed precision with float64 fallback),
             ``"mixed"``, ``"cholesky"`` (in ``stats_dtype``) or ``"eigh"``. ``ridge="auto"`` always
-            uses ``"eigh"``.
-        stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default).
+            uses ``"eigh"``. With ``"auto"``/``"mixed"`` on a CPU from ``M = 3,072`` a solve may start
+            from the last one (``docs/router.md``, "Warm solves"), with the same float64 accuracy.
+        stats_dtype: dtype of the expansion, the statistics and the solution (float64 by default). The sums
+            are float64; on a CPU from ``M = 2,048`` rows that are float32 numbers (float32 features) are
+            multiplied by a float32 GEMM before they are added (``docs/router.md``, "Fold precision").
         device: device of all buffers.
         fold_rows: expanded rows buffered before they are added to ``G`` and ``Q`` in one rank-k update;
             ``None`` (default) chooses from ``M`` and the device (``docs/router.md``, "Blocked updates"),
@@ -99,7 +102,9 @@ class AnalyticRouter(nn.Module):
         cross: buffer ``(M, num_experts)`` in ``stats_dtype``; ``Q``.
         counts: buffer ``(num_experts,)`` long; samples accumulated per expert.
         ridge_: the ridge used by the last solve (the chosen value when ``ridge="auto"``).
-        solver_: the solver actually used by the last solve.
+        solver_: the solver actually used by the last solve: ``"mixed"``, ``"cholesky"``, ``"eigh"``, or
+            ``"warm"`` (started from the last solution and factor, ``docs/router.md``, "Warm solves").
+        solve_steps_: float64 residual products of the last solve (mixed refinement or warm iterations).
 
     .. note::
         The checkpoint holds the statistics (with the rows not yet folded), the expansion and the settings (``ridge``, ``ridge_grid``,
@@ -170,6 +175,9 @@ class AnalyticRouter(nn.Module):
         self._solution_key: Optional[Tuple[int, ...]] = None
         self.ridge_: Optional[float] = None
         self.solver_: Optional[str] = None
+        #: float64 residual products (mixed) or conjugate-gradient iterations (warm) of the last solve
+        self.solve_steps_: Optional[int] = None
+        self._warm: Optional[_warm.WarmFactor] = None  # the last full solve's factor (docs/router.md, "Warm solves")
         #: ``torch.distributed`` group whose processes' batches ``update`` gathers (``None``: local only).
         self.process_group: Optional[Any] = None
 
@@ -297,6 +305,8 @@ class AnalyticRouter(nn.Module):
             )
         # index_add_ rather than bincount, which reads the largest id back to size its output on CUDA.
         self.counts.index_add_(0, ids, torch.ones_like(ids))
+        if self._warm is not None:
+            self._warm.record(phi)  # the next solve's preconditioner (docs/router.md, "Warm solves")
         pending, capacity = self._pending, self.fold_rows or _blocked.default_fold_rows(phi.shape[1], phi.device)
         if pending.capacity != capacity and pending.capacity:
             self.flush()
@@ -396,23 +406,44 @@ class AnalyticRouter(nn.Module):
                 "AnalyticRouter has no statistics yet: call update(features, expert_ids) before routing"
             )
         self.flush()
-        result = self._solve_system()
+        result = self._solve_warm() or self._solve_system()
         if _ridge.error_bound(result) > _UNRELIABLE_ERROR_BOUND:
             warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
                           RouterConditioningWarning, stacklevel=_user_stacklevel())
+        if result.factor is not None and self._warm_allowed():
+            self._warm = _warm.WarmFactor(result.factor, result.ridge, self.num_samples)
         self._solution = result.weights
         self._solution_key = self._statistics_key()
-        self.ridge_, self.solver_ = result.ridge, result.solver
+        self.ridge_, self.solver_, self.solve_steps_ = result.ridge, result.solver, result.refinement_steps
         return result.weights
+
+    def _warm_allowed(self) -> bool:
+        return _warm.warm_allowed(self.solver, self.ridge, self.stats_dtype, self.device, self.expansion_dim)
+
+    def _solve_warm(self) -> Optional[_ridge.RidgeSolution]:
+        """A warm solve when the factor kept allows one (``docs/router.md``, "Warm solves"); ``None``, and the
+        factor dropped, when the full solve must run."""
+        result = None
+        if self._warm is not None and self._warm_allowed():
+            result = _warm.solve_from(self._warm, self._solution, self.gram, self.cross, self.ridge, self.num_samples)
+        if result is None:
+            self._forget_factor()  # before the full solve allocates its own
+        return result
+
+    def _forget_factor(self) -> None:
+        """Drop the cached factor (its memory, M x M float32); the next solve is a full one. Called when the
+        statistics are replaced or moved (load, device move, reset) and before a full solve."""
+        self._warm = None
 
     def _solve_system(self) -> _ridge.RidgeSolution:
         if self.ridge == "auto" or self.solver == "eigh":
             ridge = None if self.ridge == "auto" else self.ridge
             return _ridge.solve_eigh(self.gram, self.cross, ridge, grid=self.ridge_grid, num_samples=self.num_samples)
+        keep_factor = self._warm_allowed()
         if self.solver == "auto" and _ridge.preferred_solver(self.device, self.expansion_dim) == "cholesky":
-            return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
+            return _ridge.solve_cholesky(self.gram, self.cross, self.ridge, keep_factor=keep_factor)
         if self.solver in ("auto", "mixed") and self.stats_dtype == torch.float64:
-            result = _ridge.solve_mixed(self.gram, self.cross, self.ridge, panel_rows=_ridge.PANEL_ROWS)
+            result = _ridge.solve_mixed(self.gram, self.cross, self.ridge)
             if result is not None:
                 return result
             if self.solver == "mixed":
@@ -422,7 +453,7 @@ class AnalyticRouter(nn.Module):
                     RuntimeWarning,
                     stacklevel=_user_stacklevel(),
                 )
-        return _ridge.solve_cholesky(self.gram, self.cross, self.ridge)
+        return _ridge.solve_cholesky(self.gram, self.cross, self.ridge, keep_factor=keep_factor)
 
     def _solve_if_stale(self) -> Tensor:
         self.flush()

@@ -83,7 +83,7 @@ class SolveSetting:
         if self.other == "cholesky":
             self.outputs["other"] = _ridge.solve_cholesky(router.gram, router.cross, self.ridge).weights
         else:
-            result = _ridge.solve_mixed(router.gram, router.cross, self.ridge, panel_rows=_ridge.PANEL_ROWS)
+            result = _ridge.solve_mixed(router.gram, router.cross, self.ridge)
             self.outputs["other"] = (result.weights if result is not None
                                      else reference_lu_solve(self.gram, self.cross, self.ridge))
 
@@ -131,7 +131,7 @@ def report_conditioning(args: argparse.Namespace, report: Report, router: Analyt
     bound = "exact: lambda_min(G) = 0 since samples < M" if args.samples < m else "upper bound: lambda_min(G) >= 0"
     report.info(f"cond(G + lambda I) ~ {(top + ridge) / ridge:.2e} (lambda_max(G) = {top:.3e} by power "
                 f"iteration; {bound}); max diag(G) = {float(gram.diagonal().max()):.3e}")
-    mixed = _ridge.solve_mixed(router.gram, router.cross, ridge, panel_rows=_ridge.PANEL_ROWS)
+    mixed = _ridge.solve_mixed(router.gram, router.cross, ridge)
     if mixed is None:
         report.info("our solver path: mixed precision did not converge  <- float64 fallback taken")
     else:

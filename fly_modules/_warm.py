@@ -1,0 +1,194 @@
+"""Warm solves of the analytic router's ridge system (private): what the last full solve computed, reused.
+
+Between two evaluations ``G`` grows by the rows of a few batches. The last full solve's float32 Cholesky factor
+``L`` of ``G0 + ridge I`` and the rows ``U`` folded since give ``(G + ridge I)^-1 = (L L^T + U^T U)^-1`` to float32
+accuracy by the Woodbury identity, for the price of triangular solves with the new rows; conjugate gradients
+preconditioned by it, checked on the true float64 residual, then reach float64 accuracy in a few steps, as the
+mixed solver's refinement does after a factorisation (``docs/router.md``, "Warm solves").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from ._ridge import (
+    PRODUCT_PANEL_ROWS,
+    RidgeSolution,
+    diagonal_ratio_squared,
+    symmetric_abs_row_sums,
+    symmetric_matmul,
+)
+
+__all__ = ["WARM_MIN_WIDTH", "WARM_MAX_ITERATIONS", "WarmFactor", "warm_enabled", "warm_allowed", "solve_from",
+           "solve_warm", "warm_converged"]
+
+# Smallest M whose solves start warm, per device type. A warm solve costs triangular solves with the new rows
+# (O(k M^2)) and a few passes over G; the factorisation it replaces costs M^3 / 3. From M = 3,072 on a CPU
+# (where the mixed path starts) it was faster in the measurements of docs/router.md. GPUs: not measured, off.
+WARM_MIN_WIDTH = {"cpu": 3_072}
+# A warm solve gives up after this many iterations (it usually needs as many as the mixed solver's refinement);
+# the full solve follows. One that needs more than 3/4 of them makes the next solve a full one.
+WARM_MAX_ITERATIONS = 12
+# Rows kept since the factor, as a fraction of M: beyond it the next solve is a full one. The rows and their
+# triangular solves take 2 * M * (M / 8) float32 numbers, an eighth of G's float64 M x M.
+WARM_ROWS_PER_WIDTH = 1 / 8
+
+
+def warm_enabled(device: torch.device, width: int) -> bool:
+    """Whether solves of width ``M`` on ``device`` may start warm (and full solves keep their factor)."""
+    minimum = WARM_MIN_WIDTH.get(device.type)
+    return minimum is not None and width >= minimum
+
+
+def warm_allowed(solver: str, ridge: Union[float, str], dtype: torch.dtype, device: torch.device, width: int) -> bool:
+    """The router's rule: float64 statistics, a fixed ridge, a solver that promises float64 accuracy by
+    refinement (``"auto"`` or ``"mixed"``), and a device and ``M`` where warm solves pay (``warm_enabled``)."""
+    refined = solver in ("auto", "mixed") and ridge != "auto" and dtype == torch.float64
+    return refined and warm_enabled(device, width)
+
+
+def solve_from(warm: "WarmFactor", previous: Optional[Tensor], gram: Tensor, cross: Tensor, ridge: float,
+               samples: int) -> Optional[RidgeSolution]:
+    """The warm solve from the last solution ``previous`` (new experts' columns start at zero) when ``warm``
+    is usable for this system; ``None`` when not, or when it does not converge in ``WARM_MAX_ITERATIONS``."""
+    if previous is None or previous.shape[0] != gram.shape[0] or not warm.usable(gram, ridge, samples):
+        return None
+    start = torch.cat([previous, previous.new_zeros(previous.shape[0], cross.shape[1] - previous.shape[1])], 1)
+    result = solve_warm(gram, cross, ridge, warm, start.to(gram), max_iter=WARM_MAX_ITERATIONS)
+    if result is not None:
+        warm.slow = 4 * result.refinement_steps > 3 * WARM_MAX_ITERATIONS
+    return result
+
+
+class WarmFactor:
+    """The float32 Cholesky factor of ``G0 + ridge I`` from the last full solve and the rows added since, in
+    float32; derived state, never saved: a router without one solves in full."""
+
+    def __init__(self, factor: Tensor, ridge: float, samples: int) -> None:
+        self.factor, self.ridge, self.samples = factor, ridge, samples
+        self.capacity = max(1, int(factor.shape[0] * WARM_ROWS_PER_WIDTH))
+        self.count = 0  #: rows recorded since the factor
+        self.solved = 0  #: rows whose triangular solve is in ``basis``
+        self.overflow = False  #: more rows came than ``capacity``: the next solve is a full one
+        self.slow = False  #: the last warm solve used over 3/4 of its iterations: refactorise next time
+        self.rows: Optional[Tensor] = None  # (capacity, M) float32, allocated with the first row
+        self.basis: Optional[Tensor] = None  # (capacity, M) float32: U L^-T, row-major for the products with it
+        self.capacitance: Optional[Tensor] = None  # (capacity, capacity) float64: I + basis^T basis
+        self._capacitance_factor: Optional[Tensor] = None
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the factor, the rows, their triangular solves and the small capacitance matrix."""
+        held = (self.factor, self.rows, self.basis, self.capacitance)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+    def record(self, phi: Tensor) -> None:
+        """Keep the expanded rows ``phi`` that are added to ``G`` (in float32: they only shape the preconditioner)."""
+        if self.overflow or self.count + phi.shape[0] > self.capacity:
+            self.overflow, self.rows, self.basis, self.capacitance = True, None, None, None
+            return
+        if self.rows is None:
+            with torch.inference_mode(False):  # written by later updates, inside inference mode or not
+                self.rows = self.factor.new_empty(self.capacity, self.factor.shape[0])
+        self.rows[self.count:self.count + phi.shape[0]].copy_(phi)
+        self.count += phi.shape[0]
+
+    def usable(self, gram: Tensor, ridge: float, samples: int) -> bool:
+        """Whether ``(gram + ridge I)``, with ``samples`` accumulated, is this factor's system plus the rows
+        recorded (a merge, a reset or a load changes the samples without rows: a full solve)."""
+        same_system = (self.ridge == ridge and self.factor.shape == gram.shape and self.factor.device == gram.device)
+        return same_system and not self.slow and not self.overflow and samples - self.samples == self.count
+
+    def prepare(self) -> None:
+        """Triangular solves of the rows recorded since the last call, and the capacitance factor."""
+        new = slice(self.solved, self.count)
+        if new.start < new.stop:
+            if self.basis is None:
+                with torch.inference_mode(False):  # written by later solves, inside inference mode or not
+                    self.basis = self.factor.new_empty(self.capacity, self.factor.shape[0])
+                    self.capacitance = torch.eye(self.capacity, dtype=torch.float64, device=self.factor.device)
+            # X L^T = U: the new rows' triangular solve, O(k M^2), the warm solve's main cost
+            solved = torch.linalg.solve_triangular(self.factor.mT, self.rows[new], upper=True, left=False)
+            self.basis[new] = solved
+            products = (self.basis[:self.count] @ solved.t()).double()
+            self.capacitance[:self.count, new] += products
+            self.capacitance[new, :new.start] = products[:new.start].t()
+            self.solved = self.count
+        if self.count:
+            self._capacitance_factor = torch.linalg.cholesky(self.capacitance[:self.count, :self.count])
+
+    def apply(self, vectors: Tensor) -> Tensor:
+        """``(L L^T + U^T U)^-1 vectors`` to float32 accuracy (Woodbury), in float64; ``prepare`` first."""
+        lower = torch.linalg.solve_triangular(self.factor, vectors.to(self.factor.dtype), upper=False)
+        if self.count:
+            basis = self.basis[:self.count]
+            weights = torch.cholesky_solve((basis @ lower).double(), self._capacitance_factor).to(basis.dtype)
+            lower = lower - (weights.t() @ basis).t()  # as x^T B: a transposed left operand is slow (_ridge)
+        return torch.linalg.solve_triangular(self.factor.mT, lower, upper=True).double()
+
+
+def warm_converged(residual: float, previous: float, solution: float, scale: float, width: int) -> bool:
+    """The warm solve's stopping test on the true residual's largest entry ``residual`` (``previous``: at the
+    last check): ``residual <= scale * solution`` (``scale = eps64 ||A||``, ``solution = max|x|``), or stalled
+    (less than halved since ``previous``) within ``sqrt(M)`` times that, as LAPACK ``dsposv`` accepts."""
+    stalled = residual >= 0.5 * previous and residual <= math.sqrt(width) * scale * solution
+    return residual <= scale * solution or stalled
+
+
+def solve_warm(gram: Tensor, cross: Tensor, ridge: float, warm: WarmFactor, start: Tensor, *,
+               max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS) -> Optional[RidgeSolution]:
+    """Conjugate gradients on ``(G + ridge I) X = Q`` from ``start``, preconditioned by ``warm``; ``None`` when
+    it does not converge in ``max_iter`` steps.
+
+    Each column runs its own CG (Polak-Ribiere ``beta``, robust to the float32 preconditioner's rounding). It
+    stops on the true float64 residual by the mixed solver's test, ``||r|| <= eps64 ||A|| ||x||`` (infinity
+    norms), or LAPACK ``dsposv``'s ``sqrt(M)`` looser one once a restart from the true residual no longer gains
+    (``warm_converged``). The recurrence's residual only says when to compute the true one.
+    """
+    eps = torch.finfo(torch.float64).eps
+    norm = float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge
+    warm.prepare()
+
+    def system_times(vectors: Tensor) -> Tensor:
+        return symmetric_matmul(gram, vectors, panel_rows) + ridge * vectors
+
+    solution, steps, previous_true = start.clone(), 0, math.inf
+    while True:
+        residual = cross - system_times(solution)  # the true residual: a check, and a restart
+        size_r = float(residual.abs().max())
+        if warm_converged(size_r, previous_true, float(solution.abs().max()), eps * norm, gram.shape[0]):
+            return RidgeSolution(solution, ridge, "warm", diagonal_ratio_squared(warm.factor), torch.float64, steps)
+        if steps >= max_iter:
+            return None
+        previous_true = size_r
+        steps = _conjugate_gradients(system_times, warm.apply, solution, residual, eps * norm, steps, max_iter)
+
+
+def _conjugate_gradients(system_times: Callable[[Tensor], Tensor], precondition: Callable[[Tensor], Tensor],
+                         solution: Tensor, residual: Tensor, tolerance: float, steps: int, max_iter: int) -> int:
+    """Preconditioned CG steps on ``solution`` (in place) from its true ``residual`` until the recurrence's
+    residual meets ``tolerance * max|x|`` or ``max_iter`` steps in all; returns the steps taken in all."""
+    preconditioned = precondition(residual)
+    direction = preconditioned.clone()
+    product = (residual * preconditioned).sum(dim=0)
+    tiny = torch.finfo(product.dtype).tiny
+    while steps < max_iter:
+        steps += 1
+        image = system_times(direction)
+        curvature = (direction * image).sum(dim=0)
+        alpha = torch.where(curvature > 0, product / curvature.clamp_min(tiny), torch.zeros_like(product))
+        solution.addcmul_(direction, alpha)
+        residual.sub_(image * alpha)
+        if float(residual.abs().max()) <= tolerance * float(solution.abs().max()):
+            break
+        previous = preconditioned
+        preconditioned = precondition(residual)
+        updated = (residual * (preconditioned - previous)).sum(dim=0)
+        beta = torch.where(product > 0, updated / product.clamp_min(tiny), torch.zeros_like(product)).clamp_min(0)
+        direction = preconditioned + direction * beta
+        product = (residual * preconditioned).sum(dim=0)
+    return steps

@@ -1,0 +1,146 @@
+"""AnalyticRouter's warm solves (conjugate gradients preconditioned by the last full solve's factor and the rows
+added since): the answer against a full factorisation within float64 rounding, a stale answer caught by the same
+bound, and when each path runs, tested by its rule (never by timing)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ridge_bounds import assert_same_solution
+from test_router import clustered
+
+from fly_modules import AnalyticRouter, _ridge, _warm
+
+RIDGE = 10.0
+
+
+@pytest.fixture
+def warm_everywhere(monkeypatch):
+    """Warm solves from any M on the CPU, with up to M rows kept, so the small systems of the tests take them."""
+    monkeypatch.setitem(_warm.WARM_MIN_WIDTH, "cpu", 1)
+    monkeypatch.setattr(_warm, "WARM_ROWS_PER_WIDTH", 1.0)
+
+
+def streamed_router(solver: str = "auto", experts: int = 3, samples: int = 2000) -> AnalyticRouter:
+    features, ids = clustered(samples + 400, 16, experts, seed=4)
+    router = AnalyticRouter(16, experts, expansion_dim=300, ridge=RIDGE, solver=solver)
+    router.update(features[:samples], ids[:samples])
+    router.solve()  # the full solve whose factor the next ones start from
+    router.update(features[samples:samples + 100], ids[samples:samples + 100])  # 5% more: a warm solve next
+    router.stream = (features[samples + 100:], ids[samples + 100:])  # rows left for the test
+    return router
+
+
+def full_solution(router: AnalyticRouter) -> torch.Tensor:
+    return _ridge.solve_cholesky(router.gram, router.cross, RIDGE).weights
+
+
+@pytest.mark.parametrize("solver", ["auto", "mixed"])
+def test_warm_solve_agrees_with_the_full_factorisation(warm_everywhere, solver):
+    router = streamed_router(solver)
+    warm = router.solve()
+    assert router.solver_ == "warm" and router.solve_steps_ > 0
+    assert_same_solution(warm, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_a_stale_warm_solution_fails_the_bound(warm_everywhere, monkeypatch):
+    """The planted bug: the warm start accepted without its convergence check returns the last solution."""
+    router = streamed_router()
+    monkeypatch.setattr(_warm, "warm_converged", lambda *args: True)
+    stale = router.solve()
+    assert router.solver_ == "warm" and router.solve_steps_ == 0
+    with pytest.raises(AssertionError, match="beyond float64 rounding"):
+        assert_same_solution(stale, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_new_experts_start_from_zero_columns(warm_everywhere):
+    router = streamed_router()
+    features, ids = router.stream
+    router.add_expert()
+    router.update(features[:50], torch.full((50,), 3))
+    warm = router.solve()
+    assert router.solver_ == "warm" and warm.shape == (300, 4)
+    assert_same_solution(warm, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_more_rows_than_kept_or_samples_without_rows_factorise(warm_everywhere):
+    features, ids = clustered(2000, 16, 3, seed=4)
+    router = AnalyticRouter(16, 3, expansion_dim=300, ridge=RIDGE)
+    router.update(features[:1000], ids[:1000])
+    router.solve()
+    assert router.solver_ == "cholesky"  # auto below 3,072 on a CPU; its factor is kept
+    router.update(features[1000:1301], ids[1000:1301])  # 301 rows: one more than the 300 kept
+    router.solve()
+    assert router.solver_ == "cholesky"
+    router.update(features[1301:1601], ids[1301:1601])  # exactly 300: warm
+    router.solve()
+    assert router.solver_ == "warm"
+    other = AnalyticRouter(16, 3, expansion_dim=300, ridge=RIDGE)
+    other.update(features[1601:1611], ids[1601:1611])
+    router.merge_(other)  # samples whose rows the factor never saw
+    router.solve()
+    assert router.solver_ == "cholesky"
+
+
+def test_a_changed_ridge_or_an_exact_solver_factorises(warm_everywhere):
+    router = streamed_router()
+    router.ridge = 2 * RIDGE
+    router.solve()
+    assert router.solver_ == "cholesky"
+    for solver in ("cholesky", "eigh"):
+        router.solver = solver
+        router.update(*(t[:10] for t in router.stream))
+        router.solve()
+        assert router.solver_ == solver
+
+
+def test_a_warm_solve_out_of_iterations_falls_back_and_refactorises(warm_everywhere, monkeypatch):
+    router = streamed_router()
+    monkeypatch.setattr(_warm, "WARM_MAX_ITERATIONS", 1)
+    solution = router.solve()
+    assert router.solver_ == "cholesky"
+    assert router._warm is not None and router._warm.samples == router.num_samples  # the new factor
+    assert_same_solution(solution, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_a_slow_warm_solve_makes_the_next_one_full(warm_everywhere):
+    router = streamed_router()
+    router.solve()
+    assert router.solver_ == "warm"
+    router._warm.slow = True  # as after a solve that used over 3/4 of its iterations
+    router.update(*(t[:10] for t in router.stream))
+    router.solve()
+    assert router.solver_ == "cholesky"
+
+
+def test_the_width_rule_keeps_small_systems_and_other_devices_on_full_solves():
+    assert not _warm.warm_enabled(torch.device("cpu"), _warm.WARM_MIN_WIDTH["cpu"] - 1)
+    assert _warm.warm_enabled(torch.device("cpu"), _warm.WARM_MIN_WIDTH["cpu"])
+    assert not _warm.warm_enabled(torch.device("cuda"), 10_000)  # not measured there
+    for solver, path in (("auto", "cholesky"), ("mixed", "mixed")):
+        router = streamed_router(solver)
+        router.solve()
+        assert router.solver_ == path and router._warm is None  # nothing kept where it cannot be used
+
+
+def test_a_forgotten_factor_means_a_full_solve(warm_everywhere):
+    router = streamed_router()
+    router._forget_factor()
+    router.solve()
+    assert router.solver_ == "cholesky"
+
+
+def test_warm_solves_inside_and_outside_inference_mode(warm_everywhere):
+    router = streamed_router()
+    features, ids = router.stream
+    with torch.inference_mode():
+        router.solve()  # allocates the triangular solves of the rows
+        router.update(features[:10], ids[:10])  # the first rows kept since the factor
+    router.update(features[10:20], ids[10:20])
+    router.solve()
+    assert router.solver_ == "warm"
+    with torch.inference_mode():
+        router.update(features[20:30], ids[20:30])
+        warm = router.solve()
+    assert router.solver_ == "warm"
+    assert_same_solution(warm, full_solution(router), router.gram_matrix(), RIDGE)
