@@ -130,8 +130,7 @@ class Retrofit:
         self.family = family
         self.router = router
         self.ensemble = ensemble
-        # what moved the classifier since the last end_batch (the no-EMA warning's cause)
-        self._classifier_steps = None if ensemble is None else ClassifierSteps(ensemble)
+        self._classifier_steps = None if ensemble is None else ClassifierSteps(ensemble)  # the no-EMA warning's cause
         self.schedule = schedule
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.current_expert = int(current_expert)

@@ -306,3 +306,15 @@ def _gcv_ridge(eigenvalues: Tensor, rotated: Tensor, grid: Optional[Sequence[flo
     gcv = num_samples * rss.clamp_min(0) / (num_samples - dof).pow(2)
     gcv = torch.where(dof < num_samples - 1e-9, gcv, torch.full_like(gcv, math.inf))
     return float(candidates[int(torch.argmin(gcv))])
+
+
+def conditioning_message(result: RidgeSolution, largest_diagonal: float) -> str:
+    """The router's warning for an ill-conditioned solve: how far off the weights may be, and the fix."""
+    suggested = suggested_ridge(result.ridge, largest_diagonal, result.precision)
+    return (
+        f"AnalyticRouter: (G + ridge*I) is ill-conditioned (condition number ~{result.condition:.2g} with "
+        f"ridge={result.ridge:g}, solver {result.solver!r} in {result.precision}): the routing weights may be "
+        f"off by up to {error_bound(result):.2g} relative. Increase `ridge` (e.g. to {suggested:.3g}) "
+        f"or pass ridge='auto'"
+        + (", or accumulate in float64 (stats_dtype=torch.float64)." if result.precision != torch.float64 else ".")
+    )

@@ -17,8 +17,8 @@ from typing import Any, Dict, Literal, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import _blocked, _ridge, _warm
-from ._checkpoint import check_entry, check_settings, checkpoint_entries, holds_any
+from . import _blocked, _ridge, _router_state, _warm
+from ._checkpoint import check_settings, checkpoint_entries, holds_any
 from ._ridge import RouterSolveError
 from ._validation import (
     SHARED_PARAMETERS,
@@ -360,6 +360,7 @@ class AnalyticRouter(nn.Module):
     def reset_statistics(self) -> None:
         """Zero ``G``, ``Q`` and the counts (keeps the experts and the random expansion)."""
         self._pending.discard()
+        self._forget_factor()
         self.gram.zero_()
         self.cross.zero_()
         self.counts.zero_()
@@ -408,7 +409,7 @@ class AnalyticRouter(nn.Module):
         self.flush()
         result = self._solve_warm() or self._solve_system()
         if _ridge.error_bound(result) > _UNRELIABLE_ERROR_BOUND:
-            warnings.warn(_conditioning_message(result, float(self.gram.diagonal().max())),
+            warnings.warn(_ridge.conditioning_message(result, float(self.gram.diagonal().max())),
                           RouterConditioningWarning, stacklevel=_user_stacklevel())
         if result.factor is not None and self._warm_allowed():
             self._warm = _warm.WarmFactor(result.factor, result.ridge, self.num_samples)
@@ -500,12 +501,16 @@ class AnalyticRouter(nn.Module):
         if keep_solvable_precision(probe) is not probe:
             self.flush()
             self._pending.release()
+            self._forget_factor()
         return super()._apply(keep_solvable_precision, *args, **kwargs)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # type: ignore[no-untyped-def]
         # A checkpoint holds every row added so far: the folded ones in G and Q, the pending ones as
         # they wait. Saving folds nothing, so a resumed run folds where the uninterrupted one does and
         # continues bit for bit on any CPU (a fold at the save would change G's summation order).
+        # For the same reason a save is a solve boundary: the warm-solve factor is not saved, so the next solve
+        # is a full one in the run that saved as in the one resumed (docs/router.md, "Warm solves").
+        self._forget_factor()
         super()._save_to_state_dict(destination, prefix, keep_vars)
         phi, ids = self._pending.saved()
         destination[prefix + "pending_phi"] = phi.to(self.gram.device, self.gram.dtype).reshape(-1, self.expansion_dim)
@@ -550,8 +555,8 @@ class AnalyticRouter(nn.Module):
         has_settings = extra_key in state_dict
         if has_settings:
             self._check_saved_settings(state_dict[extra_key])
-        self._check_statistics(entries, prefix)
-        pending = self._saved_pending_rows(state_dict, prefix, experts=entries["cross"].shape[1])
+        _router_state.check_statistics(entries, prefix, tuple(self.expansion.weight.shape))
+        pending = _router_state.saved_pending_rows(state_dict, prefix, self.expansion_dim, entries["cross"].shape[1])
         # Q and the counts grow with the experts: take the checkpoint's expert count.
         experts = entries["cross"].shape[1]
         if experts != self.num_experts:
@@ -560,7 +565,7 @@ class AnalyticRouter(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         if not has_settings and extra_key in missing_keys:
             missing_keys.remove(extra_key)
-        for name in _PENDING_ENTRIES:
+        for name in _router_state.PENDING_ENTRIES:
             if prefix + name in unexpected_keys:
                 unexpected_keys.remove(prefix + name)
         # The checkpoint's pending rows replace the rows added since (none in checkpoints before version 3).
@@ -568,34 +573,8 @@ class AnalyticRouter(nn.Module):
         capacity = self.fold_rows or _blocked.default_fold_rows(self.expansion_dim, self.gram.device)
         self._pending.restore(phi.to(self.gram), ids.to(self.gram.device, torch.long), capacity)
         self._solution = None
+        self._forget_factor()
         self._mark_stale()
-
-    def _saved_pending_rows(self, state_dict: Dict[str, Any], prefix: str, experts: int) -> Tuple[Tensor, Tensor]:
-        """The checkpoint's pending rows and ids, checked (empty when it predates them: version < 3)."""
-        caller = "AnalyticRouter.load_state_dict"
-        if not holds_any(state_dict, prefix, _PENDING_ENTRIES):
-            return self.gram.new_zeros(0, self.expansion_dim), torch.zeros(0, dtype=torch.long)
-        entries = checkpoint_entries(state_dict, prefix, _PENDING_ENTRIES, caller=caller)
-        phi, ids = entries["pending_phi"], entries["pending_ids"]
-        check_entry(phi, prefix + "pending_phi", (None, self.expansion_dim), caller=caller)
-        check_entry(ids, prefix + "pending_ids", (phi.shape[0],), caller=caller, integer=True)
-        if ids.numel() and not bool(((ids >= 0) & (ids < experts)).all()):
-            raise InvalidParameterError(
-                f"{caller}: checkpoint entry {prefix}pending_ids holds expert ids outside 0..{experts - 1} "
-                f"(the checkpoint's {experts} experts)"
-            )
-        return phi, ids
-
-    def _check_statistics(self, entries: Dict[str, Tensor], prefix: str) -> None:
-        caller = "AnalyticRouter.load_state_dict"
-        width, dim = self.expansion.weight.shape
-        layout = "build the router with in_features and expansion_dim of the checkpoint's router"
-        check_entry(entries["expansion.weight"], prefix + "expansion.weight", (width, dim), caller=caller, fix=layout)
-        m = self.expansion_dim
-        check_entry(entries["gram"], prefix + "gram", (m, m), caller=caller, fix=layout)
-        check_entry(entries["cross"], prefix + "cross", (m, None), caller=caller, fix=layout)
-        experts = entries["cross"].shape[1]
-        check_entry(entries["counts"], prefix + "counts", (experts,), caller=caller, integer=True)
 
     def extra_repr(self) -> str:
         return (
@@ -605,8 +584,6 @@ class AnalyticRouter(nn.Module):
 
 
 # ====================================================================================== helpers
-#: checkpoint entries of the rows not yet folded into G and Q (version 3 on)
-_PENDING_ENTRIES = ("pending_phi", "pending_ids")
 _INTERNAL_DIRECTORIES = (os.path.dirname(__file__) + os.sep, os.path.dirname(torch.__file__) + os.sep)
 
 
@@ -616,14 +593,3 @@ def _user_stacklevel() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRECTORIES):
         level, frame = level + 1, frame.f_back
     return level
-
-
-def _conditioning_message(result: _ridge.RidgeSolution, largest_diagonal: float) -> str:
-    suggested = _ridge.suggested_ridge(result.ridge, largest_diagonal, result.precision)
-    return (
-        f"AnalyticRouter: (G + ridge*I) is ill-conditioned (condition number ~{result.condition:.2g} with "
-        f"ridge={result.ridge:g}, solver {result.solver!r} in {result.precision}): the routing weights may be "
-        f"off by up to {_ridge.error_bound(result):.2g} relative. Increase `ridge` (e.g. to {suggested:.3g}) "
-        f"or pass ridge='auto'"
-        + (", or accumulate in float64 (stats_dtype=torch.float64)." if result.precision != torch.float64 else ".")
-    )

@@ -11,15 +11,16 @@ import torch
 torch.set_num_threads(1)
 
 
-def _fold_rounded_apart(gram, phi, panel_rows=None):
+def _fold_rounded_apart(gram, phi, panel_rows=None, product_dtype=None):
     """``G += phi^T phi`` with the product rounded on its own before it is added: where the CPU's BLAS
     accumulates into ``G`` row by row (so one update of ``a + b`` rows equals two of ``a`` and ``b``), this
     makes the fold's rounding depend on how the rows were split, as other CPUs' BLAS does (MKL with
     AVX-512). ``FLY_MODULES_TEST_FOLD_ROUNDING=apart python -m pytest`` runs the suite so."""
     from fly_modules import _ridge
 
+    rows = phi.to(product_dtype or gram.dtype)
     for start, stop in _ridge.panels(gram.shape[0], panel_rows or _ridge.PANEL_ROWS):
-        gram[start:stop, :stop] += phi[:, start:stop].t() @ phi[:, :stop]
+        gram[start:stop, :stop] += rows[:, start:stop].t() @ rows[:, :stop]
 
 
 if os.environ.get("FLY_MODULES_TEST_FOLD_ROUNDING") == "apart":

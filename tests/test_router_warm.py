@@ -144,3 +144,23 @@ def test_warm_solves_inside_and_outside_inference_mode(warm_everywhere):
         warm = router.solve()
     assert router.solver_ == "warm"
     assert_same_solution(warm, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_a_save_is_a_solve_boundary_so_a_resumed_router_solves_as_the_uninterrupted_one(warm_everywhere):
+    """The warm factor is not saved: the run that saves and the run resumed from its checkpoint both solve in
+    full next, then warm from the same factor, so their solutions stay the same bit for bit."""
+    router = streamed_router()
+    features, ids = router.stream
+    checkpoint = router.state_dict()
+    resumed = AnalyticRouter(16, 3, expansion_dim=300, ridge=RIDGE)
+    resumed.load_state_dict(checkpoint)
+    paths = {}
+    for name, run in (("saved", router), ("resumed", resumed)):
+        paths[name] = []
+        for start in (0, 50):
+            run.update(features[start:start + 50], ids[start:start + 50])
+            run.solve()
+            paths[name].append(run.solver_)
+    assert paths["saved"] == paths["resumed"] and paths["saved"][1] == "warm"
+    assert paths["saved"][0] != "warm"  # the save dropped the factor in the run that saved, too
+    assert torch.equal(router.weight, resumed.weight)
