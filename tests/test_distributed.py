@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
-import traceback
 from datetime import timedelta
 
 import pytest
@@ -12,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from ridge_bounds import assert_same_solution
+from spawned_rank import leave_after
 
 from fly_modules import AnalyticRouter, _compat
 from fly_modules.distributed import all_gather_update, all_reduce_statistics
@@ -33,17 +32,7 @@ def _data():
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    """Each rank leaves with os._exit, so the process group is never torn down: before torch 2.8 its gloo
-    destructor can deadlock on the GIL with a worker thread still dropping a finished collective's
-    tensor (docs/router.md), whatever the barrier before it; the rank's result is on disk by then."""
-    try:
-        _collectives(rank, init_file, out_dir)
-    except BaseException:  # noqa: BLE001 - shown, then a non-zero exit for mp.spawn to report
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    os._exit(0)
-
+    leave_after(_collectives, rank, init_file, out_dir)
 
 def _collectives(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)

@@ -8,8 +8,6 @@ the single-process references and compares."""
 from __future__ import annotations
 
 import os
-import sys
-import traceback
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Tuple
@@ -18,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from spawned_rank import leave_after
 from torch import Tensor, nn
 
 pytest.importorskip("timm")
@@ -106,16 +105,7 @@ class Run:
 
 # ------------------------------------------------------------------------------------------ the ranks
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    """Each rank leaves with os._exit, so the process group is never torn down (before torch 2.8 the gloo
-    destructor can deadlock; tests/test_distributed.py); the rank's results are on disk by then."""
-    try:
-        _ranks(rank, init_file, out_dir)
-    except BaseException:  # noqa: BLE001 - shown, then a non-zero exit for mp.spawn to report
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    os._exit(0)
-
+    leave_after(_ranks, rank, init_file, out_dir)
 
 def _ranks(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
