@@ -150,17 +150,38 @@ class Record:
 
     def experts_for(self, features: Tensor) -> Tensor:
         """The router's (or the forced) ``(B,)`` experts of ``features``, in any mode; nothing recorded."""
-        forced = self.forced
-        if isinstance(forced, Tensor):  # one expert per sample (verify's batch-independence check)
-            if forced.shape != (features.shape[0],):
-                raise RuntimeError(
-                    f"Retrofit: {forced.numel()} forced experts for a routed call of {features.shape[0]} samples"
-                )
-            return forced.to(device=features.device, dtype=torch.long)
-        if forced is not None:
-            return torch.full((features.shape[0],), forced, dtype=torch.long, device=features.device)
+        if self.forced is not None:
+            return self.forced_experts(features.shape[0], features.device)
         router = self.handle.router
         return router.route(features.to(router.device))
+
+    def forced_experts(self, size: int, device: torch.device) -> Tensor:
+        """The forced ``(size,)`` experts (:meth:`forcing`): no router features needed."""
+        forced = self.forced
+        if isinstance(forced, Tensor):  # one expert per sample (verify's batch-independence check)
+            if forced.shape != (size,):
+                raise RuntimeError(f"Retrofit: {forced.numel()} forced experts for a routed call of {size} samples")
+            return forced.to(device=device, dtype=torch.long)
+        return torch.full((size,), int(forced), dtype=torch.long, device=device)
+
+    def route_forced_unqueried(self, size: Optional[int], device: torch.device) -> Optional[Tensor]:
+        """The forced experts of an inference call made before any query was recorded (a pass of the loop that
+        runs the model before the query module, wrapped in ``handle.forcing(...)``: forcing asks the router
+        nothing), recorded as :attr:`routed`; ``None`` when that is not the case (a query was recorded, nothing is
+        forced, training, not routed, or inside ``verify()``, whose query checks need the recorded query)."""
+        if self.forced is None or self.eval_query is not None or self.verifying or self.training:
+            return None
+        if not self.routing_active():
+            return None
+        if size is None:
+            size = self.forced.shape[0] if isinstance(self.forced, Tensor) else None
+        if size is None:
+            raise RuntimeError(
+                f"{self.caller}: an expert is forced but the routed call has no tensor argument to size the batch; "
+                "force one expert per sample (handle.forcing(torch.full((B,), expert)))"
+            )
+        self.routed = self.forced_experts(size, device)
+        return self.routed
 
     def route(self, features: Tensor) -> Optional[Tensor]:
         """The routed ``(B,)`` experts of an inference call, recorded as :attr:`routed`; ``None`` when the call
