@@ -21,6 +21,7 @@ expert ``e`` gets the slots ``[5e, 5e + 5)``, as the l2p family's key slices), t
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from benchmarks.upstream.checks import ROUTER_OPTIONS, Settings, one_line, run_c
 from benchmarks.upstream.harnesses._prompt_options import l2p_prompt
 from benchmarks.upstream.harnesses._task_loop import TaskLoopPair
 from benchmarks.upstream.loading import quiet
+from benchmarks.upstream.pair import active_handle
 from benchmarks.upstream.task_stream import make_stream
 
 POOL, TOP_K = 10, 5
@@ -88,8 +90,10 @@ class PGPL2P(TaskLoopPair):
         mem = self.memory_images(ctx, task)
         ctx.model.eval()
         ctx.original_model.eval()
+        handle = active_handle(ctx)
         with torch.no_grad():  # memory.get_rep: the model first, then original_model
-            ctx.model(mem, task_id=task, train=False)
+            with contextlib.nullcontext() if handle is None else handle.forcing(handle.current_expert):
+                ctx.model(mem, task_id=task, train=False)  # the user's line above: no query recorded yet
             rep = ctx.model.act["rep"].reshape(MEMORY, -1).numpy()
             rep_key = ctx.original_model(mem, train=False)["pre_logits"].numpy()
         rep = self.pca(n_components=9).fit_transform(rep)
@@ -104,30 +108,31 @@ class PGPL2P(TaskLoopPair):
         ctx.key_feature = self.memory.update_memory(rep_key, 0.97, ctx.key_feature)
 
     def probes(self, ctx, adapters):
-        """(q, informational) the query the routed memory pass of task 1 is given: memory.get_rep runs the model
-        before original_model, so no query of these images is recorded when the model's routed call runs."""
-        handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer, **ROUTER_OPTIONS,
-                                   **self.family_options(ctx))
-        queries, route, title = [], handle.router.route, "the task-1 memory pass (model before original_model)"
-        try:
-            with quiet():
-                self.start_task(ctx, 0, True)
-                for x, y in ctx.train_stream[0]:
-                    self.train_batch(ctx, x, y, 0)
-                    handle.end_batch(len(x))
-                handle.router.route = lambda features: queries.append(features.detach().clone()) or route(features)
-                self.update_projection(ctx, 1)
-        except Exception as error:  # noqa: BLE001 - a refusal to route it is a result
-            return [("q", "INFO", f"{title} raises", one_line(error, 400))]
-        finally:
-            vars(handle.router).pop("route", None)
-            handle.remove()
-        with torch.no_grad():
-            own, previous = (ctx.original_model(self.memory_images(ctx, t))["pre_logits"] for t in (1, 0))
-        found = [("these images' own features", own), ("the task-0 memory batch's features", previous)]
-        named = [name for q in queries for name, features in found if torch.equal(q, features)]
-        return [("q", "INFO", f"{title} is routed on",
-                 f"{len(queries)} routed call(s), query = {named or 'neither'}")]
+        """(q, informational) the task-1 memory pass: memory.get_rep runs the model before original_model, so no
+        query of these images is recorded when the model's routed call runs. Without the user's ``forcing`` line
+        it raises (never another batch's query); with it, the pass is routed to the forced expert."""
+        rows = []
+        for forced in (False, True):
+            handle = ctx.handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer,
+                                                    **ROUTER_OPTIONS, **self.family_options(ctx))
+            title = "the task-1 memory pass (model before original_model)" + (
+                ", inside handle.forcing(handle.current_expert)" if forced else ", unforced")
+            try:
+                with quiet():
+                    self.start_task(ctx, 0, True)
+                    for x, y in ctx.train_stream[0]:
+                        self.train_batch(ctx, x, y, 0)
+                        handle.end_batch(len(x))
+                    if not forced:
+                        ctx.handle = None
+                    self.update_projection(ctx, 1)
+                rows.append(("q", "INFO", f"{title} runs", f"routed to experts {handle.record.routed.tolist()}"))
+            except Exception as error:  # noqa: BLE001 - a refusal to route it is a result
+                rows.append(("q", "INFO", f"{title} raises", one_line(error, 300)))
+            finally:
+                ctx.handle = None
+                handle.remove()
+        return rows
 
     def train_options(self, ctx):
         return dict(feature_mat=ctx.feature_mat, key_feature_mat=ctx.key_feature_mat)
