@@ -39,7 +39,8 @@ class Record:
         routed_query: inside ``verify()``, the features :meth:`route` was last asked to route.
         used: experts the model's output shows that forward used (``None``: not observable).
         trained: experts whose prompts the latest training forward used.
-        ensembled: ensemble banks the latest ensembled inference used (an int: one bank for all).
+        ensembled: ensemble banks the latest ensembled inference used (an int: one bank for all; a list,
+            inside ``verify()``: the banks of every per-expert classifier that answered).
         forced: the experts routed inference answers instead of asking the router (:meth:`forcing`).
         verifying: inside ``verify()``: every routed call is observed.
         confirmed: experts seen taking effect once (observation stops when all were).
@@ -70,7 +71,7 @@ class Record:
         self.forward_training = False
         self.used: Optional[Tensor] = None
         self.trained: Optional[Tensor] = None
-        self.ensembled: Union[int, Tensor, None] = None
+        self.ensembled: Union[int, Tensor, List[int], None] = None
         self.forced: Union[int, Tensor, None] = None
         self.verifying = False
         self.confirmed: Set[int] = set()
