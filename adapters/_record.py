@@ -42,6 +42,8 @@ class Record:
         ensembled: ensemble banks the latest ensembled inference used (an int: one bank for all; a list,
             inside ``verify()``: the banks of every per-expert classifier that answered).
         forced: the experts routed inference answers instead of asking the router (:meth:`forcing`).
+        unrouted: inside :meth:`unrouting`: inference is not routed (the codebase's own selection) and records
+            nothing (a pass of the method's own, e.g. class statistics at a task end).
         verifying: inside ``verify()``: every routed call is observed.
         confirmed: experts seen taking effect once (observation stops when all were).
         warned_no_ema: ``end_batch`` warned once that the EMA copies did not move.
@@ -73,6 +75,7 @@ class Record:
         self.trained: Optional[Tensor] = None
         self.ensembled: Union[int, Tensor, List[int], None] = None
         self.forced: Union[int, Tensor, None] = None
+        self.unrouted = False
         self.verifying = False
         self.confirmed: Set[int] = set()
         self.warned_no_ema = False
@@ -121,6 +124,8 @@ class Record:
         if banks is not None and handle.ensemble is None:
             banks = None
         if not self.training:
+            if self.unrouted:
+                return
             if query is not None:
                 self.eval_query = query.detach()
             if banks is not None:
@@ -145,7 +150,7 @@ class Record:
     def routing_active(self) -> bool:
         """Whether inference is routed now: the router is on and fitted (or an expert is forced)."""
         handle = self.handle
-        if handle.router is None or handle.removed:
+        if handle.router is None or handle.removed or self.unrouted:
             return False
         return self.forced is not None or handle.router.num_samples > 0
 
@@ -279,6 +284,15 @@ class Record:
             yield
         finally:
             self.forced = before
+
+    @contextlib.contextmanager
+    def unrouting(self) -> Iterator[None]:
+        """Inside the block, inference is not routed and records nothing (:attr:`unrouted`)."""
+        before, self.unrouted = self.unrouted, True
+        try:
+            yield
+        finally:
+            self.unrouted = before
 
     @contextlib.contextmanager
     def observing(self) -> Iterator[None]:

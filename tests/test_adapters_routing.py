@@ -107,6 +107,32 @@ def test_forcing_routes_a_call_made_before_the_query_module_ran():
     handle.remove()
 
 
+def test_unrouted_keeps_the_codebases_own_selection_and_records_nothing():
+    """HiDe-PET's class statistics call the model in eval mode under ``no_grad`` with the task they are about
+    (``model(x, task_id=t, train=True)``): routing it would replace that task. Inside ``handle.unrouted()`` the
+    call keeps its own selection, needs no query, and leaves nothing for the next forward or ``end_batch``."""
+    net, x = SelectionNet(), _batch()
+    own = [_selected(net, x, expert) for expert in range(E)]
+    handle = generic.retrofit(net, num_experts=E, query_module=net.query, route_kwarg="selection", route_module=net,
+                              ensemble=False, train_in_eval=True, **ROUTER)
+    net.train()
+    net(x, train=True)
+    handle.end_batch()
+    net.eval()
+    with torch.no_grad():
+        net.query(x)
+        net(x, torch.zeros(B, dtype=torch.long))  # outside the block the call's own selection is replaced
+    assert handle.record.routed is not None
+    for expert in range(E):
+        handle.record.routed = None
+        with torch.no_grad(), handle.unrouted():
+            out = net(x, torch.full((B,), expert, dtype=torch.long))
+            net.query(x)  # a query pass after the model (PGP's memory pass) is not left for the next forward
+        assert torch.equal(out, own[expert]) and handle.record.routed is None
+        assert handle.record.eval_query is None and handle.record.query is None and handle.record.size is None
+    handle.remove()
+
+
 def test_the_routed_value_replaces_the_argument_where_the_call_passes_it():
     def forward(inputs, selection=None, train=False, *, scale=1.0, **options):
         return None
