@@ -92,8 +92,8 @@ class PGPL2P(TaskLoopPair):
         ctx.original_model.eval()
         handle = active_handle(ctx)
         with torch.no_grad():  # memory.get_rep: the model first, then original_model
-            with contextlib.nullcontext() if handle is None else handle.forcing(handle.current_expert):
-                ctx.model(mem, task_id=task, train=False)  # the user's line above: no query recorded yet
+            with contextlib.nullcontext() if handle is None else handle.unrouted():
+                ctx.model(mem, task_id=task, train=False)  # the user's line above: the model's own selection
             rep = ctx.model.act["rep"].reshape(MEMORY, -1).numpy()
             rep_key = ctx.original_model(mem, train=False)["pre_logits"].numpy()
         rep = self.pca(n_components=9).fit_transform(rep)
@@ -108,31 +108,41 @@ class PGPL2P(TaskLoopPair):
         ctx.key_feature = self.memory.update_memory(rep_key, 0.97, ctx.key_feature)
 
     def probes(self, ctx, adapters):
-        """(q, informational) the task-1 memory pass: memory.get_rep runs the model before original_model, so no
-        query of these images is recorded when the model's routed call runs. Without the user's ``forcing`` line
-        it raises (never another batch's query); with it, the pass is routed to the forced expert."""
+        """(q, informational) the task-1 memory pass once the router holds task 0: memory.get_rep runs the model
+        before original_model, so no query of these images is recorded when the model's routed call runs. Bare,
+        it raises (never another batch's query); inside ``handle.unrouted()`` (the user's line) it keeps L2P's own
+        prompt selection, that of the model after ``remove()``; inside ``handle.forcing(1)`` expert 1's slots."""
+        handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer, **ROUTER_OPTIONS,
+                                   **self.family_options(ctx))
+        with quiet():
+            self.start_task(ctx, 0, True)
+            for x, y in ctx.train_stream[0]:
+                self.train_batch(ctx, x, y, 0)
+                handle.end_batch(len(x))
+        passes = {"bare": contextlib.nullcontext, "inside handle.unrouted()": handle.unrouted,
+                  "inside handle.forcing(1)": lambda: handle.forcing(1)}
+        found = {how: self.memory_prompts(ctx, wrap) for how, wrap in passes.items()}
+        handle.remove()
+        own = self.memory_prompts(ctx, contextlib.nullcontext)
         rows = []
-        for forced in (False, True):
-            handle = ctx.handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer,
-                                                    **ROUTER_OPTIONS, **self.family_options(ctx))
-            title = "the task-1 memory pass (model before original_model)" + (
-                ", inside handle.forcing(handle.current_expert)" if forced else ", unforced")
-            try:
-                with quiet():
-                    self.start_task(ctx, 0, True)
-                    for x, y in ctx.train_stream[0]:
-                        self.train_batch(ctx, x, y, 0)
-                        handle.end_batch(len(x))
-                    if not forced:
-                        ctx.handle = None
-                    self.update_projection(ctx, 1)
-                rows.append(("q", "INFO", f"{title} runs", f"routed to experts {handle.record.routed.tolist()}"))
-            except Exception as error:  # noqa: BLE001 - a refusal to route it is a result
-                rows.append(("q", "INFO", f"{title} raises", one_line(error, 300)))
-            finally:
-                ctx.handle = None
-                handle.remove()
+        for how, (prompts, error) in found.items():
+            title = f"the task-1 memory pass (model before original_model), {how}"
+            if error is not None:
+                rows.append(("q", "INFO", f"{title} raises", error))
+                continue
+            same = torch.equal(prompts, own[0])
+            rows.append(("q", "INFO", f"{title} runs", f"prompt slots {sorted(set(prompts.flatten().tolist()))}; "
+                         f"{'the same as' if same else 'other than'} the model's own after remove()"))
         return rows
+
+    def memory_prompts(self, ctx, wrap):
+        """(the prompt slots the memory pass of task 1 used, None) or (None, its error on one line)."""
+        ctx.model.eval()
+        try:
+            with torch.no_grad(), wrap():
+                return ctx.model(self.memory_images(ctx, 1), task_id=1, train=False)["prompt_idx"], None
+        except Exception as error:  # noqa: BLE001 - a refusal to route it is a result
+            return None, one_line(error, 300)
 
     def train_options(self, ctx):
         return dict(feature_mat=ctx.feature_mat, key_feature_mat=ctx.key_feature_mat)
