@@ -17,7 +17,8 @@ network in eval mode, trains, steps the scheduler); evaluation ``_eval_cnn``: ``
 task's classifier on the features of all tasks' LoRA, concatenated.
 
 Nothing selects a task per sample at inference (every sample uses the sum of all tasks' LoRA), so there is
-nothing for a router to replace; the ensemble is the part that applies (one bank per task's classifier).
+nothing for a router to replace; the ensemble is the part that applies: the head is the pool
+``classifier_pool`` (one bank per task's classifier), and the learner trains in eval mode (``train_in_eval=True``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ two PCA projections needs), sklearn's PCA with their component counts and thresh
 The generic seams: the query is ``original_model``'s ``pre_logits`` (the loop runs it before the model in
 training and evaluation), the route is ``prompt.Prompt.forward``'s ``prompt_mask`` keyword (a routed
 expert ``e`` gets the slots ``[5e, 5e + 5)``, as the l2p family's key slices), the classifier is
-``model.head``.
+``model.head``. The task-start memory pass runs the model before ``original_model``: retrofitted, it runs inside
+``handle.unrouted()`` (the user's line: L2P's own selection, no query needed).
 """
 
 from __future__ import annotations

@@ -15,6 +15,11 @@ which exists only under ``DataParallel``, so the harness sets the same flags on 
 batch ``train_function`` on a loader of that one batch (one epoch: it puts the network in eval mode, trains,
 steps the scheduler and evaluates its own ``forward`` on a test loader); evaluation ``_eval_cnn``: the
 prompt-free ``extract_vector``, the nearest k-means key per domain, then ``interface(image, selection)``.
+
+The generic seams: the query is the encoder's prompt-free call (``query_when``: no prompt tokens), which
+``extract_vector`` makes at evaluation and the user's line before the training forward makes in training; the
+route is ``interface``'s ``selection`` (``route_method``), the head the pool ``classifier_pool``; the learner
+trains in eval mode (``train_in_eval=True``).
 """
 
 from __future__ import annotations
