@@ -130,7 +130,7 @@ class RoutedCall:
     def forced_without_query(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tensor]:
         """The forced experts of a call made inside ``handle.forcing(...)`` before any query was recorded (the
         batch size: the call's first tensor argument); ``None`` otherwise (:meth:`Record.route_forced_unqueried`)."""
-        if self.query_from_call is not None:
+        if self.query_from_call is not None or self.record.forced is None:
             return None
         first = next((a for a in (*args, *kwargs.values()) if isinstance(a, Tensor) and a.ndim > 0), None)
         device = first.device if first is not None else self.record.handle.router.device
