@@ -276,7 +276,7 @@ def install_pool(layout: Any, ensemble: ExpertHeadEnsemble, seat: ClassifierSeat
             return
         parent, name = _pool_seats(seat.pool)[expert]
         linear = _online(getattr(parent, name))
-        head = EnsembleLinear(linear, install.guarded(_Scorer(ensemble, expert), None),
+        head = EnsembleLinear(linear, install.guarded(_Scorer(ensemble, expert, handle.record), None),
                               install.guarded(_Training(handle, expert, linear), None))
         install.set_attribute(parent, name, head)
 
@@ -287,10 +287,18 @@ def install_pool(layout: Any, ensemble: ExpertHeadEnsemble, seat: ClassifierSeat
 
 
 class _Scorer:
-    def __init__(self, ensemble: ExpertHeadEnsemble, expert: int) -> None:
-        self.ensemble, self.expert = ensemble, expert
+    """Classifier ``expert``'s inference output; inside ``verify()`` it also records its banks as answered (the
+    banks a model's own selection used: without a router, those whose copies must reach the logits)."""
+
+    def __init__(self, ensemble: ExpertHeadEnsemble, expert: int, record: Any) -> None:
+        self.ensemble, self.expert, self.record = ensemble, expert, record
 
     def __call__(self, features: Tensor) -> Tensor:
+        record = self.record
+        if record.verifying:
+            answered = record.ensembled if isinstance(record.ensembled, list) else []
+            mine = [b for b, e in enumerate(self.ensemble.expert_of_bank) if e == self.expert]
+            record.ensembled = sorted(set(answered) | set(mine))
         return self.ensemble.scores(self.expert, features)
 
 

@@ -207,6 +207,12 @@ class Retrofit:
         as a ``(B,)`` tensor) instead of asking the router, fitted or not (per-expert evaluations)."""
         return self.record.forcing(experts)
 
+    def unrouted(self) -> ContextManager[None]:
+        """Inside the block, inference calls keep the codebase's own selection (nothing is routed, no query is
+        needed or recorded): a pass the method runs for its own training in eval mode under ``no_grad`` (a
+        memory pass, class statistics with the task it names). Classifiers still answer their ensemble."""
+        return self.record.unrouting()
+
     def discard_batch(self) -> None:
         """Forget what the hooks recorded since the last ``end_batch`` (e.g. extra epochs over a batch)."""
         self.record.discard_batch()

@@ -39,8 +39,11 @@ class Record:
         routed_query: inside ``verify()``, the features :meth:`route` was last asked to route.
         used: experts the model's output shows that forward used (``None``: not observable).
         trained: experts whose prompts the latest training forward used.
-        ensembled: ensemble banks the latest ensembled inference used (an int: one bank for all).
+        ensembled: ensemble banks the latest ensembled inference used (an int: one bank for all; a list,
+            inside ``verify()``: the banks of every per-expert classifier that answered).
         forced: the experts routed inference answers instead of asking the router (:meth:`forcing`).
+        unrouted: inside :meth:`unrouting`: inference is not routed (the codebase's own selection) and records
+            nothing (a pass of the method's own, e.g. class statistics at a task end).
         verifying: inside ``verify()``: every routed call is observed.
         confirmed: experts seen taking effect once (observation stops when all were).
         warned_no_ema: ``end_batch`` warned once that the EMA copies did not move.
@@ -70,8 +73,9 @@ class Record:
         self.forward_training = False
         self.used: Optional[Tensor] = None
         self.trained: Optional[Tensor] = None
-        self.ensembled: Union[int, Tensor, None] = None
+        self.ensembled: Union[int, Tensor, List[int], None] = None
         self.forced: Union[int, Tensor, None] = None
+        self.unrouted = False
         self.verifying = False
         self.confirmed: Set[int] = set()
         self.warned_no_ema = False
@@ -120,6 +124,8 @@ class Record:
         if banks is not None and handle.ensemble is None:
             banks = None
         if not self.training:
+            if self.unrouted:
+                return
             if query is not None:
                 self.eval_query = query.detach()
             if banks is not None:
@@ -144,23 +150,44 @@ class Record:
     def routing_active(self) -> bool:
         """Whether inference is routed now: the router is on and fitted (or an expert is forced)."""
         handle = self.handle
-        if handle.router is None or handle.removed:
+        if handle.router is None or handle.removed or self.unrouted:
             return False
         return self.forced is not None or handle.router.num_samples > 0
 
     def experts_for(self, features: Tensor) -> Tensor:
         """The router's (or the forced) ``(B,)`` experts of ``features``, in any mode; nothing recorded."""
-        forced = self.forced
-        if isinstance(forced, Tensor):  # one expert per sample (verify's batch-independence check)
-            if forced.shape != (features.shape[0],):
-                raise RuntimeError(
-                    f"Retrofit: {forced.numel()} forced experts for a routed call of {features.shape[0]} samples"
-                )
-            return forced.to(device=features.device, dtype=torch.long)
-        if forced is not None:
-            return torch.full((features.shape[0],), forced, dtype=torch.long, device=features.device)
+        if self.forced is not None:
+            return self.forced_experts(features.shape[0], features.device)
         router = self.handle.router
         return router.route(features.to(router.device))
+
+    def forced_experts(self, size: int, device: torch.device) -> Tensor:
+        """The forced ``(size,)`` experts (:meth:`forcing`): no router features needed."""
+        forced = self.forced
+        if isinstance(forced, Tensor):  # one expert per sample (verify's batch-independence check)
+            if forced.shape != (size,):
+                raise RuntimeError(f"Retrofit: {forced.numel()} forced experts for a routed call of {size} samples")
+            return forced.to(device=device, dtype=torch.long)
+        return torch.full((size,), int(forced), dtype=torch.long, device=device)
+
+    def route_forced_unqueried(self, size: Optional[int], device: torch.device) -> Optional[Tensor]:
+        """The forced experts of an inference call made before any query was recorded (a pass of the loop that
+        runs the model before the query module, wrapped in ``handle.forcing(...)``: forcing asks the router
+        nothing), recorded as :attr:`routed`; ``None`` when that is not the case (a query was recorded, nothing is
+        forced, training, not routed, or inside ``verify()``, whose query checks need the recorded query)."""
+        if self.forced is None or self.eval_query is not None or self.verifying or self.training:
+            return None
+        if not self.routing_active():
+            return None
+        if size is None:
+            size = self.forced.shape[0] if isinstance(self.forced, Tensor) else None
+        if size is None:
+            raise RuntimeError(
+                f"{self.caller}: an expert is forced but the routed call has no tensor argument to size the batch; "
+                "force one expert per sample (handle.forcing(torch.full((B,), expert)))"
+            )
+        self.routed = self.forced_experts(size, device)
+        return self.routed
 
     def route(self, features: Tensor) -> Optional[Tensor]:
         """The routed ``(B,)`` experts of an inference call, recorded as :attr:`routed`; ``None`` when the call
@@ -257,6 +284,15 @@ class Record:
             yield
         finally:
             self.forced = before
+
+    @contextlib.contextmanager
+    def unrouting(self) -> Iterator[None]:
+        """Inside the block, inference is not routed and records nothing (:attr:`unrouted`)."""
+        before, self.unrouted = self.unrouted, True
+        try:
+            yield
+        finally:
+            self.unrouted = before
 
     @contextlib.contextmanager
     def observing(self) -> Iterator[None]:

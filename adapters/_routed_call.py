@@ -127,13 +127,24 @@ class RoutedCall:
         first = args[0] if args and isinstance(args[0], Tensor) else None
         return record.forward_query(None if first is None or first.ndim == 0 else first.shape[0])
 
+    def forced_without_query(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Tensor]:
+        """The forced experts of a call made inside ``handle.forcing(...)`` before any query was recorded (the
+        batch size: the call's first tensor argument); ``None`` otherwise (:meth:`Record.route_forced_unqueried`)."""
+        if self.query_from_call is not None or self.record.forced is None:
+            return None
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, Tensor) and a.ndim > 0), None)
+        device = first.device if first is not None else self.record.handle.router.device
+        return self.record.route_forced_unqueried(None if first is None else first.shape[0], device)
+
     def before(self, module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         record = self.record
         record.injected = None
         if record.handle.router is None:
             return None
-        query = self.query(module, args, kwargs)
-        experts = None if query is None else record.route_forward(query)
+        experts = self.forced_without_query(args, kwargs)
+        if experts is None:
+            query = self.query(module, args, kwargs)
+            experts = None if query is None else record.route_forward(query)
         if experts is None:
             return None
         if self.banks_follow_routing:

@@ -102,8 +102,8 @@ def check_ensemble_inference(handle: Any, run: Any, snapshot: Snapshot, checks: 
         grow = _PoolGrowth(handle)
         for forced, rows, banks, label in _ensemble_probes(handle, run):
             base, used = _forced_run(handle, run, snapshot, forced, grow)
-            if not banks:  # the family re-clones no bank per expert: the banks this forward used for those rows
-                banks = sorted(set(used[rows].tolist())) if isinstance(used, Tensor) else [] if used is None else [used]
+            if not banks:  # no router, or no bank per expert: the banks this forward used for those rows
+                banks = _used_banks(used, rows)
 
             perturbed = _Perturbed(handle, grow, banks)
             changed = _rows_changed(base, _forced_run(handle, run, snapshot, forced, perturbed)[0])
@@ -182,6 +182,14 @@ def _ensemble_probes(handle: Any, run: Any) -> List[Tuple[Any, Tensor, List[int]
         else:
             probes.append((expert, torch.ones(total, dtype=torch.bool), banks, f"expert {expert}"))
     return probes
+
+
+def _used_banks(used: Any, rows: Tensor) -> List[int]:
+    """The banks an inference forward answered for ``rows``: one per sample (a tensor), one for all (an int), or
+    those of every per-expert classifier that answered (a list: a model that runs them all)."""
+    if isinstance(used, list):
+        return used
+    return sorted(set(used[rows].tolist())) if isinstance(used, Tensor) else [] if used is None else [used]
 
 
 def _rows_changed(base: Tensor, other: Tensor) -> Tensor:

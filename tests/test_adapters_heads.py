@@ -301,6 +301,21 @@ def test_verify_proves_each_expert_reaches_its_samples_and_runs_the_checks_the_o
     assert "expert 0, expert 1, expert 2" in report["inference uses the ensemble"].detail
 
 
+def test_verify_without_a_router_proves_the_copies_of_every_classifier_the_model_ran_reach_its_logits():
+    # InfLoRA's evaluation: no per-sample selection, every task's classifier run and concatenated. Without a router
+    # the banks to perturb are those of the classifiers that answered (recorded inside verify), here both.
+    model = TaskNet()
+    handle = generic.retrofit(model, num_experts=TASKS, router=False, head_owner=model, head_name="fc",
+                              start_expert=_grow(model))
+    handle.start_expert(1)
+    report = handle.verify(torch.randn(8, D), forward=_forward(model, handle))
+    assert report["inference uses the ensemble"].ok is True, str(report)
+    online = [lambda x, linear=head[0]: getattr(linear, "online", linear)(x) for head in model.fc.heads]
+    model.fc.forward = lambda x: {"logits": torch.cat([linear(x) for linear in online], dim=1)}
+    check = handle.verify(torch.randn(8, D), forward=_forward(model, handle))["inference uses the ensemble"]
+    assert check.ok is False, check.detail  # every classifier's own online head: no copy reaches the logits
+
+
 def test_verify_fails_when_the_samples_of_an_expert_get_a_classifier_outside_the_ensemble():
     # Only classifier 0 is wrapped (the classifiers are numbered attributes, not a pool the retrofit can see); the
     # model keeps, per sample, its task's classifier's slice: the samples routed to tasks 1 and 2 never see the

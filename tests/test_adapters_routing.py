@@ -78,6 +78,61 @@ def test_a_selection_passed_positionally_is_replaced_by_the_routed_one(method):
     assert "interface" not in vars(net)
 
 
+def test_forcing_routes_a_call_made_before_the_query_module_ran():
+    """PGP's task-start memory pass runs the model before ``original_model``: no query of these images is
+    recorded when the routed call runs. Unforced it raises (never another batch's query); forced, it needs
+    no query. ``verify`` keeps asking for the query (its query checks compare it)."""
+    net, x = SelectionNet(), _batch()
+    expected = [_selected(net, x, expert) for expert in range(E)]
+    handle = generic.retrofit(net, num_experts=E, query_module=net.query, route_kwarg="selection", route_module=net,
+                              route_method="interface", ensemble=False, **ROUTER)
+    net.train()
+    net(x, train=True)
+    handle.end_batch()
+    net.eval()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="no query features were recorded"):
+        net.interface(x)  # the memory pass: the routed method, no query pass before it
+    for expert in range(E):
+        with torch.no_grad(), handle.forcing(expert):
+            out = net.interface(x)
+        assert handle.record.routed.tolist() == [expert] * B
+        assert torch.equal(out, expected[expert])
+    with torch.no_grad(), handle.forcing(torch.tensor([1, 0, 1, 0, 1, 0])):
+        net.interface(x)
+    assert handle.record.routed.tolist() == [1, 0, 1, 0, 1, 0]
+    with torch.no_grad(), handle.forcing(1), pytest.raises(RuntimeError, match="no query features were recorded"):
+        handle.record.verifying = True  # inside verify() the recorded query is required
+        net.interface(x)
+    handle.record.verifying = False
+    handle.remove()
+
+
+def test_unrouted_keeps_the_codebases_own_selection_and_records_nothing():
+    """HiDe-PET's class statistics call the model in eval mode under ``no_grad`` with the task they are about
+    (``model(x, task_id=t, train=True)``): routing it would replace that task. Inside ``handle.unrouted()`` the
+    call keeps its own selection, needs no query, and leaves nothing for the next forward or ``end_batch``."""
+    net, x = SelectionNet(), _batch()
+    own = [_selected(net, x, expert) for expert in range(E)]
+    handle = generic.retrofit(net, num_experts=E, query_module=net.query, route_kwarg="selection", route_module=net,
+                              ensemble=False, train_in_eval=True, **ROUTER)
+    net.train()
+    net(x, train=True)
+    handle.end_batch()
+    net.eval()
+    with torch.no_grad():
+        net.query(x)
+        net(x, torch.zeros(B, dtype=torch.long))  # outside the block the call's own selection is replaced
+    assert handle.record.routed is not None
+    for expert in range(E):
+        handle.record.routed = None
+        with torch.no_grad(), handle.unrouted():
+            out = net(x, torch.full((B,), expert, dtype=torch.long))
+            net.query(x)  # a query pass after the model (PGP's memory pass) is not left for the next forward
+        assert torch.equal(out, own[expert]) and handle.record.routed is None
+        assert handle.record.eval_query is None and handle.record.query is None and handle.record.size is None
+    handle.remove()
+
+
 def test_the_routed_value_replaces_the_argument_where_the_call_passes_it():
     def forward(inputs, selection=None, train=False, *, scale=1.0, **options):
         return None

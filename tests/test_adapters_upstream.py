@@ -15,7 +15,7 @@ from torch import Tensor, nn
 pytest.importorskip("timm")
 from fly_modules.adapters import Layout, SeamError, generic, retrofit  # noqa: E402
 from flygcl_standins import FlyGCLCodaPrompt  # noqa: E402
-from upstream_cases import CASES, ROUTER, Case, HiDeCase, adapt, batch, hook_counts, trainable  # noqa: E402
+from upstream_cases import CASES, POOL_CASES, ROUTER, Case, HiDeCase, adapt, batch, hook_counts, trainable  # noqa: E402
 from upstream_standins import C, D, E, Tiny  # noqa: E402
 
 from fly_modules import SampleBudgetSchedule, SessionSchedule, _compat  # noqa: E402
@@ -216,6 +216,59 @@ def test_online_run_in_every_variant(name):
         logits = online_run(CASES[name], router, ensemble)
         assert logits.shape == (8, C), variant
         assert not torch.isnan(logits).any(), variant
+
+
+# ----------------------------------------------------- learners with a classifier pool, trained in eval mode
+def _pool_learner_run(case, net, handle):
+    """Two tasks of two batches each, as the learner runs them; the training losses."""
+    losses = []
+    for task in range(2):
+        optimizer = case.start_task(net, task)
+        if handle is not None:
+            handle.start_expert(net.numtask - 1)  # the documented sync after the learner's own advance
+        for step in range(2):
+            x, y = batch(seed=10 * task + step, shift=2.0 * task)
+            losses.append(case.train_step(net, handle, optimizer, x, y % 2))
+    return losses
+
+
+@pytest.mark.parametrize("name", list(POOL_CASES))
+def test_a_pool_learner_training_in_eval_mode_is_unchanged_verified_and_restored(name):
+    case = POOL_CASES[name]
+    net = case.build()
+    twin = copy.deepcopy(net)
+    handle = generic.retrofit(net, **case.options(net), **ROUTER)
+    assert _pool_learner_run(case, net, handle) == _pool_learner_run(case, twin, None)
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), twin.state_dict().values()))
+    if case.router:
+        assert handle.router.num_samples == 32 and bool((handle.router.counts > 0).all())
+    report = handle.verify(batch(seed=5)[0], forward=case.verify_forward(net))
+    assert report.ok, str(report)
+    assert report["inference uses the ensemble"].ok is True
+    assert report["training follows the current expert"].ok is True
+    if case.router:
+        assert report["router's training and inference queries match"].ok is True, str(report)
+    x = batch(seed=6)[0]
+    routed = case.evaluate(net, x)
+    handle.remove()
+    assert torch.equal(case.evaluate(net, x), case.evaluate(twin, x))
+    assert routed.shape == case.evaluate(twin, x).shape
+
+
+def test_s_prompts_interface_gets_each_samples_routed_domain():
+    case = POOL_CASES["sprompts-sinet-generic"]
+    net = case.build()
+    twin = copy.deepcopy(net)
+    handle = generic.retrofit(net, **{**case.options(net), "ensemble": False}, **ROUTER)
+    _pool_learner_run(case, net, handle)
+    _pool_learner_run(case, twin, None)
+    x, expected = batch(seed=7, n=4)[0], torch.tensor([0, 1, 1, 0])
+    handle.router.reset_statistics()
+    with torch.no_grad():
+        handle.router.update(net.image_encoder(x), expected)
+    assert torch.equal(case.evaluate(net, x), case.evaluate(twin, x, selection=expected))
+    assert handle.record.routed.tolist() == expected.tolist()
+    handle.remove()
 
 
 # ----------------------------------------------------------------------------- unknown structure

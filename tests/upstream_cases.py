@@ -16,7 +16,7 @@ from flygcl_standins import (
     prefix_train_forward,
     sprompt_eval_forward,
 )
-from generic_standins import PGPL2P, HiDePETLoRA, hide_pet_eval_forward
+from generic_standins import PGPL2P, HiDePETLoRA, InfLoRASiNet, SPromptsSiNet, hide_pet_eval_forward
 from torch import Tensor, nn
 from upstream_standins import (
     JLL2P,
@@ -451,6 +451,112 @@ CASES: Dict[str, Case] = {
     "flygcl-norga": PrefixCase("norga"),
     "flygcl-hide-lora": ExpertModelCase(adapter=False),
     "flygcl-hide-adapter": ExpertModelCase(adapter=True),
+}
+
+
+class PoolLearnerCase:
+    """A learner whose network keeps one classifier per task in ``classifier_pool`` and trains in eval mode
+    (S-Prompts' and InfLoRA's ``train_function``), retrofitted through the generic seams as their harnesses do:
+    the pool as the head, ``train_in_eval=True``. ``start_task`` is the learner's task start (``update_fc``, only
+    the task's parts trainable), ``train_step`` its training iteration with the user's lines, ``evaluate`` its
+    ``_eval_cnn`` call."""
+
+    router = True
+
+    def build(self) -> nn.Module:
+        raise NotImplementedError
+
+    def options(self, net: nn.Module) -> Dict[str, Any]:
+        return dict(num_experts=E, head_owner=net, head_name="classifier_pool", train_in_eval=True, optimizer="auto")
+
+    def start_task(self, net: nn.Module, task: int) -> torch.optim.Optimizer:
+        net.update_fc(0)
+        current = tuple(f"{part}.{net.numtask - 1}" for part in self.trained_parts)
+        for name, parameter in net.named_parameters():
+            parameter.requires_grad_(name.startswith(current))
+        return torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.9)
+
+    def train_step(self, net: nn.Module, handle: Any, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor) -> float:
+        net.eval()
+        if handle is not None:
+            self.before_training_forward(net, x)
+        loss = F.cross_entropy(net(x)["logits"], y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if handle is not None:
+            handle.end_batch()
+        return loss.item()
+
+    def before_training_forward(self, net: nn.Module, x: Tensor) -> None:
+        """The user's line in ``train_function`` before the training forward (none by default)."""
+
+    def evaluate(self, net: nn.Module, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def verify_forward(self, net: nn.Module):
+        raise NotImplementedError
+
+
+class SPromptsSiNetCase(PoolLearnerCase):
+    """S-Prompts' ``SiNet``: the query the prompt-free pass of ``image_encoder`` (``extract_vector``'s, which
+    their training never runs: the user's line runs it under ``no_grad`` before the training forward), the route
+    ``interface``'s ``selection``."""
+
+    trained_parts = ("classifier_pool", "prompt_pool")
+
+    def build(self):
+        return SPromptsSiNet()
+
+    def options(self, net):
+        return dict(super().options(net), query_module=net.image_encoder, route_module=net, route_method="interface",
+                    route_kwarg="selection",
+                    query_when=lambda args, kwargs: len(args) < 2 and kwargs.get("instance_tokens") is None)
+
+    def before_training_forward(self, net, x):
+        with torch.no_grad():
+            net.extract_vector(x)
+
+    def evaluate(self, net, x, selection: Optional[Tensor] = None):
+        """``_eval_cnn``: the prompt-free features, their nearest domain (here domain 0, the router's choice once
+        routed), ``interface``."""
+        with torch.no_grad():
+            net.extract_vector(x)
+            return net.interface(x, torch.zeros(x.shape[0], dtype=torch.long) if selection is None else selection)
+
+    def verify_forward(self, net):
+        def forward(x):
+            if net.training:
+                self.before_training_forward(net, x)
+                return net(x)["logits"]
+            net.extract_vector(x)
+            return net.interface(x, torch.zeros(x.shape[0], dtype=torch.long))
+        return forward
+
+
+class InfLoRASiNetCase(PoolLearnerCase):
+    """InfLoRA's ``SiNet``: nothing to route (every sample uses every task's LoRA), the ensemble over the pool."""
+
+    router = False
+    trained_parts = ("classifier_pool",)
+
+    def build(self):
+        return InfLoRASiNet()
+
+    def options(self, net):
+        return dict(super().options(net), router=False)
+
+    def evaluate(self, net, x):
+        with torch.no_grad():
+            return net.interface(x)
+
+    def verify_forward(self, net):
+        return lambda x: net(x)["logits"] if net.training else net.interface(x)
+
+
+POOL_CASES: Dict[str, PoolLearnerCase] = {
+    "sprompts-sinet-generic": SPromptsSiNetCase(),
+    "inflora-sinet-generic": InfLoRASiNetCase(),
 }
 
 

@@ -45,6 +45,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from fly_modules.adapters._batch_independence import batch_independence
+from fly_modules.adapters._head import bank_copies
 
 import fly_modules
 from benchmarks.upstream.loading import quiet
@@ -102,9 +103,9 @@ def one_line(error: BaseException, limit: int) -> str:
     return f"{type(error).__name__}: {error}".replace("\n", " ")[:limit]
 
 
-def moved_banks(before: torch.Tensor, after: torch.Tensor) -> List[int]:
-    """The ensemble banks whose weights differ between two snapshots of ``ema_weight``."""
-    return (after != before).flatten(1).any(1).nonzero().flatten().tolist()
+def moved_banks(before: List[torch.Tensor], after: List[torch.Tensor]) -> List[int]:
+    """The ensemble banks whose EMA copies differ between two snapshots of ``bank_copies``."""
+    return [bank for bank, (old, new) in enumerate(zip(before, after)) if not torch.equal(old, new)]
 
 
 def loss_gap(losses: List[float], reference: List[float]) -> float:
@@ -253,12 +254,13 @@ class BankTrace:
     def __init__(self, handle: Any, ctx: SimpleNamespace) -> None:
         self.handle, self.ctx = handle, ctx
         self.start = self.weight()
-        self.first: Dict[int, torch.Tensor] = {}
-        self.last: Dict[int, torch.Tensor] = {}
+        self.first: Dict[int, List[torch.Tensor]] = {}
+        self.last: Dict[int, List[torch.Tensor]] = {}
         self.optimizer: Dict[int, int] = {}
 
-    def weight(self) -> torch.Tensor:
-        return self.handle.ensemble.ema_weight.detach().clone()
+    def weight(self) -> List[torch.Tensor]:
+        """Each bank's EMA copies (a pool of per-expert classifiers: its own expert's), cloned."""
+        return [copies.detach().clone() for copies in bank_copies(self.handle.ensemble)]
 
     def __call__(self, task: int, before: Any, after: Any) -> None:
         weight = self.weight()

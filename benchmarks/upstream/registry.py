@@ -112,13 +112,14 @@ ROWS: Tuple[Row, ...] = (
     Row("—", "aimagelab/mammoth, LAMDA-CL/LAMDA-PILOT (`coda_prompt`)", "—",
         "not supported: refused by every family ([why]({adapters}#coda-prompt))",
         ("mammoth_coda_prompt", "pilot_coda_prompt")),
-    Row("`generic`", "JingyangQiao/prompt-gradient-projection (`l2p-pgp`)", "`model` (5 lines of user code)",
+    Row("`generic`", "JingyangQiao/prompt-gradient-projection (`l2p-pgp`)", "`model` (6 lines of user code)",
         "pool-wide top-k key match → the routed slice (`Prompt.forward`'s `prompt_mask`)", ("pgp_l2p",)),
-    Row("`generic`", "thu-ml/HiDe-PET (HiDe-LoRA)", "`model` (+ `original_model`; 4 lines of user code)",
+    Row("`generic`", "thu-ml/HiDe-PET (HiDe-LoRA)", "`model` (+ `original_model`; 5 lines of user code)",
         "TII class → task mapping → the routed task's LoRA (the model's `task_id`)", ("hide_pet_lora",)),
-    Row("`generic`", "iamwangyabin/S-Prompts (`SiNet`)", "`learner._network`",
-        "not yet: nearest domain key → the routed domain (`interface(image, selection)`)", ("sprompts_sinet",)),
-    Row("`generic`", "liangyanshuo/InfLoRA (`SiNet`)", "`learner._network`",
-        "nothing: no per-sample selection (every sample uses every task's LoRA); not yet: the ensemble over "
+    Row("`generic`", "iamwangyabin/S-Prompts (`SiNet`)", "`learner._network` (7 lines of user code)",
+        "nearest domain key → the routed domain (`interface(image, selection)`), per-domain `classifier_pool`",
+        ("sprompts_sinet",)),
+    Row("`generic`", "liangyanshuo/InfLoRA (`SiNet`)", "`learner._network` (4 lines of user code)",
+        "nothing: no per-sample selection (every sample uses every task's LoRA); the ensemble over "
         "`classifier_pool`", ("inflora_sinet",)),
 )

@@ -22,6 +22,7 @@ expert ids, the form ``evaluate`` passes), the classifier ``model.head``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -88,27 +89,43 @@ class HiDePETLoRA(TaskLoopPair):
 
     def probes(self, ctx, adapters):
         status, detail = try_retrofit(ctx.model, "hide", num_experts=2, original_model=ctx.original_model)
-        return [("r2", "INFO", f"retrofit(model, 'hide') {status.lower()}", detail), self.statistics_pass(ctx, adapters)]
+        return [("r2", "INFO", f"retrofit(model, 'hide') {status.lower()}", detail), *self.statistics_pass(ctx, adapters)]
 
     def statistics_pass(self, ctx, adapters):
-        """(s, informational) the call of the class-statistics pass ``_compute_mean`` (``model.eval()``, then
-        ``model(x, task_id=t, train=True)`` with autograd on and no ``original_model`` pass), once the router
-        holds the first task's batches; the function itself all-gathers over a process group and is not run."""
+        """(s, informational) the model call of the class-statistics pass ``_compute_mean`` (decorated
+        ``@torch.no_grad()``: ``model.eval()``, then ``model(x, task_id=t, train=True)`` with no ``original_model``
+        pass), once the router holds the first task's batches: bare, and inside ``handle.unrouted()`` (the user's
+        line), compared with the same call after ``remove()``. The function itself all-gathers over a process
+        group and is not run."""
         handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer, **ROUTER_OPTIONS,
                                    **self.family_options(ctx))
-        title = "the class-statistics call of _compute_mean, router fitted"
+        with quiet():
+            for x, y in ctx.stream[0]:
+                self.train_batch(ctx, x, y, 0)
+                self.after_batch(ctx, x, handle, 0)
+        found = {how: self.class_features(ctx, wrap) for how, wrap in
+                 (("bare", contextlib.nullcontext), ("inside handle.unrouted()", handle.unrouted))}
+        left = (handle.record.size, handle.record.query, handle.record.eval_query)
+        handle.remove()
+        own, rows = self.class_features(ctx, contextlib.nullcontext)[0], []
+        for how, (features, error) in found.items():
+            title = f"the class-statistics call of _compute_mean, router fitted, {how}"
+            if error is not None:
+                rows.append(("s", "INFO", f"{title} raises", error))
+                continue
+            rows.append(("s", "INFO", f"{title} runs", f"pre_logits bit-identical to the model's after remove(): "
+                         f"{torch.equal(features, own)}; left for the next end_batch (size, query, inference "
+                         f"query): {['none' if v is None else 'SET' for v in left]}"))
+        return rows
+
+    def class_features(self, ctx, wrap):
+        """(the statistics pass's ``pre_logits`` of the first batch, None) or (None, its error on one line)."""
+        ctx.model.eval()
         try:
-            with quiet():
-                for x, y in ctx.stream[0]:
-                    self.train_batch(ctx, x, y, 0)
-                    self.after_batch(ctx, x, handle, 0)
-                ctx.model.eval()
-                ctx.model(ctx.stream[0][0][0], task_id=0, train=True)
+            with torch.no_grad(), wrap():
+                return ctx.model(ctx.stream[0][0][0], task_id=0, train=True)["pre_logits"], None
         except Exception as error:  # noqa: BLE001 - a refusal is a result
-            return ("s", "INFO", f"{title} raises", one_line(error, 300))
-        finally:
-            handle.remove()
-        return ("s", "INFO", f"{title} runs", "")
+            return None, one_line(error, 300)
 
     def after_batch(self, ctx, x, handle, task):
         """The README's ``end_batch``, given the query: their training never runs ``original_model``

@@ -17,7 +17,8 @@ network in eval mode, trains, steps the scheduler); evaluation ``_eval_cnn``: ``
 task's classifier on the features of all tasks' LoRA, concatenated.
 
 Nothing selects a task per sample at inference (every sample uses the sum of all tasks' LoRA), so there is
-nothing for a router to replace; the ensemble is the part that applies (one bank per task's classifier).
+nothing for a router to replace; the ensemble is the part that applies: the head is the pool
+``classifier_pool`` (one bank per task's classifier), and the learner trains in eval mode (``train_in_eval=True``).
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ class InfLoRASiNet(Pair):
         return ctx
 
     def family_options(self, ctx):
-        # No route: every sample uses every task's LoRA. The first task's classifier is the only one the
-        # generic head can name today (an nn.Linear); the pool is the per-expert head the codebase has.
-        return dict(num_experts=NUM_TASKS, head_owner=ctx.model.classifier_pool, head_name="0")
+        # No route: every sample uses every task's LoRA. The head is the pool of per-task classifiers; the
+        # learner trains in eval mode.
+        return dict(num_experts=NUM_TASKS, head_owner=ctx.model, head_name="classifier_pool", train_in_eval=True)
 
     def loader(self, ctx, task):
         return [(None, x, y) for x, y in ctx.stream[task]]

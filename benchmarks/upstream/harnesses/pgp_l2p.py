@@ -16,11 +16,13 @@ two PCA projections needs), sklearn's PCA with their component counts and thresh
 The generic seams: the query is ``original_model``'s ``pre_logits`` (the loop runs it before the model in
 training and evaluation), the route is ``prompt.Prompt.forward``'s ``prompt_mask`` keyword (a routed
 expert ``e`` gets the slots ``[5e, 5e + 5)``, as the l2p family's key slices), the classifier is
-``model.head``.
+``model.head``. The task-start memory pass runs the model before ``original_model``: retrofitted, it runs inside
+``handle.unrouted()`` (the user's line: L2P's own selection, no query needed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from benchmarks.upstream.checks import ROUTER_OPTIONS, Settings, one_line, run_c
 from benchmarks.upstream.harnesses._prompt_options import l2p_prompt
 from benchmarks.upstream.harnesses._task_loop import TaskLoopPair
 from benchmarks.upstream.loading import quiet
+from benchmarks.upstream.pair import active_handle
 from benchmarks.upstream.task_stream import make_stream
 
 POOL, TOP_K = 10, 5
@@ -88,8 +91,10 @@ class PGPL2P(TaskLoopPair):
         mem = self.memory_images(ctx, task)
         ctx.model.eval()
         ctx.original_model.eval()
+        handle = active_handle(ctx)
         with torch.no_grad():  # memory.get_rep: the model first, then original_model
-            ctx.model(mem, task_id=task, train=False)
+            with contextlib.nullcontext() if handle is None else handle.unrouted():
+                ctx.model(mem, task_id=task, train=False)  # the user's line above: the model's own selection
             rep = ctx.model.act["rep"].reshape(MEMORY, -1).numpy()
             rep_key = ctx.original_model(mem, train=False)["pre_logits"].numpy()
         rep = self.pca(n_components=9).fit_transform(rep)
@@ -104,30 +109,41 @@ class PGPL2P(TaskLoopPair):
         ctx.key_feature = self.memory.update_memory(rep_key, 0.97, ctx.key_feature)
 
     def probes(self, ctx, adapters):
-        """(q, informational) the query the routed memory pass of task 1 is given: memory.get_rep runs the model
-        before original_model, so no query of these images is recorded when the model's routed call runs."""
+        """(q, informational) the task-1 memory pass once the router holds task 0: memory.get_rep runs the model
+        before original_model, so no query of these images is recorded when the model's routed call runs. Bare,
+        it raises (never another batch's query); inside ``handle.unrouted()`` (the user's line) it keeps L2P's own
+        prompt selection, that of the model after ``remove()``; inside ``handle.forcing(1)`` expert 1's slots."""
         handle = adapters.retrofit(ctx.model, method=self.method, optimizer=ctx.optimizer, **ROUTER_OPTIONS,
                                    **self.family_options(ctx))
-        queries, route, title = [], handle.router.route, "the task-1 memory pass (model before original_model)"
+        with quiet():
+            self.start_task(ctx, 0, True)
+            for x, y in ctx.train_stream[0]:
+                self.train_batch(ctx, x, y, 0)
+                handle.end_batch(len(x))
+        passes = {"bare": contextlib.nullcontext, "inside handle.unrouted()": handle.unrouted,
+                  "inside handle.forcing(1)": lambda: handle.forcing(1)}
+        found = {how: self.memory_prompts(ctx, wrap) for how, wrap in passes.items()}
+        handle.remove()
+        own = self.memory_prompts(ctx, contextlib.nullcontext)
+        rows = []
+        for how, (prompts, error) in found.items():
+            title = f"the task-1 memory pass (model before original_model), {how}"
+            if error is not None:
+                rows.append(("q", "INFO", f"{title} raises", error))
+                continue
+            same = torch.equal(prompts, own[0])
+            rows.append(("q", "INFO", f"{title} runs", f"prompt slots {sorted(set(prompts.flatten().tolist()))}; "
+                         f"{'the same as' if same else 'other than'} the model's own after remove()"))
+        return rows
+
+    def memory_prompts(self, ctx, wrap):
+        """(the prompt slots the memory pass of task 1 used, None) or (None, its error on one line)."""
+        ctx.model.eval()
         try:
-            with quiet():
-                self.start_task(ctx, 0, True)
-                for x, y in ctx.train_stream[0]:
-                    self.train_batch(ctx, x, y, 0)
-                    handle.end_batch(len(x))
-                handle.router.route = lambda features: queries.append(features.detach().clone()) or route(features)
-                self.update_projection(ctx, 1)
+            with torch.no_grad(), wrap():
+                return ctx.model(self.memory_images(ctx, 1), task_id=1, train=False)["prompt_idx"], None
         except Exception as error:  # noqa: BLE001 - a refusal to route it is a result
-            return [("q", "INFO", f"{title} raises", one_line(error, 400))]
-        finally:
-            vars(handle.router).pop("route", None)
-            handle.remove()
-        with torch.no_grad():
-            own, previous = (ctx.original_model(self.memory_images(ctx, t))["pre_logits"] for t in (1, 0))
-        found = [("these images' own features", own), ("the task-0 memory batch's features", previous)]
-        named = [name for q in queries for name, features in found if torch.equal(q, features)]
-        return [("q", "INFO", f"{title} is routed on",
-                 f"{len(queries)} routed call(s), query = {named or 'neither'}")]
+            return None, one_line(error, 300)
 
     def train_options(self, ctx):
         return dict(feature_mat=ctx.feature_mat, key_feature_mat=ctx.key_feature_mat)

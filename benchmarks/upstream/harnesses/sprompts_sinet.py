@@ -15,6 +15,11 @@ which exists only under ``DataParallel``, so the harness sets the same flags on 
 batch ``train_function`` on a loader of that one batch (one epoch: it puts the network in eval mode, trains,
 steps the scheduler and evaluates its own ``forward`` on a test loader); evaluation ``_eval_cnn``: the
 prompt-free ``extract_vector``, the nearest k-means key per domain, then ``interface(image, selection)``.
+
+The generic seams: the query is the encoder's prompt-free call (``query_when``: no prompt tokens), which
+``extract_vector`` makes at evaluation and the user's line before the training forward makes in training; the
+route is ``interface``'s ``selection`` (``route_method``), the head the pool ``classifier_pool``; the learner
+trains in eval mode (``train_in_eval=True``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from benchmarks.upstream.checks import Settings, run_checks
 from benchmarks.upstream.harnesses._flygcl import TINY_VIT
 from benchmarks.upstream.loading import import_upstream, install_stub
 from benchmarks.upstream.observe import backward_losses, match_rows
-from benchmarks.upstream.pair import Pair
+from benchmarks.upstream.pair import Pair, active_handle
 from benchmarks.upstream.task_stream import CLASSES_PER_TASK, NUM_TASKS, make_stream
 
 ARGS = dict(dataset="cddb", net_type="sip", embd_dim=TINY_VIT["embed_dim"], prompt_length=10,
@@ -41,6 +46,31 @@ ARGS = dict(dataset="cddb", net_type="sip", embd_dim=TINY_VIT["embed_dim"], prom
 def stacked_prompts(net):
     """(domains, length, width): the prompt of each domain, as ``interface`` stacks them."""
     return torch.stack([p.weight for p in net.prompt_pool], 0)
+
+
+def prompt_free(args, kwargs) -> bool:
+    """The user's ``query_when``: the encoder's prompt-free call (``extract_vector``'s), not the prompted ones."""
+    return len(args) < 2 and kwargs.get("instance_tokens") is None
+
+
+class QueryPassLoader:
+    """``train_function``'s loader of one batch. With a retrofit, the user's line in ``train_function`` runs right
+    before the training forward, ``with torch.no_grad(): self._network.extract_vector(inputs)`` (their training
+    runs no prompt-free pass, the router's query): here when the loader hands the batch over (the loop then only
+    masks the batch, all of the current domain, and calls the model), so the model sees the same calls in the
+    same order."""
+
+    def __init__(self, ctx, x, y) -> None:
+        self.ctx, self.batch = ctx, (None, x, y)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self):
+        if active_handle(self.ctx) is not None:
+            with torch.no_grad():
+                self.ctx.model.extract_vector(self.batch[1])
+        yield self.batch
 
 
 class SPromptsSiNet(Pair):
@@ -78,9 +108,9 @@ class SPromptsSiNet(Pair):
 
     def family_options(self, ctx):
         net = ctx.model
-        return dict(num_experts=NUM_TASKS, query_module=net.image_encoder, route_module=net.image_encoder,
-                    route_kwarg="instance_tokens", route_value=lambda e, m, a, k: stacked_prompts(net)[e],
-                    head_owner=net.classifier_pool, head_name="0")
+        return dict(num_experts=NUM_TASKS, query_module=net.image_encoder, query_when=prompt_free,
+                    route_module=net, route_method="interface", route_kwarg="selection",
+                    head_owner=net, head_name="classifier_pool", train_in_eval=True)
 
     def start_task(self, ctx, task, own_advance):
         learner, net = ctx.learner, ctx.model
@@ -107,7 +137,7 @@ class SPromptsSiNet(Pair):
 
     def train_batch(self, ctx, x, y, task):
         with backward_losses() as losses:
-            ctx.learner.train_function([(None, x, y)], ctx.test_loader, ctx.optimizer, ctx.scheduler)
+            ctx.learner.train_function(QueryPassLoader(ctx, x, y), ctx.test_loader, ctx.optimizer, ctx.scheduler)
         return losses
 
     def eval_logits(self, ctx, x, y):
@@ -144,9 +174,10 @@ class SPromptsSiNet(Pair):
         net = ctx.model
 
         def forward(x):
+            with torch.no_grad():
+                net.extract_vector(x)  # the query pass: the user's line in training, _eval_cnn's own at inference
             if net.training:
                 return net(x)
-            net.extract_vector(x)
             return net.interface(x, torch.zeros(len(x), dtype=torch.long))
 
         return forward
