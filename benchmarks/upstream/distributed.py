@@ -252,9 +252,15 @@ def main(argv: List[str] = None) -> int:
                      "flag")
     mode = Mode(args.codebase, args.checkout.resolve(), args.same_training, args.alone)
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_worker, args=(args.world, mode, folder), nprocs=args.world, join=True)
-        ranks = [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=False) for r in range(args.world)]
-    lines = compare(ranks, run(mode, 0, 1))
+        previous = os.getcwd()
+        os.chdir(folder)  # where the upstream modules write their tensorboard/ and logs/ folders
+        try:
+            mp.spawn(_worker, args=(args.world, mode, folder), nprocs=args.world, join=True)
+            ranks = [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=False) for r in range(args.world)]
+            single = run(mode, 0, 1)
+        finally:
+            os.chdir(previous)
+    lines = compare(ranks, single)
     terms = codebase.batch_dependent and f"; {codebase.batch_dependent}" + (" (off)" if args.same_training else "")
     print(f"{args.codebase} ({checkout_commit(mode.checkout)}): {args.world} gloo processes, DistributedDataParallel "
           f"as {codebase.wrapped_at}{terms}" + ("; distributed=False" if args.alone else ""))
