@@ -57,6 +57,7 @@ from .task_stream import IMAGE_SIZE
 __all__ = ["CODEBASES", "main"]
 
 BATCHES, GLOBAL_BATCH, BUDGET, SEED = 4, 16, 48, 0
+REPEAT = 4  # each label this many times in a row: see _stream
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,13 @@ CODEBASES: Dict[str, Codebase] = {
 
 def _stream() -> List[TensorDataset]:
     """Global batches of labels within a task's classes (the task's offset is added when it is trained), each
-    label twice in a row, so every process's share holds the classes of the global batch in the same order (the
-    online trainers' per-batch class mask and exposed-class order are then those of one process)."""
+    label ``REPEAT`` times in a row, so the share of each of 2 or 4 processes holds the classes of the global batch
+    in the same order (the online trainers' per-batch class mask and exposed-class order are then those of one
+    process)."""
     gen = torch.Generator().manual_seed(SEED)
     return [TensorDataset(torch.randn(GLOBAL_BATCH, 3, IMAGE_SIZE, IMAGE_SIZE, generator=gen) + 0.5 * step,
-                          torch.randint(0, CLASSES_PER_TASK, (GLOBAL_BATCH // 2,), generator=gen).repeat_interleave(2))
-            for step in range(BATCHES)]
+                          torch.randint(0, CLASSES_PER_TASK, (GLOBAL_BATCH // REPEAT,), generator=gen)
+                          .repeat_interleave(REPEAT)) for step in range(BATCHES)]
 
 
 def _loader(batch: TensorDataset, step: int, task: int, rank: int, world: int, indexed: bool) -> DataLoader:
