@@ -42,11 +42,15 @@ from fly_modules._validation import Integer
 from ..flags import Parser, add_flag
 from .checks import ROUTER_OPTIONS, retrofit
 from .distributed_loops import EngineLoop, TrainerLoop
+from .harnesses._flygcl_hide import FlyGCLPrefix
 from .harnesses._hide import HiDeLayout
 from .harnesses._prompt_options import l2p_prompt
 from .harnesses._task_loop import CLASSES_PER_TASK
 from .harnesses.dualprompt_pytorch_dualprompt import DualPromptPytorch
 from .harnesses.flygcl_dualprompt import FlyGCLDualPrompt
+from .harnesses.flygcl_l2p import FlyGCLL2P
+from .harnesses.flygcl_mvp import FlyGCLMVP
+from .harnesses.flygcl_sprompt import FlyGCLSPrompt
 from .harnesses.l2p_pytorch_l2p import POOL, TOP_K, L2PPytorch
 from .harnesses.misa_mvp import MISAMVP
 from .harnesses.siblurry_mvp import SiBlurryMVP
@@ -85,8 +89,10 @@ def _no_orth_loss(pair: Any) -> None:
 
 _ORTH = "orth_loss (args.reg 0.1: a contrastive loss between the samples of the batch a process sees)"
 _HIDE = "trainers/hideprompt_trainer.py:95"
+_FLYGCL = "methods/_trainer.py:156"
 _OWN_SHARE = ("training through model_without_ddp ({}): DDP never averages the gradients, each process trains "
               "its model on its own share")
+_PREFIX_SHARE = _OWN_SHARE.format("methods/hide_norga_trainer.py:146, 149")
 CODEBASES: Dict[str, Codebase] = {
     "l2p-pytorch": Codebase(L2PPytorch, EngineLoop, False, "main.py:111", "batchwise_prompt (the prompts most "
                             "frequent in the batch a process sees)", _per_sample_prompts),
@@ -97,7 +103,12 @@ CODEBASES: Dict[str, Codebase] = {
                                   _ORTH, _no_orth_loss),
     "MoE_PromptCL-norga": Codebase(lambda c: HiDeLayout(c, "norga", "MoE_PromptCL / NoRGa"), EngineLoop, True,
                                    "trainers/norgaprompt_trainer.py:99", _ORTH, _no_orth_loss),
-    "FlyGCL-dualprompt": Codebase(FlyGCLDualPrompt, TrainerLoop, False, "methods/_trainer.py:156"),
+    "FlyGCL-dualprompt": Codebase(FlyGCLDualPrompt, TrainerLoop, False, _FLYGCL),
+    "FlyGCL-l2p": Codebase(FlyGCLL2P, TrainerLoop, False, _FLYGCL),
+    "FlyGCL-mvp": Codebase(FlyGCLMVP, TrainerLoop, False, _FLYGCL, _OWN_SHARE.format("methods/mvp.py:151")),
+    "FlyGCL-sprompt": Codebase(FlyGCLSPrompt, TrainerLoop, False, _FLYGCL),
+    "FlyGCL-hide": Codebase(lambda c: FlyGCLPrefix(c, "hide"), TrainerLoop, False, _FLYGCL, _PREFIX_SHARE),
+    "FlyGCL-norga": Codebase(lambda c: FlyGCLPrefix(c, "norga"), TrainerLoop, False, _FLYGCL, _PREFIX_SHARE),
     "Si-Blurry-mvp": Codebase(SiBlurryMVP, TrainerLoop, False, "methods/_trainer.py:115",
                               _OWN_SHARE.format("methods/mvp.py:96")),
     "MISA-mvp": Codebase(MISAMVP, TrainerLoop, False, "methods/_trainer.py:274", _OWN_SHARE.format("methods/mvp.py:145"),
