@@ -55,6 +55,11 @@ def test_a_world_that_does_not_divide_the_global_batch_is_one_line(capsys, tmp_p
                                                                               "--world", "3"])
 
 
+def test_an_online_trainer_with_more_processes_than_the_stream_keeps_classes_for_is_one_line(capsys, tmp_path):
+    error = usage_error(capsys, ["--codebase", "FlyGCL-dualprompt", "--checkout", str(tmp_path), "--world", "8"])
+    assert "only for 2 or 4 processes, got 8" in error
+
+
 def test_the_shares_are_made_of_the_global_batch_only():
     """No sample of one global batch reaches another's shares (a share is cut from its own global batch)."""
     stream = distributed._stream()

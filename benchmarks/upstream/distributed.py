@@ -260,6 +260,9 @@ def main(argv: List[str] = None) -> int:
     if GLOBAL_BATCH % args.world:
         parser.error(f"argument --world: {args.world} does not divide the global batch of {GLOBAL_BATCH}")
     codebase = CODEBASES[args.codebase]
+    if codebase.loop.indexed and REPEAT % args.world:
+        parser.error(f"argument --world: {args.codebase}'s trainer masks each process's batch to its classes, which "
+                     f"are the global batch's only for 2 or 4 processes, got {args.world}")
     if args.same_training and codebase.same_training is None:
         parser.error(f"argument --same-training: {args.codebase} has no batch-dependent term to turn off; drop the "
                      "flag")
