@@ -7,8 +7,11 @@ whole batches and every collective is the identity.
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -128,3 +131,17 @@ class DataParallel:
         for p in used:
             p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
             offset += p.numel()
+
+
+def leave_after(body: Callable[..., None], *args: Any) -> None:
+    """End a process spawned by ``torch.multiprocessing.spawn`` after ``body(*args)`` with ``os._exit``: its
+    process group is never torn down, since before torch 2.8 gloo's destructor can deadlock on the GIL
+    (docs/router.md). ``body`` has written the process's results by then; a failure is printed, then a non-zero
+    exit for ``spawn`` to report."""
+    try:
+        body(*args)
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    os._exit(0)

@@ -13,9 +13,7 @@ the single process; the other processes wait in the collectives while process 0 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-import traceback
 from datetime import timedelta
 from typing import Callable, Dict, List
 
@@ -28,6 +26,7 @@ from fly_modules._validation import Integer
 from fly_modules.distributed import gather_rows
 
 from ..flags import Parser, add_flag
+from ..parallel import leave_after
 from .timing import best_ratio, median, print_header, time_side_by_side
 
 __all__ = ["bytes_per_batch", "main"]
@@ -80,13 +79,7 @@ def _report(times: Dict[str, List[float]], world: int, args: object) -> None:
 
 
 def _worker(rank: int, world: int, init_file: str, args: object) -> None:
-    try:
-        _rank(rank, world, init_file, args)
-    except BaseException:  # noqa: BLE001 - shown, then a non-zero exit for mp.spawn to report
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    os._exit(0)  # no teardown: gloo's destructor can deadlock before torch 2.8 (docs/router.md)
+    leave_after(_rank, rank, world, init_file, args)
 
 
 def main(argv: List[str] = None) -> None:

@@ -22,9 +22,7 @@ up to float rounding. ``--alone`` retrofits with ``distributed=False`` in every 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,7 +37,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from fly_modules import AnalyticRouter, SampleBudgetSchedule
 from fly_modules._validation import Integer
 
-from ..flags import Parser, add_flag
+from ..flags import Parser, add_flag, add_input_flag
+from ..parallel import leave_after
 from .checks import ROUTER_OPTIONS, retrofit
 from .distributed_loops import EngineLoop, TrainerLoop
 from .harnesses._flygcl_hide import FlyGCLPrefix
@@ -186,17 +185,15 @@ def run(mode: Mode, rank: int, world: int) -> Dict[str, Any]:
 
 
 def _worker(rank: int, world: int, mode: Mode, folder: str) -> None:
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=300))
-        torch.save(run(mode, rank, world), os.path.join(folder, f"rank{rank}.pt"))
-        dist.barrier()
-    except BaseException:  # noqa: BLE001 - shown, then a non-zero exit for mp.spawn to report
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    os._exit(0)  # no teardown: gloo's destructor can deadlock before torch 2.8 (docs/router.md)
+    leave_after(_rank, rank, world, mode, folder)
+
+
+def _rank(rank: int, world: int, mode: Mode, folder: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=300))
+    torch.save(run(mode, rank, world), os.path.join(folder, f"rank{rank}.pt"))
+    dist.barrier()
 
 
 def _expert_per_batch(starts: List[List[int]]) -> List[int]:
@@ -248,7 +245,7 @@ def main(argv: List[str] = None) -> int:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--codebase", choices=sorted(CODEBASES), default="l2p-pytorch",
                         help="whose loop runs (default l2p-pytorch)")
-    parser.add_argument("--checkout", type=Path, required=True, help="a checkout of the codebase's repository")
+    add_input_flag(parser, "--checkout", "folder", required=True, help="a checkout of the codebase's repository")
     add_flag(parser, "--world", Integer(minimum=2, maximum=GLOBAL_BATCH), default=2,
              help=f"processes (a divisor of the global batch of {GLOBAL_BATCH}: each gets an equal share)")
     parser.add_argument("--same-training", "--same-selection", action="store_true",
