@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from fly_modules import TemporalEnsembleHead
 from fly_modules._validation import InvalidParameterError
 
-from ._head import EnsembleLinear
+from ._head import EnsembleLinear, bank_copies
 
 __all__ = [
     "ClassifierRefused", "ClassifierSeat", "ExpertHeadEnsemble", "classifier_seat", "install_pool", "pool_holding",
@@ -230,8 +230,7 @@ class ExpertHeadEnsemble(nn.Module):
 
     def bank_copies(self) -> List[Tensor]:
         """Each bank's copies, flattened (what ``verify`` compares before and after a step)."""
-        flat = [torch.cat([m.ema_weight.flatten(), *(() if m.ema_bias is None else (m.ema_bias.flatten(),))])
-                for m in self.members]
+        flat = [bank_copies(member)[0] for member in self.members]  # each member holds one bank
         return [flat[e] if e < len(flat) else torch.zeros(0) for e in self.expert_of_bank]
 
     # ------------------------------------------------------------------------------------ checkpoints

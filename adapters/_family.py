@@ -240,7 +240,7 @@ class AdapterFamily:
         path, pool = found
         owner, _, name = path.rpartition(".")
         seam = f"head_owner=model{'.' + owner if owner else ''}, head_name={name!r}"
-        if "head_owner" not in inspect.signature(type(self).recognise).parameters:
+        if not self._names_its_head():
             seam = f"{GENERIC_CALL} with {seam}"
         raise SeamError(
             f"{self.caller}: the classifier named is one of the {len(pool)} per-expert classifiers of `{path}` (an "
@@ -258,8 +258,11 @@ class AdapterFamily:
 
     def head_fix(self) -> str:
         """The options that name another classifier, as this family accepts them."""
-        return head_options("generic" if "head_owner" in inspect.signature(type(self).recognise).parameters
-                            else self.family)
+        return head_options("generic" if self._names_its_head() else self.family)
+
+    def _names_its_head(self) -> bool:
+        """Whether this family's ``recognise`` takes ``head_owner``/``head_name`` (else only ``generic`` does)."""
+        return "head_owner" in inspect.signature(type(self).recognise).parameters
 
     def router_width(self, plan: Plan, first: Optional[nn.Linear]) -> Optional[int]:
         """``router_dim``, else the classifier's input width, else the layout's query width."""

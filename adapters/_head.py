@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from fly_modules import TemporalEnsembleHead
 from fly_modules._validation import check_logit_mask
 
-__all__ = ["ClassifierSteps", "EnsembleLinear", "bank_copies", "ensemble_scores", "no_ema_cause", "perturb_banks"]
+__all__ = ["ClassifierSteps", "EnsembleLinear", "bank_copies", "ensemble_scores", "frozen_classifier", "no_ema_cause",
+           "perturb_banks"]
 
 _NO_OPTIMIZER = (
     "Retrofit.end_batch: the ensemble is on but its EMA copies did not move during this batch while the "
@@ -115,13 +116,15 @@ def no_ema_cause(ensemble: Any, stepped: bool) -> Optional[str]:
     optimizer without the step hook; ``None`` when the classifier did not move either."""
     online = ensemble.online
     if online is not None and not online.weight.requires_grad:
-        return (
-            f"Retrofit.end_batch: the classifier the ensemble copies ({type(online).__name__} "
-            f"{tuple(online.weight.shape)}) is frozen (requires_grad=False), so its EMA copies have nothing to "
-            "follow; where each task has its own classifier, name the pool of them (docs/adapters.md, "
-            "\"Per-expert classifiers\")"
-        )
+        return f"Retrofit.end_batch: {frozen_classifier(online)} (docs/adapters.md, \"Per-expert classifiers\")"
     return _NO_OPTIMIZER if stepped else None
+
+
+def frozen_classifier(online: nn.Module) -> str:
+    """What a frozen copied classifier means, and the fix (``end_batch``'s warning and ``verify``'s check)."""
+    return (f"the classifier the ensemble copies ({type(online).__name__} {tuple(online.weight.shape)}) is frozen "
+            "(requires_grad=False), so its EMA copies have nothing to follow; where each task has its own "
+            "classifier, name the pool of them as the head")
 
 
 def bank_copies(ensemble: Any) -> List[Tensor]:

@@ -149,7 +149,6 @@ class PromptMaskPool(Layout):
         options, name = self.options, self.family.family
         if options.router:
             self.family.require_keyword(self.prompt.forward, "prompt_mask", callee=f"{type(self.prompt).__name__}.forward")
-        if options.router:
             check_key_width(self.family, plan, self.prompt, "prompt_key", self.slots.query_module is None)
         corrections = check_assembly(self.prompt, family=name, router=options.router, correct=options.correct_assembly)
         plan.corrections = [*plan.corrections, *corrections]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._batch_independence import batch_size, tolerance
-from ._head import bank_copies, perturb_banks
+from ._head import bank_copies, frozen_classifier, perturb_banks
 from ._restore import Snapshot
 from ._verify_report import Check, attempt
 
@@ -63,9 +63,7 @@ def check_ensemble_step(handle: Any, run: Any, snapshot: Snapshot, checks: List[
 
 def _unmoved_head(online: Any) -> str:
     if not online.weight.requires_grad:
-        return (f"the classifier the ensemble copies ({type(online).__name__} {tuple(online.weight.shape)}) is frozen "
-                "(requires_grad=False), so its copies have nothing to follow; where each task has its own "
-                "classifier, name the pool of them as the head")
+        return frozen_classifier(online)
     return "the classifier the ensemble copies got no gradient: the loss does not reach it"
 
 

@@ -131,24 +131,13 @@ class _Seams(Layout):
     def install_hooks(self) -> None:
         bank_from_output = self.bank_from_output
         if self.options.router:
-            used = None if bank_from_output is None else _BanksOfOutput(bank_from_output)
             self.route_keyword(self.route_module, self.route_kwarg, method=self.route_method, value=self.route_value,
-                               banks_follow_routing=bank_from_output is None, used_from_output=used)
+                               banks_follow_routing=bank_from_output is None, used_from_output=bank_from_output)
             self.read_query(self.query_module, self.query_from_output, "query_module", when=self.query_when)
         if bank_from_output is not None:
             self.read_banks(self.route_module, _BanksOfCall(self, bank_from_output))
         elif self.options.ensemble and not self.options.router:
             self.count_batches(self.model)
-
-
-class _BanksOfOutput:
-    """``bank_from_output`` of a routed call's output: the experts whose prompts it used."""
-
-    def __init__(self, bank_from_output: Callable[[Any], Tensor]) -> None:
-        self.bank_from_output = bank_from_output
-
-    def __call__(self, output: Any) -> Optional[Tensor]:
-        return self.bank_from_output(output)
 
 
 class _BanksOfCall:
