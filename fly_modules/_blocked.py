@@ -101,8 +101,7 @@ def add_rows(gram: Tensor, cross: Tensor, phi: Tensor, ids: Tensor, panel_rows: 
     """``G += phi^T phi`` (lower triangle) and ``Q += phi^T onehot(ids)``; the product's precision and default
     panel height by ``_ridge.fold_product_dtype`` (``docs/router.md``, "Fold precision")."""
     product = _ridge.fold_product_dtype(gram, phi)
-    default_panel = _ridge.PANEL_ROWS if product == gram.dtype else _ridge.LOW_PRECISION_PANEL_ROWS
-    _ridge.accumulate_lower_gram(gram, phi, panel_rows or default_panel, product)
+    _ridge.accumulate_lower_gram(gram, phi, panel_rows or _ridge.fold_panel_rows(product, gram.dtype), product)
     # One-hot GEMM rather than index_add_: half the time on CPU, deterministic on CUDA (no atomics). The
     # one-hot is scattered rather than F.one_hot'ed, which checks the ids' range on the host.
     onehot = phi.new_zeros(phi.shape[0], cross.shape[1]).scatter_(1, ids.unsqueeze(1), 1.0)

@@ -19,7 +19,7 @@ from torch import Tensor
 __all__ = [
     "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
     "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound", "preferred_solver",
-    "fold_product_dtype", "FOLD_PRODUCT_DTYPE",
+    "fold_product_dtype", "fold_product_choice", "fold_panel_rows", "FOLD_PRODUCT_DTYPE",
 ]
 
 # G is updated in row panels of PANEL_ROWS rows: panel i adds phi_i^T phi[:, :end_i], a fraction
@@ -99,11 +99,24 @@ def fold_product_dtype(gram: Tensor, phi: Tensor) -> torch.dtype:
     """The dtype ``accumulate_lower_gram`` multiplies ``phi`` in: ``FOLD_PRODUCT_DTYPE[device]`` when ``gram`` is
     float64, at least ``FOLD_LOW_PRECISION_MIN_WIDTH`` wide, and every entry of ``phi`` is exactly a float32
     number (nothing is rounded before the product; only the GEMM's products and sums are)."""
-    chosen = FOLD_PRODUCT_DTYPE.get(gram.device.type, gram.dtype)
-    small = gram.shape[0] < FOLD_LOW_PRECISION_MIN_WIDTH
-    if small or chosen == gram.dtype or phi.dtype != torch.float64 or gram.dtype != torch.float64:
+    chosen = fold_product_choice(gram.device, gram.shape[0])
+    if chosen == torch.float64 or phi.dtype != torch.float64 or gram.dtype != torch.float64:
         return gram.dtype
     return chosen if bool(torch.equal(phi.to(chosen).double(), phi)) else gram.dtype
+
+
+def fold_product_choice(device: torch.device, width: int) -> torch.dtype:
+    """The device and width part of :func:`fold_product_dtype`: the product's dtype for float64 statistics of
+    width ``M`` whose rows are float32 numbers."""
+    if width < FOLD_LOW_PRECISION_MIN_WIDTH:
+        return torch.float64
+    return FOLD_PRODUCT_DTYPE.get(device.type, torch.float64)
+
+
+def fold_panel_rows(product_dtype: torch.dtype, stats_dtype: torch.dtype = torch.float64) -> int:
+    """The fold's default panel height: ``PANEL_ROWS`` for products in the statistics' dtype, shorter panels
+    (their temporaries stay in the cache) for lower-precision products."""
+    return PANEL_ROWS if product_dtype == stats_dtype else LOW_PRECISION_PANEL_ROWS
 
 
 def accumulate_lower_gram(gram: Tensor, phi: Tensor, panel_rows: int = PANEL_ROWS,

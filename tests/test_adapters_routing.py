@@ -75,7 +75,8 @@ def test_a_selection_passed_positionally_is_replaced_by_the_routed_one(method):
         assert torch.equal(routed, _selected(net, x, expert))
         assert handle.record.routed.tolist() == [expert] * B
     handle.remove()
-    assert "interface" not in vars(net)
+    assert "interface" not in vars(net)  # the routed method unpatched
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in net.modules())  # the routed forward unhooked
 
 
 def test_forcing_routes_a_call_made_before_the_query_module_ran():

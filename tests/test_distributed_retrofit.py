@@ -133,9 +133,9 @@ def rest_of_a_run(rank: int, out_dir: str) -> Dict[str, Any]:
                  "retrofit": first.handle.state_dict()}
         torch.save(state, path)
     dist.barrier()
-    checks["verify on every rank"] = first.handle.verify(first.share(7)[0], forward=forward).ok
+    checks[f"verify on every rank, rank {rank}"] = first.handle.verify(first.share(7)[0], forward=forward).ok
     group = first.handle.process_group
-    checks["group restored"] = group is not None and first.handle.router.process_group is group
+    checks[f"group restored, rank {rank}"] = group is not None and first.handle.router.process_group is group
     resumed = Run(RESUMED, rank, WORLD)
     state = _compat.load_weights(path)
     resumed.model.load_state_dict(state["model"])
@@ -236,7 +236,8 @@ def test_verify_checkpoints_and_opting_out_on_ranks(runs):
     checks = {**runs["rest"][0]["checks"], **runs["rest"][1]["checks"]}
     refused = checks.pop("unfinished batch, rank 1")
     assert "holds process 0's share of an unfinished stream batch, this is process 1: save after end_batch" in refused
-    assert checks == {"verify on one rank": True, "verify on every rank": True, "group restored": True,
+    assert checks == {"verify on one rank": True, **{f"{check}, rank {r}": True for r in range(WORLD)
+                                                     for check in ("verify on every rank", "group restored")},
                       "opted out": True, "alone: own rows, own count": True, "unfinished batch, rank 0": "loaded",
                       "no router: global count, rank 0": True, "no router: global count, rank 1": True}
     for resumed, uninterrupted in zip(runs["rest"], runs[RESUMED]):

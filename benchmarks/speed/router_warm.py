@@ -94,7 +94,7 @@ def bench_folds(args: argparse.Namespace) -> None:
     print(f"\nfold precision: M = {args.expansion_dim}, {total} float32 feature rows in folds of {args.fold_rows}")
     reference = None
     for dtype in FOLD_PRECISIONS:
-        panel = _ridge.PANEL_ROWS if dtype == torch.float64 else _ridge.LOW_PRECISION_PANEL_ROWS
+        panel = _ridge.fold_panel_rows(dtype)
         gram = torch.zeros(args.expansion_dim, args.expansion_dim, dtype=torch.float64, device=args.device)
         seconds = []
         for start in range(0, total, args.fold_rows):

@@ -64,13 +64,7 @@ from benchmarks.speed.vs_reference_variants import (
     stream_block,
     synchronizer,
 )
-from fly_modules._ridge import (
-    FOLD_LOW_PRECISION_MIN_WIDTH,
-    FOLD_PRODUCT_DTYPE,
-    LOW_PRECISION_PANEL_ROWS,
-    PANEL_ROWS,
-    panels,
-)
+from fly_modules._ridge import PANEL_ROWS, fold_panel_rows, fold_product_choice, panels
 from fly_modules._validation import Integer, Real
 
 # The parts, one module each: the variants and their batches, and the agreement checks; tests read
@@ -282,8 +276,8 @@ def fold_arithmetic(timings: Timings, args: argparse.Namespace) -> Dict[str, flo
     base = timings.train["baseline"]
     seconds = median(timings.train_folds["ours"])
     # The fold's GEMM precision for float32 features (the expansion's product of fp32 and autocast CLS tokens)
-    product = fold_precision(args.device, args.expansion_dim)
-    panel_rows = PANEL_ROWS if product == "float64" else LOW_PRECISION_PANEL_ROWS
+    product_dtype = fold_product_choice(args.device, args.expansion_dim)
+    product, panel_rows = str(product_dtype).replace("torch.", ""), fold_panel_rows(product_dtype)
     flops = fold_flops(args.train_batch, args.expansion_dim, panel_rows)
     result = {
         "gflop_per_batch": flops / 1e9,
@@ -300,13 +294,6 @@ def fold_arithmetic(timings: Timings, args: argparse.Namespace) -> Dict[str, flo
               f"{result['gemm_gflops_float32']:.1f}), so the fold is "
               f"{100 * result['gflops'] / result['gemm_gflops_' + product]:.0f}% of this machine's {product} rate")
     return result
-
-
-def fold_precision(device: torch.device, width: int) -> str:
-    """The precision of the router's fold products for rows of float32 numbers (``_ridge.fold_product_dtype``)."""
-    if width < FOLD_LOW_PRECISION_MIN_WIDTH:
-        return "float64"
-    return str(FOLD_PRODUCT_DTYPE.get(device.type, torch.float64)).replace("torch.", "")
 
 
 def paired_ratio(times: Dict[str, List[float]], numerator: str, denominator: str) -> float:

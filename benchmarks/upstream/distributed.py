@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -215,8 +215,8 @@ def _reference_statistics(ranks: List[Dict[str, Any]]) -> Tensor:
     return router.gram
 
 
-def compare(ranks: List[Dict[str, Any]], single: Dict[str, Any]) -> List[str]:
-    """One line per check and process: PASS or FAIL, what it establishes, the figures."""
+def compare(ranks: List[Dict[str, Any]], single: Dict[str, Any]) -> List[Tuple[bool, str]]:
+    """``(passed, line)`` per check and process: the line says PASS or FAIL, what it establishes, the figures."""
     reference, lines = _reference_statistics(ranks), []
     rows = int(single["counts"].sum())
     bound = 2 * rows * torch.finfo(torch.float64).eps * float(reference.trace())  # tests/ridge_bounds.py's norm-wise rule
@@ -237,7 +237,8 @@ def compare(ranks: List[Dict[str, Any]], single: Dict[str, Any]) -> List[str]:
             "predicts as one process": (torch.equal(result["logits"].argmax(1), single["logits"].argmax(1)),
                                         f"max |logit difference| {difference:.1e}"),
         }
-        lines += [f"process {rank}: {'PASS' if ok else 'FAIL'}  {name}: {detail}" for name, (ok, detail) in checks.items()]
+        lines += [(bool(ok), f"process {rank}: {'PASS' if ok else 'FAIL'}  {name}: {detail}")
+                  for name, (ok, detail) in checks.items()]
     return lines
 
 
@@ -248,7 +249,7 @@ def main(argv: List[str] = None) -> int:
     add_input_flag(parser, "--checkout", "folder", required=True, help="a checkout of the codebase's repository")
     add_flag(parser, "--world", Integer(minimum=2, maximum=GLOBAL_BATCH), default=2,
              help=f"processes (a divisor of the global batch of {GLOBAL_BATCH}: each gets an equal share)")
-    parser.add_argument("--same-training", "--same-selection", action="store_true",
+    parser.add_argument("--same-training", action="store_true",
                         help="the codebase's training terms that depend on the batch a process sees off "
                              "(l2p-pytorch: batchwise_prompt; HiDe-Prompt, MoE_PromptCL: orth_loss)")
     parser.add_argument("--alone", action="store_true",
@@ -269,7 +270,7 @@ def main(argv: List[str] = None) -> int:
         os.chdir(folder)  # where the upstream modules write their tensorboard/ and logs/ folders
         try:
             mp.spawn(_worker, args=(args.world, mode, folder), nprocs=args.world, join=True)
-            ranks = [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=False) for r in range(args.world)]
+            ranks = [torch.load(os.path.join(folder, f"rank{r}.pt"), weights_only=True) for r in range(args.world)]
             single = run(mode, 0, 1)
         finally:
             os.chdir(previous)
@@ -277,8 +278,8 @@ def main(argv: List[str] = None) -> int:
     terms = codebase.batch_dependent and f"; {codebase.batch_dependent}" + (" (off)" if args.same_training else "")
     print(f"{args.codebase} ({checkout_commit(mode.checkout)}): {args.world} gloo processes, DistributedDataParallel "
           f"as {codebase.wrapped_at}{terms}" + ("; distributed=False" if args.alone else ""))
-    print("\n".join(lines))
-    return 0 if all(" PASS " in f" {line} " for line in lines) else 1
+    print("\n".join(line for _, line in lines))
+    return 0 if all(passed for passed, _ in lines) else 1
 
 
 if __name__ == "__main__":
