@@ -10,15 +10,17 @@ imports this module directly.
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
-    "symmetric_matmul", "solve_mixed", "solve_cholesky", "solve_eigh", "error_bound", "preferred_solver",
+    "symmetric_matmul", "refine", "residual_converged", "solve_mixed", "solve_cholesky", "solve_eigh",
+    "error_bound", "preferred_solver",
     "fold_product_dtype", "fold_product_choice", "fold_panel_rows", "FOLD_PRODUCT_DTYPE",
 ]
 
@@ -28,10 +30,11 @@ __all__ = [
 # AVX-512 CPUs (benchmarks/speed/router.py prints the kernel ratio).
 PANEL_ROWS = 512
 # Products of G with a few vectors (the refinement's and the warm solve's residuals) walk it in shorter
-# panels: each panel is read twice (for both triangles), and at 128 rows the second read hits the cache.
-# On a 2-core AMD EPYC at M = 4,000, one product took 0.048 s in panels of 512 rows, 0.024 s in panels
-# of 128 (a dense product with the full matrix: 0.024 s).
-PRODUCT_PANEL_ROWS = 128
+# panels: each panel is read twice (for both triangles), and at 64 rows the second read hits the cache.
+# On a 2-core AMD EPYC (AVX-512, MKL, 1 thread), one product with 6 vectors took 0.095 s at M = 10,000 in
+# panels of 64 rows, 0.102 s of 128, 0.142 s of 256 (a dense product with the full matrix: 0.143 s); at
+# M = 4,000: 0.017 s in panels of 64 or 128.
+PRODUCT_PANEL_ROWS = 64
 
 
 # GPUs whose float64 arithmetic runs at half the float32 rate or better, by compute capability: the
@@ -69,7 +72,7 @@ class RidgeSolution(NamedTuple):
     solver: str  #: ``"mixed"``, ``"cholesky"`` or ``"eigh"``
     condition: float  #: cond_2(G + ridge I): exact for eigh, a lower bound from the factor otherwise
     precision: torch.dtype  #: the precision the answer is accurate to, up to ``condition``
-    refinement_steps: int = 0  #: float64 residual products of the mixed solver; iterations of a warm solve
+    refinement_steps: int = 0  #: float64 residual products of a refined solve (mixed or warm)
     factor: Optional[Tensor] = None  #: the float32 Cholesky factor of ``G + ridge I`` (lower), when one was made
 
 
@@ -142,19 +145,18 @@ def symmetrize_lower(block: Tensor) -> Tensor:
 
 def symmetric_matmul(gram: Tensor, x: Tensor, panel_rows: int = PANEL_ROWS) -> Tensor:
     """``G @ x`` from the lower triangle of ``gram`` without materialising the full matrix."""
-    out = torch.zeros_like(x)
-    # The strictly-lower part's transpose, L^T x, is accumulated as x^T L (k x M): a product with a
-    # transposed row-major panel as its left operand runs several times slower on MKL for k << M.
-    transposed = x.new_zeros(x.shape[1], x.shape[0])
-    rows = x.t()
+    # Computed as x^T G, k x M: MKL's products of a short wide left operand with a panel run 1.4-1.6x
+    # faster than those of a panel with a tall thin right operand (the form G x) at k = 6.
+    rows = x.t().contiguous()
+    out = torch.zeros_like(rows)
     for start, stop in panels(gram.shape[0], panel_rows):
-        out[start:stop] += symmetrize_lower(gram[start:stop, start:stop]) @ x[start:stop]
+        out[:, start:stop] += rows[:, start:stop] @ symmetrize_lower(gram[start:stop, start:stop])
         if start:
             # Strictly below the diagonal: stored once for both triangles.
             left = gram[start:stop, :start]
-            out[start:stop] += left @ x[:start]
-            transposed[:, :start].addmm_(rows[:, start:stop], left)
-    return out.add_(transposed.t())
+            out[:, start:stop].addmm_(rows[:, :start], left.t())
+            out[:, :start].addmm_(rows[:, start:stop], left)
+    return out.t().contiguous()
 
 
 def symmetric_abs_row_sums(gram: Tensor, panel_rows: int = PANEL_ROWS) -> Tensor:
@@ -248,37 +250,58 @@ def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, *, keep_factor: bo
 
 def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = PRODUCT_PANEL_ROWS,
                 max_iter: int = 30) -> Optional[RidgeSolution]:
-    """Float32 Cholesky factor + float64 iterative refinement; ``None`` when it does not converge.
+    """Float32 Cholesky factor + float64 iterative refinement (:func:`refine`); ``None`` when it does not converge.
 
-    Each step solves the float64 residual ``Q - (G + lambda I) x`` with the float32 factor; the error
-    contracts by about ``cond(G + lambda I) * 2^-24`` per step. It stops once the residual is at the
-    float64 rounding level of the product, ``||r|| <= eps64 * ||A|| * ||x||`` (infinity norms), where
-    the answer is as accurate as a float64 Cholesky or LU solve. When a step fails to halve the
-    correction, it accepts the solution if the residual meets LAPACK ``dsposv``'s looser
-    ``sqrt(M)`` criterion (refinement has stalled at rounding noise) and gives up otherwise
-    (``cond * 2^-24`` near 1 or above). Convergence itself bounds the condition number by about
+    Each step solves the float64 residual ``Q - (G + lambda I) x`` with the float32 factor; the error contracts
+    by about ``cond(G + lambda I) * 2^-24`` per step. Convergence itself bounds the condition number by about
     ``2^24``, so the float32 factor's diagonal ratio (free) is the estimate reported.
     """
     factor, info = cholesky_factor(gram, ridge, torch.float32)
     if info:
         return None
-    eps = torch.finfo(torch.float64).eps
-    norm = float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge
-    solution = cholesky_solve(factor, cross.float()).double()
-    condition = diagonal_ratio_squared(factor)
+    start = cholesky_solve(factor, cross.float()).double()
+    refined = refine(gram, cross, ridge, start, functools.partial(float32_solve, factor), max_iter=max_iter,
+                     panel_rows=panel_rows)
+    if refined is None:
+        return None
+    solution, steps = refined
+    return RidgeSolution(solution, ridge, "mixed", diagonal_ratio_squared(factor), torch.float64, steps, factor)
+
+
+def float32_solve(factor: Tensor, residual: Tensor) -> Tensor:
+    """``(L L^T)^-1 residual`` with a float32 factor, in float64: the mixed solver's correction."""
+    return cholesky_solve(factor, residual.float()).double()
+
+
+def residual_converged(residual: float, solution: float, scale: float) -> bool:
+    """The refinement's stopping test, ``max|r| <= eps64 ||G + ridge I||_inf max|x|`` (``scale`` = the last two)."""
+    return residual <= scale * solution
+
+
+def refine(gram: Tensor, cross: Tensor, ridge: float, solution: Tensor, correct: Callable[[Tensor], Tensor], *,
+           max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS) -> Optional[Tuple[Tensor, int]]:
+    """Iterative refinement of ``solution`` (in place) on the float64 residual; ``(solution, residual products)``,
+    or ``None`` when it does not converge in ``max_iter`` products.
+
+    ``correct`` maps a residual to a correction through an approximate inverse of ``G + ridge I`` (a float32
+    factor, or the warm solve's). Refinement stops once the residual is at the float64 rounding level of the
+    product (:func:`residual_converged`, infinity norms), where the answer is as accurate as a float64 Cholesky
+    or LU solve. When a correction fails to halve, it accepts the solution if the residual meets LAPACK
+    ``dsposv``'s looser ``sqrt(M)`` criterion (refinement has stalled at rounding noise) and gives up otherwise
+    (the approximate inverse is too far off: ``cond * 2^-24`` near 1 or above for a float32 factor).
+    """
+    scale = torch.finfo(torch.float64).eps * (float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge)
     previous = math.inf
     for steps in range(1, max_iter + 1):
         residual = cross - symmetric_matmul(gram, solution, panel_rows) - ridge * solution
         size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
-        if size_r <= eps * norm * size_x:
-            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps, factor)
-        correction = cholesky_solve(factor, residual.float()).double()
+        if residual_converged(size_r, size_x, scale):
+            return solution, steps
+        correction = correct(residual)
         size = float(correction.abs().max())
         if size > 0.5 * previous:
-            stalled_at_rounding_noise = size_r <= math.sqrt(gram.shape[0]) * eps * norm * size_x
-            if not stalled_at_rounding_noise:
-                return None
-            return RidgeSolution(solution, ridge, "mixed", condition, torch.float64, steps, factor)
+            stalled_at_rounding_noise = size_r <= math.sqrt(gram.shape[0]) * scale * size_x
+            return (solution, steps) if stalled_at_rounding_noise else None
         solution += correction
         previous = size
     return None

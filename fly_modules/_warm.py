@@ -2,36 +2,29 @@
 
 Between two evaluations ``G`` grows by the rows of a few batches. The last full solve's float32 Cholesky factor
 ``L`` of ``G0 + ridge I`` and the rows ``U`` folded since give ``(G + ridge I)^-1 = (L L^T + U^T U)^-1`` to float32
-accuracy by the Woodbury identity, for the price of triangular solves with the new rows; conjugate gradients
-preconditioned by it, checked on the true float64 residual, then reach float64 accuracy in a few steps, as the
-mixed solver's refinement does after a factorisation (``docs/router.md``, "Warm solves").
+accuracy by the Woodbury identity, for the price of triangular solves with the new rows; iterative refinement
+with it from the last solution, on the true float64 residual, then reaches float64 accuracy in a few steps, as
+the mixed solver's refinement does after a factorisation (``docs/router.md``, "Warm solves").
 """
 
 from __future__ import annotations
 
-import math
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
-from ._ridge import (
-    PRODUCT_PANEL_ROWS,
-    RidgeSolution,
-    diagonal_ratio_squared,
-    symmetric_abs_row_sums,
-    symmetric_matmul,
-)
+from ._ridge import PRODUCT_PANEL_ROWS, RidgeSolution, diagonal_ratio_squared, refine
 
 __all__ = ["WARM_MIN_WIDTH", "WARM_MAX_ITERATIONS", "WarmFactor", "warm_enabled", "warm_allowed", "solve_from",
-           "solve_warm", "warm_converged"]
+           "solve_warm"]
 
 # Smallest M whose solves start warm, per device type. A warm solve costs triangular solves with the new rows
 # (O(k M^2)) and a few passes over G; the factorisation it replaces costs M^3 / 3. From M = 3,072 on a CPU
 # (where the mixed path starts) it was faster in the measurements of docs/router.md. GPUs: not measured, off.
 WARM_MIN_WIDTH = {"cpu": 3_072}
-# A warm solve gives up after this many iterations (it usually needs as many as the mixed solver's refinement);
-# the full solve follows. One that needs more than 3/4 of them makes the next solve a full one.
+# A warm solve gives up after this many float64 residual products (it usually needs as many as the mixed solver's
+# refinement); the full solve follows. One that needs more than 3/4 of them makes the next solve a full one.
 WARM_MAX_ITERATIONS = 12
 # Rows kept since the factor, as a fraction of M: beyond it the next solve is a full one. The rows and their
 # triangular solves take 2 * M * (M / 8) float32 numbers, an eighth of G's float64 M x M.
@@ -131,64 +124,14 @@ class WarmFactor:
         return torch.linalg.solve_triangular(self.factor.mT, lower, upper=True).double()
 
 
-def warm_converged(residual: float, previous: float, solution: float, scale: float, width: int) -> bool:
-    """The warm solve's stopping test on the true residual's largest entry ``residual`` (``previous``: at the
-    last check): ``residual <= scale * solution`` (``scale = eps64 ||A||``, ``solution = max|x|``), or stalled
-    (less than halved since ``previous``) within ``sqrt(M)`` times that, as LAPACK ``dsposv`` accepts."""
-    stalled = residual >= 0.5 * previous and residual <= math.sqrt(width) * scale * solution
-    return residual <= scale * solution or stalled
-
-
 def solve_warm(gram: Tensor, cross: Tensor, ridge: float, warm: WarmFactor, start: Tensor, *,
                max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS) -> Optional[RidgeSolution]:
-    """Conjugate gradients on ``(G + ridge I) X = Q`` from ``start``, preconditioned by ``warm``; ``None`` when
-    it does not converge in ``max_iter`` steps.
-
-    Each column runs its own CG (Polak-Ribiere ``beta``, robust to the float32 preconditioner's rounding). It
-    stops on the true float64 residual by the mixed solver's test, ``||r|| <= eps64 ||A|| ||x||`` (infinity
-    norms), or LAPACK ``dsposv``'s ``sqrt(M)`` looser one once a restart from the true residual no longer gains
-    (``warm_converged``). The recurrence's residual only says when to compute the true one.
-    """
-    eps = torch.finfo(torch.float64).eps
-    norm = float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge
+    """Iterative refinement of ``(G + ridge I) X = Q`` from ``start`` (in place) with ``warm``'s inverse, stopped
+    on the true float64 residual by the mixed solver's test (:func:`fly_modules._ridge.refine`); ``None`` when it
+    does not converge in ``max_iter`` residual products."""
     warm.prepare()
-
-    def system_times(vectors: Tensor) -> Tensor:
-        return symmetric_matmul(gram, vectors, panel_rows) + ridge * vectors
-
-    solution, steps, previous_true = start.clone(), 0, math.inf
-    while True:
-        residual = cross - system_times(solution)  # the true residual: a check, and a restart
-        size_r = float(residual.abs().max())
-        if warm_converged(size_r, previous_true, float(solution.abs().max()), eps * norm, gram.shape[0]):
-            return RidgeSolution(solution, ridge, "warm", diagonal_ratio_squared(warm.factor), torch.float64, steps)
-        if steps >= max_iter:
-            return None
-        previous_true = size_r
-        steps = _conjugate_gradients(system_times, warm.apply, solution, residual, eps * norm, steps, max_iter)
-
-
-def _conjugate_gradients(system_times: Callable[[Tensor], Tensor], precondition: Callable[[Tensor], Tensor],
-                         solution: Tensor, residual: Tensor, tolerance: float, steps: int, max_iter: int) -> int:
-    """Preconditioned CG steps on ``solution`` (in place) from its true ``residual`` until the recurrence's
-    residual meets ``tolerance * max|x|`` or ``max_iter`` steps in all; returns the steps taken in all."""
-    preconditioned = precondition(residual)
-    direction = preconditioned.clone()
-    product = (residual * preconditioned).sum(dim=0)
-    tiny = torch.finfo(product.dtype).tiny
-    while steps < max_iter:
-        steps += 1
-        image = system_times(direction)
-        curvature = (direction * image).sum(dim=0)
-        alpha = torch.where(curvature > 0, product / curvature.clamp_min(tiny), torch.zeros_like(product))
-        solution.addcmul_(direction, alpha)
-        residual.sub_(image * alpha)
-        if float(residual.abs().max()) <= tolerance * float(solution.abs().max()):
-            break
-        previous = preconditioned
-        preconditioned = precondition(residual)
-        updated = (residual * (preconditioned - previous)).sum(dim=0)
-        beta = torch.where(product > 0, updated / product.clamp_min(tiny), torch.zeros_like(product)).clamp_min(0)
-        direction = preconditioned + direction * beta
-        product = (residual * preconditioned).sum(dim=0)
-    return steps
+    refined = refine(gram, cross, ridge, start, warm.apply, max_iter=max_iter, panel_rows=panel_rows)
+    if refined is None:
+        return None
+    solution, steps = refined
+    return RidgeSolution(solution, ridge, "warm", diagonal_ratio_squared(warm.factor), torch.float64, steps)

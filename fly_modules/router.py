@@ -175,7 +175,7 @@ class AnalyticRouter(nn.Module):
         self._solution_key: Optional[Tuple[int, ...]] = None
         self.ridge_: Optional[float] = None
         self.solver_: Optional[str] = None
-        #: float64 residual products (mixed) or conjugate-gradient iterations (warm) of the last solve
+        #: float64 residual products of the last solve (mixed or warm refinement)
         self.solve_steps_: Optional[int] = None
         self._warm: Optional[_warm.WarmFactor] = None  # the last full solve's factor (docs/router.md, "Warm solves")
         #: ``torch.distributed`` group whose processes' batches ``update`` gathers (``None``: local only).

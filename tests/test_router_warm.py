@@ -1,4 +1,4 @@
-"""AnalyticRouter's warm solves (conjugate gradients preconditioned by the last full solve's factor and the rows
+"""AnalyticRouter's warm solves (refinement with the last full solve's factor and the rows
 added since): the answer against a full factorisation within float64 rounding, a stale answer caught by the same
 bound, and when each path runs, tested by its rule (never by timing)."""
 
@@ -46,9 +46,9 @@ def test_warm_solve_agrees_with_the_full_factorisation(warm_everywhere, solver):
 def test_a_stale_warm_solution_fails_the_bound(warm_everywhere, monkeypatch):
     """The planted bug: the warm start accepted without its convergence check returns the last solution."""
     router = streamed_router()
-    monkeypatch.setattr(_warm, "warm_converged", lambda *args: True)
+    monkeypatch.setattr(_ridge, "residual_converged", lambda *args: True)
     stale = router.solve()
-    assert router.solver_ == "warm" and router.solve_steps_ == 0
+    assert router.solver_ == "warm" and router.solve_steps_ == 1  # its first residual, no correction
     with pytest.raises(AssertionError, match="beyond float64 rounding"):
         assert_same_solution(stale, full_solution(router), router.gram_matrix(), RIDGE)
 
