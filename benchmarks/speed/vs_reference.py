@@ -286,13 +286,18 @@ def fold_arithmetic(timings: Timings, args: argparse.Namespace) -> Dict[str, flo
         "gemm_gflops_float64": args.gemm_rates["float64"],
         "gemm_gflops_float32": args.gemm_rates["float32"], "product_dtype": product,
     }
+    # The floor: the same flops at the square GEMM's rate in the products' dtype, against the baseline's step
+    floor_seconds = flops / (result["gemm_gflops_" + product] * 1e9)
+    result["floor_percent_of_baseline"] = 100.0 * floor_seconds / median(base)
     if seconds > 0:
         print(f"  router folds as arithmetic: {result['gflop_per_batch']:.2f} GFLOP per stream batch, products in "
               f"{product} (G's lower triangle, {args.train_batch} rows at M = {args.expansion_dim}) at "
               f"{result['gflops']:.1f} GFLOP/s = {result['percent_of_baseline']:.1f}% of the baseline step; a square "
               f"float64 GEMM runs at {result['gemm_gflops_float64']:.1f} GFLOP/s here (float32 "
               f"{result['gemm_gflops_float32']:.1f}), so the fold is "
-              f"{100 * result['gflops'] / result['gemm_gflops_' + product]:.0f}% of this machine's {product} rate")
+              f"{100 * result['gflops'] / result['gemm_gflops_' + product]:.0f}% of this machine's {product} rate; "
+              f"at that rate the folds alone would be {result['floor_percent_of_baseline']:.1f}% of the baseline step "
+              f"(the floor of ours' training overhead at this M)")
     return result
 
 
