@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
+    "PANEL_ROWS", "PRODUCT_PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
     "symmetric_matmul", "refine", "residual_converged", "solve_mixed", "solve_cholesky", "solve_eigh",
     "error_bound", "preferred_solver",
     "fold_product_dtype", "fold_product_choice", "fold_panel_rows", "FOLD_PRODUCT_DTYPE",

@@ -104,7 +104,7 @@ class AnalyticRouter(nn.Module):
         ridge_: the ridge used by the last solve (the chosen value when ``ridge="auto"``).
         solver_: the solver actually used by the last solve: ``"mixed"``, ``"cholesky"``, ``"eigh"``, or
             ``"warm"`` (started from the last solution and factor, ``docs/router.md``, "Warm solves").
-        solve_steps_: float64 residual products of the last solve (mixed refinement or warm iterations).
+        solve_steps_: float64 residual products of the last solve (mixed or warm refinement).
 
     .. note::
         The checkpoint holds the statistics (with the rows not yet folded), the expansion and the settings (``ridge``, ``ridge_grid``,

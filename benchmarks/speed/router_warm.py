@@ -2,7 +2,8 @@
 """The router's warm solves and fold precision, measured on a stream of clustered features.
 
 Warm solves: ``--base`` samples and a solve, then ``--rounds`` rounds of ``--step`` new samples, each followed
-by a solve; per round the path ``solver="auto"`` took (``router.solver_``), its float64 steps and seconds,
+by a solve; after the first, one residual product's kernel beside a dense product; per round the path
+``solver="auto"`` took (``router.solver_``), its float64 steps and seconds,
 beside a full solve of the same statistics (the path ``preferred_solver`` picks, no factor reused) and the
 largest gap between the two answers relative to the largest weight.
 
@@ -71,6 +72,7 @@ def bench_warm(args: argparse.Namespace) -> None:
     _, seconds = timed(router.solve, args)
     print(f"\nwarm solves: M = {args.expansion_dim}, {args.base} samples, then rounds of {args.step}")
     print(f"  first solve: {router.solver_}, {router.solve_steps_} steps, {seconds:.3f} s")
+    bench_product(router, args)
     for round_index in range(args.rounds):
         start = args.base + round_index * args.step
         feed(router, features, ids, start, start + args.step, args.batch)
@@ -81,6 +83,17 @@ def bench_warm(args: argparse.Namespace) -> None:
         print(f"  +{args.step * (round_index + 1)} samples: {path}, {steps} steps, {seconds:.3f} s; full solve "
               f"({reference.solver}) {full_seconds:.3f} s = {full_seconds / seconds:.2f}x; max|dW|/max|W| {gap:.1e}",
               flush=True)
+
+
+def bench_product(router: AnalyticRouter, args: argparse.Namespace) -> None:
+    """One residual product's kernel, ``G`` times the solution's columns from the lower triangle in panels,
+    beside a dense product with the full symmetric matrix (what storing both triangles would cost)."""
+    vectors, full = router.weight.t().contiguous(), router.gram_matrix()
+    product = functools.partial(_ridge.symmetric_matmul, router.gram, vectors, _ridge.PRODUCT_PANEL_ROWS)
+    panelled = min(timed(product, args)[1] for _ in range(3))
+    dense = min(timed(lambda: full @ vectors, args)[1] for _ in range(3))
+    print(f"  one product with {vectors.shape[1]} columns: lower triangle in panels of {_ridge.PRODUCT_PANEL_ROWS} "
+          f"rows {panelled:.4f} s; dense product with the full matrix {dense:.4f} s = {dense / panelled:.2f}x")
 
 
 def bench_folds(args: argparse.Namespace) -> None:
