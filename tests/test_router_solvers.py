@@ -25,6 +25,21 @@ def test_mixed_precision_solver_reaches_float64_accuracy():
     assert_same_solution(with_mixed, expected, router.gram_matrix(), 1e3)
 
 
+@pytest.mark.parametrize("panel_rows", [1, 7, 64, 500])
+def test_products_with_g_read_its_lower_triangle_only(panel_rows):
+    """The residuals' kernels against the dense symmetric matrix, with garbage above the diagonal (a fold
+    writes the lower triangle only) and panels that do not divide M."""
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(40, 150, generator=generator, dtype=torch.float64)
+    symmetric = rows.t() @ rows - 3.0
+    gram = torch.tril(symmetric) + torch.triu(torch.full_like(symmetric, 1e6), 1)
+    vectors = torch.randn(150, 6, generator=generator, dtype=torch.float64)
+    product = _ridge.symmetric_matmul(gram, vectors, panel_rows)
+    assert product.shape == vectors.shape and product.is_contiguous()
+    torch.testing.assert_close(product, symmetric @ vectors, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(_ridge.symmetric_abs_row_sums(gram, panel_rows), symmetric.abs().sum(dim=1))
+
+
 def test_mixed_precision_falls_back_on_ill_conditioned_system():
     # 250 samples < M = 300: G is singular, so cond(G + ridge I) = (lambda_max(G) + ridge) / ridge ~ 2e8 on
     # any CPU: beyond a float32 factor (cond * 2^-24 ~ 12), well within float64 (cond * 2^-53 ~ 2e-8).
