@@ -19,7 +19,7 @@ from torch import Tensor
 
 __all__ = [
     "PANEL_ROWS", "PRODUCT_PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
-    "symmetric_matmul", "refine", "residual_converged", "solve_mixed", "solve_cholesky", "solve_eigh",
+    "symmetric_matmul", "Refined", "refine", "residual_converged", "solve_mixed", "solve_cholesky", "solve_eigh",
     "error_bound", "preferred_solver",
     "fold_product_dtype", "fold_product_choice", "fold_panel_rows", "FOLD_PRODUCT_DTYPE",
 ]
@@ -74,6 +74,15 @@ class RidgeSolution(NamedTuple):
     precision: torch.dtype  #: the precision the answer is accurate to, up to ``condition``
     refinement_steps: int = 0  #: float64 residual products of a refined solve (mixed or warm)
     factor: Optional[Tensor] = None  #: the float32 Cholesky factor of ``G + ridge I`` (lower), when one was made
+    product: Optional[Tensor] = None  #: ``G @ weights`` from a refined solve's last residual (a warm solve's start)
+
+
+class Refined(NamedTuple):
+    """What :func:`refine` converged to."""
+
+    solution: Tensor
+    steps: int  #: float64 residual products
+    product: Tensor  #: ``G @ solution``, the last residual's product
 
 
 def error_bound(solution: RidgeSolution) -> float:
@@ -264,8 +273,8 @@ def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = 
                      panel_rows=panel_rows)
     if refined is None:
         return None
-    solution, steps = refined
-    return RidgeSolution(solution, ridge, "mixed", diagonal_ratio_squared(factor), torch.float64, steps, factor)
+    return RidgeSolution(refined.solution, ridge, "mixed", diagonal_ratio_squared(factor), torch.float64,
+                         refined.steps, factor, refined.product)
 
 
 def float32_solve(factor: Tensor, residual: Tensor) -> Tensor:
@@ -279,29 +288,36 @@ def residual_converged(residual: float, solution: float, scale: float) -> bool:
 
 
 def refine(gram: Tensor, cross: Tensor, ridge: float, solution: Tensor, correct: Callable[[Tensor], Tensor], *,
-           max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS) -> Optional[Tuple[Tensor, int]]:
-    """Iterative refinement of ``solution`` (in place) on the float64 residual; ``(solution, residual products)``,
-    or ``None`` when it does not converge in ``max_iter`` products.
+           max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS, estimate: Optional[Tensor] = None) -> Optional[Refined]:
+    """Iterative refinement of ``solution`` (in place) on the float64 residual; ``None`` when it does not
+    converge in ``max_iter`` residual products.
 
     ``correct`` maps a residual to a correction through an approximate inverse of ``G + ridge I`` (a float32
-    factor, or the warm solve's). Refinement stops once the residual is at the float64 rounding level of the
-    product (:func:`residual_converged`, infinity norms), where the answer is as accurate as a float64 Cholesky
-    or LU solve. When a correction fails to halve, it accepts the solution if the residual meets LAPACK
-    ``dsposv``'s looser ``sqrt(M)`` criterion (refinement has stalled at rounding noise) and gives up otherwise
-    (the approximate inverse is too far off: ``cond * 2^-24`` near 1 or above for a float32 factor).
+    factor, or the warm solve's). ``estimate``, an estimate of the first residual, gives the first correction
+    without a product (it is never tested: only true residuals are). Refinement stops once the residual is at
+    the float64 rounding level of the product (:func:`residual_converged`, infinity norms), where the answer is
+    as accurate as a float64 Cholesky or LU solve. When a correction fails to halve, it accepts the solution if
+    the residual meets LAPACK ``dsposv``'s looser ``sqrt(M)`` criterion (refinement has stalled at rounding
+    noise) and gives up otherwise (the approximate inverse is too far off: ``cond * 2^-24`` near 1 or above
+    for a float32 factor).
     """
     scale = torch.finfo(torch.float64).eps * (float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge)
     previous = math.inf
+    if estimate is not None:
+        correction = correct(estimate)
+        solution += correction
+        previous = float(correction.abs().max())
     for steps in range(1, max_iter + 1):
-        residual = cross - symmetric_matmul(gram, solution, panel_rows) - ridge * solution
+        product = symmetric_matmul(gram, solution, panel_rows)
+        residual = cross - product - ridge * solution
         size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
         if residual_converged(size_r, size_x, scale):
-            return solution, steps
+            return Refined(solution, steps, product)
         correction = correct(residual)
         size = float(correction.abs().max())
         if size > 0.5 * previous:
             stalled_at_rounding_noise = size_r <= math.sqrt(gram.shape[0]) * scale * size_x
-            return (solution, steps) if stalled_at_rounding_noise else None
+            return Refined(solution, steps, product) if stalled_at_rounding_noise else None
         solution += correction
         previous = size
     return None

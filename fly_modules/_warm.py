@@ -17,7 +17,7 @@ from torch import Tensor
 from ._ridge import PRODUCT_PANEL_ROWS, RidgeSolution, diagonal_ratio_squared, refine
 
 __all__ = ["WARM_MIN_WIDTH", "WARM_MAX_ITERATIONS", "WarmFactor", "warm_enabled", "warm_allowed", "solve_from",
-           "solve_warm"]
+           "solve_warm", "widened"]
 
 # Smallest M whose solves start warm, per device type. A warm solve costs triangular solves with the new rows
 # (O(k M^2)) and a few passes over G; the factorisation it replaces costs M^3 / 3. From M = 3,072 on a CPU
@@ -50,11 +50,16 @@ def solve_from(warm: "WarmFactor", previous: Optional[Tensor], gram: Tensor, cro
     is usable for this system; ``None`` when not, or when it does not converge in ``WARM_MAX_ITERATIONS``."""
     if previous is None or previous.shape[0] != gram.shape[0] or not warm.usable(gram, ridge, samples):
         return None
-    start = torch.cat([previous, previous.new_zeros(previous.shape[0], cross.shape[1] - previous.shape[1])], 1)
-    result = solve_warm(gram, cross, ridge, warm, start.to(gram), max_iter=WARM_MAX_ITERATIONS)
+    start = widened(previous, cross.shape[1]).to(gram)
+    result = solve_warm(gram, cross, ridge, warm, start, max_iter=WARM_MAX_ITERATIONS)
     if result is not None:
         warm.slow = 4 * result.refinement_steps > 3 * WARM_MAX_ITERATIONS
     return result
+
+
+def widened(columns: Tensor, width: int) -> Tensor:
+    """``columns`` with zero columns appended up to ``width`` (the experts added since)."""
+    return torch.cat([columns, columns.new_zeros(columns.shape[0], width - columns.shape[1])], 1)
 
 
 class WarmFactor:
@@ -72,6 +77,8 @@ class WarmFactor:
         self.basis: Optional[Tensor] = None  # (capacity, M) float32: U L^-T, row-major for the products with it
         self.capacitance: Optional[Tensor] = None  # (capacity, capacity) float64: I + basis^T basis
         self._capacitance_factor: Optional[Tensor] = None
+        self.product: Optional[Tensor] = None  #: ``G @ W`` at the last solve (float64), when it was refined
+        self.product_rows = 0  #: rows recorded when ``product`` was computed
 
     @property
     def nbytes(self) -> int:
@@ -89,6 +96,25 @@ class WarmFactor:
                 self.rows = self.factor.new_empty(self.capacity, self.factor.shape[0])
         self.rows[self.count:self.count + phi.shape[0]].copy_(phi)
         self.count += phi.shape[0]
+
+    def anchor(self, product: Optional[Tensor]) -> None:
+        """Keep the last solve's ``G @ W`` (``None``: it made none): with the rows recorded after it, the next
+        warm solve's first residual needs no pass over ``G``."""
+        self.product, self.product_rows = product, self.count
+
+    def first_residual(self, cross: Tensor, ridge: float, start: Tensor) -> Optional[Tensor]:
+        """An estimate of ``Q - (G + ridge I) start`` from the anchored product: ``G`` has grown by the rows
+        recorded since, so ``G start = G0 start + U^T (U start)`` up to the rounding of the folds' float32 products
+        (the refinement only corrects from it; every residual it tests is computed in full)."""
+        if self.product is None or self.product.shape[0] != start.shape[0]:
+            return None
+        product = widened(self.product, start.shape[1])
+        if self.count > self.product_rows:
+            # In float32, as the rows are kept: an estimate's rounding only slows the first correction, by far
+            # less than the float32 inverse it goes through already does.
+            rows = self.rows[self.product_rows:self.count]
+            product = product + (rows.t() @ (rows @ start.to(rows.dtype))).double()
+        return cross - product - ridge * start
 
     def usable(self, gram: Tensor, ridge: float, samples: int) -> bool:
         """Whether ``(gram + ridge I)``, with ``samples`` accumulated, is this factor's system plus the rows
@@ -128,10 +154,13 @@ def solve_warm(gram: Tensor, cross: Tensor, ridge: float, warm: WarmFactor, star
                max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS) -> Optional[RidgeSolution]:
     """Iterative refinement of ``(G + ridge I) X = Q`` from ``start`` (in place) with ``warm``'s inverse, stopped
     on the true float64 residual by the mixed solver's test (:func:`fly_modules._ridge.refine`); ``None`` when it
-    does not converge in ``max_iter`` residual products."""
+    does not converge in ``max_iter`` residual products. The first correction comes from the estimate of
+    :meth:`WarmFactor.first_residual` where there is one."""
     warm.prepare()
-    refined = refine(gram, cross, ridge, start, warm.apply, max_iter=max_iter, panel_rows=panel_rows)
+    estimate = warm.first_residual(cross, ridge, start)
+    refined = refine(gram, cross, ridge, start, warm.apply, max_iter=max_iter, panel_rows=panel_rows,
+                     estimate=estimate)
     if refined is None:
         return None
-    solution, steps = refined
-    return RidgeSolution(solution, ridge, "warm", diagonal_ratio_squared(warm.factor), torch.float64, steps)
+    return RidgeSolution(refined.solution, ridge, "warm", diagonal_ratio_squared(warm.factor), torch.float64,
+                         refined.steps, product=refined.product)

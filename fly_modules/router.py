@@ -413,6 +413,8 @@ class AnalyticRouter(nn.Module):
                           RouterConditioningWarning, stacklevel=_user_stacklevel())
         if result.factor is not None and self._warm_allowed():
             self._warm = _warm.WarmFactor(result.factor, result.ridge, self.num_samples)
+        if self._warm is not None:
+            self._warm.anchor(result.product)  # the next warm solve's first residual (docs/router.md)
         self._solution = result.weights
         self._solution_key = self._statistics_key()
         self.ridge_, self.solver_, self.solve_steps_ = result.ridge, result.solver, result.refinement_steps

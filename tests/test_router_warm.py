@@ -44,13 +44,37 @@ def test_warm_solve_agrees_with_the_full_factorisation(warm_everywhere, solver):
 
 
 def test_a_stale_warm_solution_fails_the_bound(warm_everywhere, monkeypatch):
-    """The planted bug: the warm start accepted without its convergence check returns the last solution."""
+    """The planted bug: the warm start accepted without its convergence check returns the last solution after
+    the one correction its estimated first residual gives."""
     router = streamed_router()
     monkeypatch.setattr(_ridge, "residual_converged", lambda *args: True)
     stale = router.solve()
     assert router.solver_ == "warm" and router.solve_steps_ == 1  # its first residual, no correction
     with pytest.raises(AssertionError, match="beyond float64 rounding"):
         assert_same_solution(stale, full_solution(router), router.gram_matrix(), RIDGE)
+
+
+def test_the_first_residual_is_estimated_from_the_last_product_and_the_rows_since(warm_everywhere):
+    """``G x`` at the last solve plus ``U^T (U x)`` for the rows recorded since is the residual's product up to
+    the folds' float32 rounding, so the first correction needs no pass over ``G``."""
+    router = streamed_router()
+    router.solve()  # warm: anchors its product
+    router.update(*(t[:60] for t in router.stream))
+    router.flush()
+    start = _warm.widened(router._solution, router.cross.shape[1])
+    estimate = router._warm.first_residual(router.cross, RIDGE, start)
+    true = router.cross - router.gram_matrix() @ start - RIDGE * start
+    assert float((estimate - true).abs().max()) <= 1e-5 * float(true.abs().max())
+    router._warm.product_rows = router._warm.count  # the planted bug: the rows since are left out
+    missed = router._warm.first_residual(router.cross, RIDGE, start)
+    assert float((missed - true).abs().max()) > 1e-2 * float(true.abs().max())
+
+
+def test_a_wrong_first_residual_costs_products_not_accuracy(warm_everywhere):
+    router = streamed_router()
+    router._warm.anchor(torch.zeros_like(router._solution))  # as if G x were zero at the last solve
+    solution = router.solve()
+    assert_same_solution(solution, full_solution(router), router.gram_matrix(), RIDGE)
 
 
 def test_new_experts_start_from_zero_columns(warm_everywhere):
