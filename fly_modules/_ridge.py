@@ -19,7 +19,7 @@ from torch import Tensor
 
 __all__ = [
     "PANEL_ROWS", "PRODUCT_PANEL_ROWS", "RidgeSolution", "RouterSolveError", "accumulate_lower_gram", "symmetrize_lower",
-    "symmetric_matmul", "Refined", "refine", "residual_converged", "solve_mixed", "solve_cholesky", "solve_eigh",
+    "symmetric_matmul", "Refined", "ResidualProducts", "refine", "residual_converged", "solve_mixed", "solve_cholesky", "solve_eigh",
     "error_bound", "preferred_solver",
     "fold_product_dtype", "fold_product_choice", "fold_panel_rows", "FOLD_PRODUCT_DTYPE",
 ]
@@ -258,19 +258,20 @@ def solve_cholesky(gram: Tensor, cross: Tensor, ridge: float, *, keep_factor: bo
 
 
 def solve_mixed(gram: Tensor, cross: Tensor, ridge: float, *, panel_rows: int = PRODUCT_PANEL_ROWS,
-                max_iter: int = 30) -> Optional[RidgeSolution]:
+                max_iter: int = 30, nonnegative: bool = False) -> Optional[RidgeSolution]:
     """Float32 Cholesky factor + float64 iterative refinement (:func:`refine`); ``None`` when it does not converge.
 
     Each step solves the float64 residual ``Q - (G + lambda I) x`` with the float32 factor; the error contracts
     by about ``cond(G + lambda I) * 2^-24`` per step. Convergence itself bounds the condition number by about
-    ``2^24``, so the float32 factor's diagonal ratio (free) is the estimate reported.
+    ``2^24``, so the float32 factor's diagonal ratio (free) is the estimate reported. ``nonnegative``: as for
+    :func:`refine`.
     """
     factor, info = cholesky_factor(gram, ridge, torch.float32)
     if info:
         return None
     start = cholesky_solve(factor, cross.float()).double()
     refined = refine(gram, cross, ridge, start, functools.partial(float32_solve, factor), max_iter=max_iter,
-                     panel_rows=panel_rows)
+                     panel_rows=panel_rows, nonnegative=nonnegative)
     if refined is None:
         return None
     return RidgeSolution(refined.solution, ridge, "mixed", diagonal_ratio_squared(factor), torch.float64,
@@ -282,13 +283,36 @@ def float32_solve(factor: Tensor, residual: Tensor) -> Tensor:
     return cholesky_solve(factor, residual.float()).double()
 
 
+class ResidualProducts:
+    """``G @ x`` for the refinement's residuals, and ``||G||_inf`` for its stopping test.
+
+    The norm costs a pass over ``G`` of its own (:func:`symmetric_abs_row_sums`), except when ``G`` has no negative
+    entry (a Gram matrix of ReLU features): then ``|G| 1 = G 1`` rides along with the first product as one more
+    column, a small fraction of the pass. Were an entry negative after all (an edited ``G``), ``max(G 1)`` would
+    understate the norm, which only makes the test stricter.
+    """
+
+    def __init__(self, gram: Tensor, panel_rows: int, nonnegative: bool) -> None:
+        self.gram, self.panel_rows = gram, panel_rows
+        self.norm: Optional[float] = None if nonnegative else float(symmetric_abs_row_sums(gram, panel_rows).max())
+
+    def __call__(self, vectors: Tensor) -> Tensor:
+        if self.norm is not None:
+            return symmetric_matmul(self.gram, vectors, self.panel_rows)
+        ones = vectors.new_ones(vectors.shape[0], 1)
+        product = symmetric_matmul(self.gram, torch.cat([vectors, ones], dim=1), self.panel_rows)
+        self.norm = float(product[:, -1].max())
+        return product[:, :-1]
+
+
 def residual_converged(residual: float, solution: float, scale: float) -> bool:
     """The refinement's stopping test, ``max|r| <= eps64 ||G + ridge I||_inf max|x|`` (``scale`` = the last two)."""
     return residual <= scale * solution
 
 
 def refine(gram: Tensor, cross: Tensor, ridge: float, solution: Tensor, correct: Callable[[Tensor], Tensor], *,
-           max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS, estimate: Optional[Tensor] = None) -> Optional[Refined]:
+           max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS, estimate: Optional[Tensor] = None,
+           nonnegative: bool = False) -> Optional[Refined]:
     """Iterative refinement of ``solution`` (in place) on the float64 residual; ``None`` when it does not
     converge in ``max_iter`` residual products.
 
@@ -299,18 +323,20 @@ def refine(gram: Tensor, cross: Tensor, ridge: float, solution: Tensor, correct:
     as accurate as a float64 Cholesky or LU solve. When a correction fails to halve, it accepts the solution if
     the residual meets LAPACK ``dsposv``'s looser ``sqrt(M)`` criterion (refinement has stalled at rounding
     noise) and gives up otherwise (the approximate inverse is too far off: ``cond * 2^-24`` near 1 or above
-    for a float32 factor).
+    for a float32 factor). ``nonnegative`` says ``G`` has no negative entry (ReLU features): ``||G||_inf`` is then
+    ``max(G 1)``, read from the first product (:class:`ResidualProducts`) instead of a pass of its own.
     """
-    scale = torch.finfo(torch.float64).eps * (float(symmetric_abs_row_sums(gram, panel_rows).max()) + ridge)
+    products = ResidualProducts(gram, panel_rows, nonnegative)
     previous = math.inf
     if estimate is not None:
         correction = correct(estimate)
         solution += correction
         previous = float(correction.abs().max())
     for steps in range(1, max_iter + 1):
-        product = symmetric_matmul(gram, solution, panel_rows)
+        product = products(solution)
         residual = cross - product - ridge * solution
         size_r, size_x = float(residual.abs().max()), float(solution.abs().max())
+        scale = torch.finfo(torch.float64).eps * (products.norm + ridge)
         if residual_converged(size_r, size_x, scale):
             return Refined(solution, steps, product)
         correction = correct(residual)

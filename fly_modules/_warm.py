@@ -45,13 +45,14 @@ def warm_allowed(solver: str, ridge: Union[float, str], dtype: torch.dtype, devi
 
 
 def solve_from(warm: "WarmFactor", previous: Optional[Tensor], gram: Tensor, cross: Tensor, ridge: float,
-               samples: int) -> Optional[RidgeSolution]:
+               samples: int, *, nonnegative: bool = False) -> Optional[RidgeSolution]:
     """The warm solve from the last solution ``previous`` (new experts' columns start at zero) when ``warm``
-    is usable for this system; ``None`` when not, or when it does not converge in ``WARM_MAX_ITERATIONS``."""
+    is usable for this system; ``None`` when not, or when it does not converge in ``WARM_MAX_ITERATIONS``.
+    ``nonnegative``: ``G`` has no negative entry (:func:`fly_modules._ridge.refine`)."""
     if previous is None or previous.shape[0] != gram.shape[0] or not warm.usable(gram, ridge, samples):
         return None
     start = widened(previous, cross.shape[1]).to(gram)
-    result = solve_warm(gram, cross, ridge, warm, start, max_iter=WARM_MAX_ITERATIONS)
+    result = solve_warm(gram, cross, ridge, warm, start, max_iter=WARM_MAX_ITERATIONS, nonnegative=nonnegative)
     if result is not None:
         warm.slow = 4 * result.refinement_steps > 3 * WARM_MAX_ITERATIONS
     return result
@@ -151,7 +152,7 @@ class WarmFactor:
 
 
 def solve_warm(gram: Tensor, cross: Tensor, ridge: float, warm: WarmFactor, start: Tensor, *,
-               max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS) -> Optional[RidgeSolution]:
+               max_iter: int, panel_rows: int = PRODUCT_PANEL_ROWS, nonnegative: bool = False) -> Optional[RidgeSolution]:
     """Iterative refinement of ``(G + ridge I) X = Q`` from ``start`` (in place) with ``warm``'s inverse, stopped
     on the true float64 residual by the mixed solver's test (:func:`fly_modules._ridge.refine`); ``None`` when it
     does not converge in ``max_iter`` residual products. The first correction comes from the estimate of
@@ -159,7 +160,7 @@ def solve_warm(gram: Tensor, cross: Tensor, ridge: float, warm: WarmFactor, star
     warm.prepare()
     estimate = warm.first_residual(cross, ridge, start)
     refined = refine(gram, cross, ridge, start, warm.apply, max_iter=max_iter, panel_rows=panel_rows,
-                     estimate=estimate)
+                     estimate=estimate, nonnegative=nonnegative)
     if refined is None:
         return None
     return RidgeSolution(refined.solution, ridge, "warm", diagonal_ratio_squared(warm.factor), torch.float64,

@@ -75,6 +75,11 @@ class RandomExpansion(nn.Module):
         """Width of ``phi``: ``out_features``, or ``in_features`` when the expansion is disabled."""
         return self.out_features or self.in_features
 
+    @property
+    def nonnegative(self) -> bool:
+        """Whether every ``phi`` entry is ``>= 0`` (ReLU): the router's Gram matrix then has no negative entry."""
+        return self.activation == "relu" and self.out_features > 0
+
     def forward(self, features: Tensor) -> Tensor:
         """``phi`` in the weight's dtype. A float64 weight and features of lower precision are
         multiplied in float32 and widened (the weight is float32-exact, drawn in float32), which

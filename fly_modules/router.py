@@ -428,7 +428,8 @@ class AnalyticRouter(nn.Module):
         factor dropped, when the full solve must run."""
         result = None
         if self._warm is not None and self._warm_allowed():
-            result = _warm.solve_from(self._warm, self._solution, self.gram, self.cross, self.ridge, self.num_samples)
+            result = _warm.solve_from(self._warm, self._solution, self.gram, self.cross, self.ridge, self.num_samples,
+                                      nonnegative=self.expansion.nonnegative)
         if result is None:
             self._forget_factor()  # before the full solve allocates its own
         return result
@@ -446,7 +447,7 @@ class AnalyticRouter(nn.Module):
         if self.solver == "auto" and _ridge.preferred_solver(self.device, self.expansion_dim) == "cholesky":
             return _ridge.solve_cholesky(self.gram, self.cross, self.ridge, keep_factor=keep_factor)
         if self.solver in ("auto", "mixed") and self.stats_dtype == torch.float64:
-            result = _ridge.solve_mixed(self.gram, self.cross, self.ridge)
+            result = _ridge.solve_mixed(self.gram, self.cross, self.ridge, nonnegative=self.expansion.nonnegative)
             if result is not None:
                 return result
             if self.solver == "mixed":

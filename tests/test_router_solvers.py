@@ -40,6 +40,36 @@ def test_products_with_g_read_its_lower_triangle_only(panel_rows):
     torch.testing.assert_close(_ridge.symmetric_abs_row_sums(gram, panel_rows), symmetric.abs().sum(dim=1))
 
 
+def test_stopping_norm_of_a_nonnegative_gram_rides_with_the_first_product():
+    """ReLU features give a Gram matrix without negative entries: its infinity norm is max(G 1), read from one
+    more column of the first product, equal to the pass of its own; an edited G with negative entries makes the
+    column understate the norm, which only makes the stopping test stricter."""
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.rand(30, 120, generator=generator, dtype=torch.float64)
+    gram = torch.tril(rows.t() @ rows) + torch.triu(torch.full((120, 120), 1e6, dtype=torch.float64), 1)
+    vectors = torch.randn(120, 3, generator=generator, dtype=torch.float64)
+    separate = _ridge.ResidualProducts(gram, 16, nonnegative=False)
+    riding = _ridge.ResidualProducts(gram, 16, nonnegative=True)
+    assert riding.norm is None
+    torch.testing.assert_close(riding(vectors), separate(vectors), rtol=1e-13, atol=0)
+    assert riding.norm == pytest.approx(separate.norm, rel=1e-14)
+    signed = gram.clone()
+    signed[5:, 0] = -1.0
+    understated = _ridge.ResidualProducts(signed, 16, nonnegative=True)
+    understated(vectors)
+    assert understated.norm < _ridge.ResidualProducts(signed, 16, nonnegative=False).norm
+
+
+@pytest.mark.parametrize("nonnegative", [False, True])
+def test_mixed_solver_with_either_norm_reaches_float64_accuracy(nonnegative):
+    features, ids = clustered(3000, 24, 5)
+    router = AnalyticRouter(24, 5, expansion_dim=400, ridge=1e3)
+    router.update(features, ids)
+    router.flush()
+    result = _ridge.solve_mixed(router.gram, router.cross, 1e3, nonnegative=nonnegative)
+    assert_same_solution(result.weights, reference_solution(router, features, ids, 1e3), router.gram_matrix(), 1e3)
+
+
 def test_mixed_precision_falls_back_on_ill_conditioned_system():
     # 250 samples < M = 300: G is singular, so cond(G + ridge I) = (lambda_max(G) + ridge) / ridge ~ 2e8 on
     # any CPU: beyond a float32 factor (cond * 2^-24 ~ 12), well within float64 (cond * 2^-53 ~ 2e-8).

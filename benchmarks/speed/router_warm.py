@@ -2,7 +2,8 @@
 """The router's warm solves and fold precision, measured on a stream of clustered features.
 
 Warm solves: ``--base`` samples and a solve, then ``--rounds`` rounds of ``--step`` new samples, each followed
-by a solve; after the first, one residual product's kernel beside a dense product; per round the path
+by a solve; after the first, one residual product's kernel beside a dense product, and the cost of the stopping
+test's norm (one more column of that product, or a pass over ``|G|``); per round the path
 ``solver="auto"`` took (``router.solver_``), its float64 steps and seconds,
 beside a full solve of the same statistics (the path ``preferred_solver`` picks, no factor reused) and the
 largest gap between the two answers relative to the largest weight.
@@ -94,6 +95,15 @@ def bench_product(router: AnalyticRouter, args: argparse.Namespace) -> None:
     dense = min(timed(lambda: full @ vectors, args)[1] for _ in range(3))
     print(f"  one product with {vectors.shape[1]} columns: lower triangle in panels of {_ridge.PRODUCT_PANEL_ROWS} "
           f"rows {panelled:.4f} s; dense product with the full matrix {dense:.4f} s = {dense / panelled:.2f}x")
+    # The stopping test's ||G||_inf: one more column of the first product (ReLU features) or a pass over |G|.
+    def product_with_norm() -> Tensor:
+        return _ridge.ResidualProducts(router.gram, _ridge.PRODUCT_PANEL_ROWS, nonnegative=True)(vectors)
+
+    with_norm = min(timed(product_with_norm, args)[1] for _ in range(3))
+    norm_pass = min(timed(lambda: _ridge.symmetric_abs_row_sums(router.gram, _ridge.PRODUCT_PANEL_ROWS), args)[1]
+                    for _ in range(3))
+    print(f"  G's infinity norm: one more column of the first product {with_norm - panelled:+.4f} s "
+          f"(nonnegative G); a pass over |G| {norm_pass:.4f} s")
 
 
 def bench_folds(args: argparse.Namespace) -> None:
