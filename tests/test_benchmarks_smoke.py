@@ -56,6 +56,16 @@ def test_bench_ensemble_quick_prints_every_target():
     assert re.search(r"^\d+/3 targets passed", output, re.MULTILINE), output
 
 
+def test_bench_router_warm_quick_prints_every_section():
+    output = run_script("router_warm", "--threads", "1")
+    assert re.search(r"\+\d+ samples: (warm|mixed|cholesky), \d+ steps", output), output
+    assert "G's infinity norm: one more column of the first product" in output, output
+    assert re.search(r"float32 +one fold .* routes alike", output), output
+    table = output.split("\nfold layouts:")[1].split("\n", 1)[1]  # the lines below the section's header
+    layouts = re.findall(r"^ +(\S.*?) +(\d+\.\d{3}) s$", table, re.MULTILINE)
+    assert len(layouts) == 7 and layouts[0][0] == "row panels of 128 rows (the library's)", output
+
+
 def test_report_marks_a_missed_target_as_fail():
     code = (
         "import sys; sys.argv = ['x']\n"

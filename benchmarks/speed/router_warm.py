@@ -10,7 +10,9 @@ largest gap between the two answers relative to the largest weight.
 
 Fold precision: the stream's rows folded into ``G`` in folds of ``--fold-rows`` rows with float64 products and
 with each lower precision (float32, bfloat16): seconds of one fold and, against the float64 fold,
-max|dG| / max|G|, max|dW| / max|W| and the share of held-out queries routed alike. Times are this process's
+max|dG| / max|G|, max|dW| / max|W| and the share of held-out queries routed alike. Fold layouts: one fold of
+float32 rows in the library's row panels, in other panel heights, in column panels, into a float32 accumulator
+(and its flush), and the products alone, beside a square float32 GEMM's rate. Times are this process's
 CPU time on a CPU (steady on a shared machine with ``--threads 1``), wall time on a GPU.
 
 Run from the repository root::
@@ -34,6 +36,7 @@ from torch import Tensor
 from benchmarks.flags import Parser, add_flag, add_shared_flag
 from benchmarks.speed.router_baselines import clustered_features
 from benchmarks.speed.timing import add_run_options, print_header, start_run
+from benchmarks.speed.vs_reference import fold_flops
 from fly_modules import _ridge  # private but supported: the solvers and the fold kernel
 from fly_modules._validation import Integer, Real
 from fly_modules.router import AnalyticRouter
@@ -143,6 +146,62 @@ def bench_folds(args: argparse.Namespace) -> None:
               f"max|dG|/max|G| {dg:.1e}, max|dW|/max|W| {dw:.1e}, routes alike {alike:.1f}% of {args.queries}")
 
 
+# ======================================================================== fold layouts
+class FoldLayouts:
+    """Ways to add ``phi^T phi`` (float32 products) to a float64 ``G``'s lower triangle, on the same rows: the
+    library's row panels beside the alternatives measured for it (``docs/router.md``, "Fold precision")."""
+
+    def __init__(self, width: int, rows: Tensor) -> None:
+        self.gram = torch.zeros(width, width, dtype=torch.float64, device=rows.device)
+        self.gram.fill_(0.0)  # written once, so no layout pays for the first touch of G's pages
+        self.phi, self.low = rows.double(), rows.float()
+        self.accumulator: Optional[Tensor] = None  # float32, allocated by the accumulator's layout only
+
+    def row_panels(self, panel_rows: int) -> None:
+        _ridge.accumulate_lower_gram(self.gram, self.phi, panel_rows, torch.float32)
+
+    def column_panels(self, panel_rows: int = _ridge.LOW_PRECISION_PANEL_ROWS) -> None:
+        for start, stop in _ridge.panels(self.gram.shape[0], panel_rows):
+            self.gram[start:, start:stop] += self.low[:, start:].t() @ self.low[:, start:stop]
+
+    def products_only(self, panel_rows: int = _ridge.LOW_PRECISION_PANEL_ROWS) -> None:
+        for start, stop in _ridge.panels(self.gram.shape[0], panel_rows):
+            self.low[:, start:stop].t() @ self.low[:, :stop]
+
+    def float32_accumulator(self, panel_rows: int = _ridge.LOW_PRECISION_PANEL_ROWS) -> None:
+        if self.accumulator is None:
+            self.accumulator = torch.zeros_like(self.gram, dtype=torch.float32)
+        for start, stop in _ridge.panels(self.gram.shape[0], panel_rows):
+            self.accumulator[start:stop, :stop].addmm_(self.low[:, start:stop].t(), self.low[:, :stop])
+
+    def flush_accumulator(self, panel_rows: int = _ridge.PANEL_ROWS) -> None:
+        for start, stop in _ridge.panels(self.gram.shape[0], panel_rows):
+            self.gram[start:stop, :stop] += self.accumulator[start:stop, :stop]
+            self.accumulator[start:stop, :stop].zero_()
+
+
+def bench_fold_layouts(args: argparse.Namespace) -> None:
+    """One fold of ``--fold-rows`` float32 rows in each layout, and the square float32 GEMM's rate beside it."""
+    rows = torch.relu(torch.randn(args.fold_rows, args.expansion_dim, generator=torch.Generator().manual_seed(2)))
+    layouts = FoldLayouts(args.expansion_dim, rows.to(args.device))
+    chosen = _ridge.LOW_PRECISION_PANEL_ROWS
+    cases = [(f"row panels of {chosen} rows (the library's)", functools.partial(layouts.row_panels, chosen))]
+    cases += [(f"row panels of {height} rows", functools.partial(layouts.row_panels, height)) for height in (64, 256)]
+    cases += [("column panels (G[a:, a:b] += ...)", layouts.column_panels),
+              ("float32 accumulator (GEMM adds in place; flushed below)", layouts.float32_accumulator),
+              ("  ... its flush into the float64 G (lower triangle)", layouts.flush_accumulator),
+              ("the panels' products alone (nothing added to G)", layouts.products_only)]
+    flops = fold_flops(args.fold_rows, args.expansion_dim, chosen)
+    square = torch.randn(2048, 2048, device=args.device)
+    gemm = min(timed(lambda: square @ square, args)[1] for _ in range(3))
+    print(f"\nfold layouts: M = {args.expansion_dim}, one fold of {args.fold_rows} float32 rows, best of 3; "
+          f"a square 2048 float32 GEMM runs at {2 * 2048**3 / gemm / 1e9:.1f} GFLOP/s, at which the fold's "
+          f"{flops / 1e9:.2f} GFLOP take {flops / (2 * 2048**3) * gemm:.3f} s")
+    for name, call in cases:
+        seconds = min(timed(call, args)[1] for _ in range(3))
+        print(f"  {name:<58} {seconds:.3f} s")
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_shared_flag(parser, "expansion_dim", narrower=[Integer(minimum=1)], help="random expansion width M")
@@ -155,7 +214,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add_flag(parser, "--rounds", Integer(minimum=1), default=3, help="solves after the first")
     add_flag(parser, "--fold-rows", Integer(minimum=1), default=512, help="rows per fold of the precision comparison")
     add_flag(parser, "--queries", Integer(minimum=1), default=2000, help="held-out queries of the precision comparison")
-    parser.add_argument("--sections", choices=("warm", "folds", "both"), default="both", help="what to measure")
+    parser.add_argument("--sections", choices=("warm", "folds", "layouts", "both"), default="both",
+                        help="what to measure: warm solves, fold precision, fold layouts; both: all three")
     add_run_options(parser, placed="the router and its kernels")
     args = parser.parse_args(argv)
     if args.quick:
@@ -175,6 +235,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bench_warm(args)
     if args.sections in ("folds", "both"):
         bench_folds(args)
+    if args.sections in ("layouts", "both"):
+        bench_fold_layouts(args)
     return 0
 
 
