@@ -105,16 +105,18 @@ class WarmFactor:
 
     def first_residual(self, cross: Tensor, ridge: float, start: Tensor) -> Optional[Tensor]:
         """An estimate of ``Q - (G + ridge I) start`` from the anchored product: ``G`` has grown by the rows
-        recorded since, so ``G start = G0 start + U^T (U start)`` up to the rounding of the folds' float32 products
-        (the refinement only corrects from it; every residual it tests is computed in full)."""
+        recorded since, so ``G start = G0 start + U^T (U start)`` up to the rounding of the folds' products
+        (float32 products from ``M = 2,048`` on a CPU; the refinement only corrects from it, and every residual
+        it tests is computed in full)."""
         if self.product is None or self.product.shape[0] != start.shape[0]:
             return None
         product = widened(self.product, start.shape[1])
         if self.count > self.product_rows:
-            # In float32, as the rows are kept: an estimate's rounding only slows the first correction, by far
-            # less than the float32 inverse it goes through already does.
-            rows = self.rows[self.product_rows:self.count]
-            product = product + (rows.t() @ (rows @ start.to(rows.dtype))).double()
+            # In float64: U x sums M terms of both signs, whose cancellation float32 would round to ~1e-7 of the
+            # terms, and a first correction that much off can cost the solve one more residual product
+            # (docs/router.md, "Warm solves"). The rows are exact in float32 when the features are float32.
+            rows = self.rows[self.product_rows:self.count].to(start.dtype)
+            product = product + rows.t() @ (rows @ start)
         return cross - product - ridge * start
 
     def usable(self, gram: Tensor, ridge: float, samples: int) -> bool:

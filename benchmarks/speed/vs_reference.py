@@ -89,7 +89,7 @@ class Timings:
     eval_repeat: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     solve_fresh: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
     solve_repeat: Dict[str, List[float]] = field(default_factory=lambda: {name: [] for name in VARIANTS})
-    solver_paths: List[str] = field(default_factory=list)  # ours: router.solver_ after each measured fresh evaluation
+    solver_paths: List[str] = field(default_factory=list)  # ours: router.solver_ and its steps, each fresh evaluation
 
 
 def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argparse.Namespace) -> Timings:
@@ -141,7 +141,8 @@ def run_rounds(variants: Dict[str, Variant], test_set: EvalBatches, args: argpar
                     total[variant.name].append(seconds)
                     solve[variant.name].append(sum(variant.solve_seconds[solves:]))
                     if phase == "fresh" and variant.name == "ours":
-                        timings.solver_paths.append(str(variant.handle.router.solver_))
+                        router = variant.handle.router
+                        timings.solver_paths.append(f"{router.solver_} ({router.solve_steps_} steps)")
     timings.eval_repeat["baseline"] = list(timings.eval_fresh["baseline"])
     timings.solve_repeat["baseline"] = [0.0] * len(timings.eval_fresh["baseline"])
     return timings
@@ -218,7 +219,7 @@ def solving_share(timings: Timings, args: argparse.Namespace) -> Dict[str, float
         share[name] = 100.0 * median([solve / (train * args.block_batches + total) for train, total, solve in rounds])
     print(f"  share of an anytime-evaluation run spent solving (a block of {args.block_batches} stream batches, then an "
           f"evaluation): official {share['official']:.1f}%, ours {share['ours']:.1f}%; our solves after new "
-          f"statistics, round by round: {', '.join(timings.solver_paths)} (router.solver_)")
+          f"statistics, round by round: {', '.join(timings.solver_paths)} (router.solver_, router.solve_steps_)")
     return share
 
 
