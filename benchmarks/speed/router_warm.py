@@ -36,7 +36,7 @@ from torch import Tensor
 from benchmarks.flags import Parser, add_flag, add_shared_flag
 from benchmarks.speed.router_baselines import clustered_features
 from benchmarks.speed.timing import add_run_options, print_header, start_run
-from benchmarks.speed.vs_reference import fold_flops
+from benchmarks.speed.vs_reference import fold_flops, gemm_rates
 from fly_modules import _ridge  # private but supported: the solvers and the fold kernel
 from fly_modules._validation import Integer, Real
 from fly_modules.router import AnalyticRouter
@@ -44,8 +44,13 @@ from fly_modules.router import AnalyticRouter
 FOLD_PRECISIONS = (torch.float64, torch.float32, torch.bfloat16)
 
 
+def clock_of(args: argparse.Namespace) -> Callable[[], float]:
+    """This process's CPU time on a CPU (steady on a shared machine), wall time on a GPU."""
+    return time.process_time if args.device.type == "cpu" else time.perf_counter
+
+
 def timed(call: Callable[[], object], args: argparse.Namespace) -> Tuple[object, float]:
-    clock = time.process_time if args.device.type == "cpu" else time.perf_counter
+    clock = clock_of(args)
     sync = args.synchronize or (lambda: None)
     sync()
     start = clock()
@@ -192,11 +197,10 @@ def bench_fold_layouts(args: argparse.Namespace) -> None:
               ("  ... its flush into the float64 G (lower triangle)", layouts.flush_accumulator),
               ("the panels' products alone (nothing added to G)", layouts.products_only)]
     flops = fold_flops(args.fold_rows, args.expansion_dim, chosen)
-    square = torch.randn(2048, 2048, device=args.device)
-    gemm = min(timed(lambda: square @ square, args)[1] for _ in range(3))
+    rate = gemm_rates(args.device, clock_of(args))["float32"]  # GFLOP/s
     print(f"\nfold layouts: M = {args.expansion_dim}, one fold of {args.fold_rows} float32 rows, best of 3; "
-          f"a square 2048 float32 GEMM runs at {2 * 2048**3 / gemm / 1e9:.1f} GFLOP/s, at which the fold's "
-          f"{flops / 1e9:.2f} GFLOP take {flops / (2 * 2048**3) * gemm:.3f} s")
+          f"a square 2048 float32 GEMM runs at {rate:.1f} GFLOP/s, at which the fold's "
+          f"{flops / 1e9:.2f} GFLOP take {flops / 1e9 / rate:.3f} s")
     for name, call in cases:
         seconds = min(timed(call, args)[1] for _ in range(3))
         print(f"  {name:<58} {seconds:.3f} s")
